@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command (README): set up, lint, type-check, then every test including docker, registry and
+# the real demo base (debootstrap + vllm/lmcache wheels; cached under ~/.cache/servimg after the first run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="/usr/bin:$PATH"
+.venv/bin/ruff check src tests
+.venv/bin/ruff format --check src tests
+.venv/bin/mypy
+exec .venv/bin/python -m pytest -q -m "" "$@"

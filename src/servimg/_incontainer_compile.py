@@ -1,0 +1,50 @@
+"""Runs INSIDE the image under its own interpreter (standard library only, Python 3.7+).
+
+Usage: python _incontainer_compile.py JOBS.json
+Prints one JSON object: the interpreter's facts (version, magic, cache tag) and, per job, success.
+Each source is compiled in its own fresh process (PYTHONHASHSEED=0) in the order given, so the output
+cannot depend on what an earlier compile left in the interpreter (marshal's ref flags are refcount-
+sensitive on some versions) nor on which runner (container or chroot) ran us.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+CHILD = r"""
+import py_compile, sys
+src, dfile, cfile, opt = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+py_compile.compile(src, cfile=cfile, dfile=dfile, doraise=True, optimize=opt,
+                   invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+"""
+
+
+def main() -> None:
+    with open(sys.argv[1]) as fh:
+        jobs = json.load(fh)
+    # Not -I/-E: those would ignore PYTHONHASHSEED, and string hash order decides how frozenset
+    # constants are marshalled.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0"}
+    results = []
+    for job in jobs:
+        proc = subprocess.run(
+            [sys.executable, "-S", "-s", "-c", CHILD, job["src"], job["dfile"], job["out"], str(job["opt"])],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        results.append({"out": job["out"], "ok": proc.returncode == 0, "error": proc.stderr[-2000:]})
+    facts = {
+        "executable": sys.executable,
+        "version": ".".join(str(v) for v in sys.version_info[:3]),
+        "magic": importlib.util.MAGIC_NUMBER.hex(),
+        "cache_tag": sys.implementation.cache_tag,
+        "results": results,
+    }
+    sys.stdout.write(json.dumps(facts, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""OCI image layout directories (image-spec "OCI Image Layout"): read a base from one, write images to one.
+
+Writes never leave a half-written layout: a new layout is assembled in a sibling temp directory and
+renamed into place; adding to an existing layout writes blobs first (content-addressed, harmless if
+interrupted) and replaces `index.json` atomically last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from servimg import canonical
+from servimg.digest import Digest
+from servimg.errors import BackendError
+from servimg.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor, Image
+from servimg.store import BlobStore
+
+REF_NAME = "org.opencontainers.image.ref.name"
+LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
+
+
+def split_layout_ref(text: str) -> tuple[Path, str | None]:
+    """`./out/demo` or `./out/demo:tag` (a tag is the part after the last ':' if it has no '/')."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head and "/" not in tail:
+        return Path(head), tail
+    return Path(text), None
+
+
+def read_layout(
+    root: Path, store: BlobStore, *, tag: str | None = None, digest: Digest | None = None
+) -> Image:
+    """Load the manifest selected by `digest` or `tag` (or the only one) and copy its blobs into `store`."""
+    index = _read_index(root)
+    desc = _select(index, root, tag, digest)
+    manifest_bytes = _read_blob(root, desc.digest)
+    if desc.media_type in INDEX_TYPES:
+        raise BackendError(
+            f"{root}: {desc.digest} is an image index, not a single-platform manifest",
+            hint="select the platform manifest by digest (oci:DIR@sha256:…)",
+        )
+    manifest = json.loads(manifest_bytes)
+    config = Descriptor.from_json(manifest.get("config"), "manifest.config")
+    image = Image.parse(manifest_bytes, _read_blob(root, config.digest))
+    for layer in image.layer_descriptors:
+        if not store.has(layer.digest):
+            store.put_file(root / "blobs" / layer.digest.algorithm / layer.digest.hex, layer.digest)
+    store.put_bytes(manifest_bytes)
+    store.put_bytes(image.config_bytes)
+    return image
+
+
+def _read_index(root: Path) -> dict[str, Any]:
+    try:
+        index = json.loads((root / "index.json").read_bytes())
+    except FileNotFoundError as exc:
+        raise BackendError(
+            f"{root} is not an OCI image layout (no index.json)",
+            hint="point at a directory written by `servimg build --to oci:DIR`",
+        ) from exc
+    except ValueError as exc:
+        raise BackendError(f"{root}/index.json is not valid JSON: {exc}") from exc
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+        raise BackendError(f"{root}/index.json has no manifests list")
+    return index
+
+
+def _select(index: dict[str, Any], root: Path, tag: str | None, digest: Digest | None) -> Descriptor:
+    descs = [Descriptor.from_json(d, f"index.manifests[{i}]") for i, d in enumerate(index["manifests"])]
+    if digest is not None:
+        found = [d for d in descs if d.digest == digest]
+    elif tag is not None:
+        found = [d for d in descs if dict(d.annotations).get(REF_NAME) == tag]
+    else:
+        found = descs
+    if len(found) != 1:
+        names = sorted(dict(d.annotations).get(REF_NAME, str(d.digest)) for d in descs)
+        want = str(digest or tag or "the only image")
+        raise BackendError(
+            f"{root}: cannot select {want}; the layout holds {names}",
+            hint="name one with oci:DIR:TAG or oci:DIR@sha256:…",
+        )
+    return found[0]
+
+
+def _read_blob(root: Path, digest: Digest) -> bytes:
+    path = root / "blobs" / digest.algorithm / digest.hex
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise BackendError(f"{root}: blob {digest} is missing", hint="the layout is incomplete") from exc
+    digest.verify(data, f"{root}: blob {digest.short}")
+    return data
+
+
+def write_layout(image: Image, root: Path, store: BlobStore, *, tag: str | None) -> None:
+    """Write `image` (manifest, config, layers from `store`) into the layout at `root`."""
+    if root.exists() and not (root / "index.json").is_file():
+        raise BackendError(
+            f"{root} exists and is not an OCI image layout", hint="choose a new directory or remove it"
+        )
+    if root.exists():
+        _add_to_layout(image, root, store, tag)
+        return
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        (tmp / "oci-layout").write_bytes(LAYOUT_FILE)
+        _add_to_layout(
+            image, tmp, store, tag, index={"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+        )
+        os.replace(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _add_to_layout(
+    image: Image, root: Path, store: BlobStore, tag: str | None, index: dict[str, Any] | None = None
+) -> None:
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    for layer in image.layer_descriptors:
+        _copy_blob(store.path(layer.digest), blobs / layer.digest.hex)
+    _write_blob(blobs / image.config_digest.hex, image.config_bytes)
+    _write_blob(blobs / image.digest.hex, image.manifest_bytes)
+    index = index if index is not None else _read_index(root)
+    entry = Descriptor(
+        OCI_MANIFEST if image.media_type == OCI_MANIFEST else image.media_type,
+        image.digest,
+        len(image.manifest_bytes),
+        ((REF_NAME, tag),) if tag else (),
+    ).to_json()
+    kept = [
+        m
+        for m in index["manifests"]
+        if not (tag and (m.get("annotations") or {}).get(REF_NAME) == tag) and m != entry
+    ]
+    index["manifests"] = sorted([*kept, entry], key=canonical.dumps)
+    tmp = root / "index.json.tmp"
+    tmp.write_bytes(canonical.dumps(index))
+    os.replace(tmp, root / "index.json")
+
+
+def _copy_blob(src: Path, dest: Path) -> None:
+    if dest.exists():
+        return
+    tmp = dest.with_name(dest.name + ".tmp")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _write_blob(dest: Path, data: bytes) -> None:
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)

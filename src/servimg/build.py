@@ -1,0 +1,502 @@
+"""lock and build: definition ─resolve─▶ lock ─plan─▶ layer ─▶ image ─▶ sink (DESIGN "Data flow").
+
+`resolve` computes every fact the lock pins from the real inputs (base layers, overlay files, the
+image's interpreter). `lock` writes those facts; `build` resolves again, refuses any drift from the
+written lock, then plans one deterministic overlay layer and publishes the image.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import posixpath
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from servimg import canonical
+from servimg.bytecode import (
+    ChrootRunner,
+    CompileJob,
+    DockerRunner,
+    InterpreterFacts,
+    Runner,
+    base_opt_levels,
+    compile_sources,
+    pyc_path,
+    stale_pycs,
+)
+from servimg.definition import ImageDefinition, OverlaySpec, repo_root_for
+from servimg.digest import Digest, sha256_hex
+from servimg.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
+from servimg.filesystem import LayeredFS
+from servimg.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
+from servimg.layer import Entry, Kind, write_layer
+from servimg.lock import (
+    BaseLock,
+    FileLock,
+    InterpreterLock,
+    Lock,
+    OverlayLock,
+    PackageLock,
+    check_drift,
+    lock_path_for,
+)
+from servimg.overlay import Patch, apply_patch
+from servimg.store import BlobStore
+from servimg.transport import Target, check_reachable, fetch, publish
+
+Log = Callable[[str], None]
+SERVIMG_DIR = "opt/servimg"
+
+
+@dataclass(frozen=True)
+class Change:
+    """The final state of one file the overlays touched (content None = deleted)."""
+
+    path: str
+    content: bytes | None
+    mode: int
+
+
+@dataclass(frozen=True)
+class Resolution:
+    definition: ImageDefinition
+    definition_path: Path
+    base: Image
+    fs: LayeredFS
+    lock: Lock
+    changes: tuple[Change, ...]
+    runner: Runner
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: Image
+    tag: str
+    lock_digest: Digest
+    destination: str
+    changed_files: int
+    layer: Descriptor
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "digest": str(self.image.digest),
+            "config_digest": str(self.image.config_digest),
+            "tag": self.tag,
+            "lock_digest": str(self.lock_digest),
+            "destination": self.destination,
+            "changed_files": self.changed_files,
+            "layer": self.layer.to_json(),
+        }
+
+
+# -- resolve --------------------------------------------------------------------------------------
+def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "auto") -> Resolution:
+    definition = ImageDefinition.load(definition_path)
+    base = _fetch_base(definition, store, log)
+    fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in base.layers])
+    packages = tuple(
+        _find_package(fs, name, spec.distribution, spec.version)
+        for name, spec in sorted(definition.packages.items())
+    )
+    chosen = _runner(runner, base, fs)
+    interpreter = _interpreter(definition, fs, base, packages, chosen, log)
+    overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
+    lock = Lock(
+        name=definition.name,
+        definition_sha256=definition.digest.hex,
+        base=BaseLock(
+            definition.base.ref,
+            str(base.digest),
+            str(base.config_digest),
+            tuple(str(d) for d in base.diff_ids),
+            str(base.config.get("created", "")),
+        ),
+        interpreter=interpreter,
+        packages=packages,
+        overlays=overlays,
+        source_date_epoch=_source_date_epoch(definition, base),
+    )
+    return Resolution(definition, definition_path, base, fs, lock, changes, chosen)
+
+
+def _fetch_base(definition: ImageDefinition, store: BlobStore, log: Log) -> Image:
+    pinned = definition.base.manifest_digest
+    try:
+        base = fetch(definition.base.ref, store, log, expected=pinned)
+    except ServimgError as exc:
+        raise exc.context(f"fetching base {definition.base.ref}") from None
+    if base.digest != pinned:
+        raise DefinitionError(
+            f"base {definition.base.ref} has manifest digest {base.digest}, the definition pins {pinned}",
+            hint="the base changed under its name; pin the new digest in base.digest deliberately "
+            "(then `servimg lock`), or restore the pinned base",
+        )
+    return base
+
+
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _find_package(fs: LayeredFS, import_name: str, distribution: str, version: str) -> PackageLock:
+    """Locate `<site>/<dist>-<version>.dist-info` that provides `import_name` (PEP 376/427 layout)."""
+    wanted = f"{_normalize(distribution)}-{version}.dist-info"
+    hits: list[tuple[str, str]] = []
+    others: list[str] = []
+    for site in _site_dirs(fs):
+        for entry in fs.listdir(site):
+            if not entry.endswith(".dist-info"):
+                continue
+            if _normalize(entry.removesuffix(".dist-info").rsplit("-", 1)[0]) != _normalize(distribution):
+                continue
+            if _normalize(entry.rsplit("-", 1)[0]) + "-" + entry.rsplit("-", 1)[1] == wanted:
+                if fs.exists(f"{site}/{import_name}") or fs.exists(f"{site}/{import_name}.py"):
+                    hits.append((site, entry))
+            else:
+                others.append(f"/{site}/{entry}")
+    if len(hits) != 1:
+        found = ", ".join(f"/{s}/{e}" for s, e in hits) or ", ".join(others) or "nothing"
+        raise DefinitionError(
+            f"package {import_name!r}: expected exactly one {distribution}=={version} providing it, "
+            f"found {found}",
+            hint="fix packages.<name>.distribution/version to match what the base installs",
+        )
+    site, dist_info = hits[0]
+    record = fs.read_or_none(f"{site}/{dist_info}/RECORD") or b""
+    return PackageLock(
+        import_name, distribution, version, "/" + site, f"/{site}/{dist_info}", sha256_hex(record)
+    )
+
+
+def _site_dirs(fs: LayeredFS) -> list[str]:
+    return [n.path for n in fs.walk("") if n.is_dir and n.path.rpartition("/")[2] in _SITE_DIRS]
+
+
+def _runner(name: str, base: Image, fs: LayeredFS) -> Runner:
+    if name == "chroot":
+        return ChrootRunner(fs)
+    from servimg.backends import engine
+
+    if name == "docker" or (
+        name == "auto" and engine.engine_available() and engine.has_image(base.config_digest)
+    ):
+        return DockerRunner(str(base.config_digest))
+    if name != "auto":
+        raise BuildError(f"unknown runner {name!r}", hint="use auto, docker or chroot")
+    return ChrootRunner(fs)
+
+
+def _interpreter(
+    definition: ImageDefinition,
+    fs: LayeredFS,
+    base: Image,
+    packages: tuple[PackageLock, ...],
+    runner: Runner,
+    log: Log,
+) -> InterpreterLock:
+    path = definition.python or _guess_interpreter(fs, packages)
+    node = fs.lstat(fs.resolve(path))
+    if node is None or not (node.is_file or node.is_hardlink):
+        raise BuildError(
+            f"interpreter {path} not found in the base image",
+            hint="set `python:` in the definition to the service's interpreter, e.g. /opt/venv/bin/python",
+        )
+    log(f"asking {path} for its version ({runner.name} runner)")
+    facts, _ = compile_sources(runner, path, [])
+    prefix = base.env.get("PYTHONPYCACHEPREFIX") or None
+    dirs = [p.site_packages.lstrip("/") + "/" + p.import_name for p in packages]
+    return InterpreterLock(
+        path,
+        "/" + fs.resolve(path),
+        facts.version,
+        facts.magic,
+        facts.cache_tag,
+        base_opt_levels(fs, dirs, facts.cache_tag),
+        prefix,
+    )
+
+
+def _guess_interpreter(fs: LayeredFS, packages: tuple[PackageLock, ...]) -> str:
+    """The interpreter that owns the packages' site dir: a venv's bin/python, else <prefix>/bin/pythonX.Y."""
+    site = packages[0].site_packages if packages else "/usr/lib/python3/dist-packages"
+    match = re.match(r"^(.*)/lib/(python3\.\d+)/(site|dist)-packages$", site)
+    if match:
+        prefix, version = match.group(1), match.group(2)
+        if fs.exists(f"{prefix}/pyvenv.cfg"):
+            return f"{prefix}/bin/python"
+        return f"{prefix or '/usr'}/bin/{version}"
+    return "/usr/bin/python3"
+
+
+def _source_date_epoch(definition: ImageDefinition, base: Image) -> int:
+    if isinstance(definition.source_date_epoch, int):
+        return definition.source_date_epoch
+    created = str(base.config.get("created") or "")
+    try:
+        return int(dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        raise DefinitionError(
+            f"source_date_epoch: base: the base config has no usable `created` ({created!r})",
+            hint="set source_date_epoch to an integer in the definition",
+        ) from None
+
+
+# -- overlays -------------------------------------------------------------------------------------
+def _apply_overlays(
+    definition: ImageDefinition, repo_root: Path, fs: LayeredFS, packages: tuple[PackageLock, ...]
+) -> tuple[tuple[OverlayLock, ...], tuple[Change, ...]]:
+    state: dict[str, bytes | None] = {}
+    modes: dict[str, int] = {}
+    locks = []
+    sites = {p.import_name: p.site_packages.lstrip("/") for p in packages}
+    for index, spec in enumerate(definition.overlays):
+        try:
+            locks.append(_apply_one(spec, repo_root, fs, sites[spec.package], state, modes))
+        except ServimgError as exc:
+            raise exc.context(f"applying overlay {spec.id} (overlays[{index}])") from None
+    changes = tuple(Change(p, state[p], modes[p]) for p in sorted(state))
+    return tuple(locks), changes
+
+
+def _apply_one(
+    spec: OverlaySpec,
+    repo_root: Path,
+    fs: LayeredFS,
+    site: str,
+    state: dict[str, bytes | None],
+    modes: dict[str, int],
+) -> OverlayLock:
+    patch_path = (repo_root / spec.patch).resolve()
+    try:
+        data = patch_path.read_bytes()
+    except OSError as exc:
+        raise OverlayError(
+            f"cannot read {spec.patch}: {exc.strerror}",
+            hint="patch paths are relative to the repository root (overlays/<package>/<id>.patch)",
+        ) from None
+    actual = sha256_hex(data)
+    if actual != spec.sha256:
+        raise OverlayError(
+            f"{spec.patch} has sha256 {actual}, the definition pins {spec.sha256}",
+            hint=f"if you changed the patch on purpose, set sha256: {actual} and run `servimg lock`",
+        )
+    patch = Patch.parse(data, strip=spec.strip)
+    package_root = fs.resolve(f"{site}/{spec.package}")
+
+    def image_path(rel: str) -> str:
+        resolved = fs.resolve(f"{site}/{rel}")
+        if not (resolved + "/").startswith(package_root + "/"):
+            raise OverlayError(
+                f"{rel} resolves to /{resolved}, outside the package root /{package_root}",
+                hint="a symlink in the base redirects this path; refusing to write through it",
+            )
+        return resolved
+
+    def read(rel: str) -> bytes | None:
+        path = image_path(rel)
+        return state[path] if path in state else fs.read_or_none(path)
+
+    touched = sorted({p for f in patch.files for p in (f.old_path, f.new_path) if p})
+    before = {image_path(rel): read(rel) for rel in touched}
+    applied = apply_patch(patch, read, spec.package)
+    files = []
+    for result in applied:
+        path = image_path(result.path)
+        node = fs.lstat(path)
+        modes.setdefault(path, (node.mode & 0o777) if node is not None and node.is_file else 0o644)
+        state[path] = result.content
+        pre = before.get(path, fs.read_or_none(path))
+        files.append(
+            FileLock(
+                "/" + path,
+                None if pre is None else sha256_hex(pre),
+                None if result.content is None else sha256_hex(result.content),
+                modes[path],
+            )
+        )
+    return OverlayLock(spec.id, spec.package, spec.patch, actual, tuple(sorted(files, key=lambda f: f.path)))
+
+
+# -- lock -----------------------------------------------------------------------------------------
+def lock(definition_path: Path, store: BlobStore, log: Log, runner: str = "auto") -> tuple[Lock, bool]:
+    """Resolve and write the lock. Returns (lock, changed?). Nothing is written if resolution fails."""
+    resolution = resolve(definition_path, store, log, runner)
+    path = lock_path_for(definition_path)
+    previous = path.read_bytes() if path.exists() else None
+    resolution.lock.write(path)
+    return resolution.lock, previous != path.read_bytes()
+
+
+# -- build ----------------------------------------------------------------------------------------
+def build(
+    definition_path: Path,
+    store: BlobStore,
+    log: Log,
+    *,
+    to: str | None = None,
+    runner: str = "auto",
+    tag: str | None = None,
+) -> BuildResult:
+    target = Target.parse(to) if to else _default_target(definition_path)
+    check_reachable(target)
+    locked = Lock.load(lock_path_for(definition_path))
+    resolution = resolve(definition_path, store, log, runner)
+    check_drift(locked, resolution.lock, definition_path)
+    image, layer = assemble(resolution, locked, store, log)
+    chosen_tag = tag or derive_tag(resolution.definition, locked)
+    full_tag = _full_tag(resolution.definition, target, chosen_tag)
+    destination = publish(image, target, store, log, tag=full_tag, base_config=resolution.base.config_digest)
+    return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
+
+
+def _default_target(definition_path: Path) -> Target:
+    from servimg.backends import engine
+
+    if engine.engine_available():
+        return Target("engine", "")
+    return Target("oci", str(Path("out") / definition_path.stem.removesuffix(".lock")))
+
+
+def _full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
+    if target.kind == "engine":
+        return f"{definition.repository}:{tag}"
+    return tag
+
+
+def derive_tag(definition: ImageDefinition, locked: Lock) -> str:
+    """`<name>-<vllm version>-<lock sha256[:12]>` by default: one tag names one set of inputs."""
+    fields: dict[str, str] = {
+        "name": definition.name,
+        "lock12": locked.digest.hex[:12],
+        "lock": locked.digest.hex,
+    }
+    for pkg in locked.packages:
+        fields[pkg.import_name] = pkg.version
+    fields.setdefault("version", fields.get("vllm", "0"))
+    try:
+        tag = definition.tag.format(**fields)
+    except KeyError as exc:
+        raise DefinitionError(
+            f"tag: template field {exc} has no value for this image",
+            hint="declare that package under `packages`",
+        ) from None
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
+        raise DefinitionError(
+            f"tag: {tag!r} is not a valid image tag",
+            hint="tags use [A-Za-z0-9_.-] and at most 128 characters",
+        )
+    return tag
+
+
+def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -> tuple[Image, Descriptor]:
+    """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
+    new image (a value: the base is unchanged)."""
+    entries = plan_layer(resolution, locked, log)
+    tmp = store.root / "tmp"
+    tmp.mkdir(exist_ok=True)
+    blob = write_layer(entries, tmp / f"layer-{locked.digest.hex}", mtime=locked.source_date_epoch)
+    store.adopt(tmp / f"layer-{locked.digest.hex}", blob.digest)
+    docker_media = resolution.base.media_type == DOCKER_MANIFEST
+    descriptor = Descriptor(DOCKER_LAYER if docker_media else blob.media_type, blob.digest, blob.size)
+    created = dt.datetime.fromtimestamp(locked.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    tag = derive_tag(resolution.definition, locked)
+    image = resolution.base.with_layer(
+        Layer(descriptor, blob.diff_id),
+        labels=labels(resolution.definition, locked, tag, created),
+        created=created,
+        history=f"servimg build {resolution.definition.name} "
+        f"overlays={','.join(o.id for o in locked.overlays) or '-'}",
+    )
+    return image, descriptor
+
+
+def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) -> dict[str, str]:
+    base_name = definition.base.location if definition.base.transport == "registry" else definition.base.ref
+    return {
+        "org.opencontainers.image.base.name": base_name,
+        "org.opencontainers.image.base.digest": locked.base.manifest_digest,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.version": tag,
+        "org.opencontainers.image.source": definition.source,
+        "io.servimg.definition": definition.name,
+        "io.servimg.lock.digest": str(locked.digest),
+        "io.servimg.overlays": ",".join(o.id for o in locked.overlays),
+    }
+
+
+def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
+    """Every entry of the overlay layer: patched files, fresh CHECKED_HASH pycs at each optimisation level
+    the base carried, whiteouts for deleted files and every stale pyc, the lock and a changes manifest."""
+    fs, interp = resolution.fs, locked.interpreter
+    files: dict[str, Entry] = {}
+    jobs = []
+    for change in resolution.changes:
+        if change.content is None:
+            files[change.path] = Entry(change.path, Kind.WHITEOUT)
+        else:
+            files[change.path] = Entry(change.path, Kind.FILE, change.mode, data=change.content)
+        if change.path.endswith(".py"):
+            for stale in stale_pycs(fs, change.path, interp.pycache_prefix):
+                files[stale] = Entry(stale, Kind.WHITEOUT)
+            if change.content is not None:
+                jobs.append(CompileJob("/" + change.path, change.content, interp.opt_levels))
+    if jobs:
+        log(
+            f"compiling {len(jobs)} file(s) × {len(interp.opt_levels)} opt level(s) with {interp.path} "
+            f"({resolution.runner.name} runner)"
+        )
+        facts, pycs = compile_sources(resolution.runner, interp.path, jobs)
+        _check_interpreter(facts, locked)
+        for (source, opt), data in sorted(pycs.items()):
+            path = pyc_path(source.lstrip("/"), interp.cache_tag, opt)
+            files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+    manifest = [
+        {
+            "path": "/" + e.path,
+            "kind": e.kind.value,
+            "mode": e.mode,
+            "sha256": sha256_hex(e.data) if e.data is not None else None,
+        }
+        for e in files.values()
+    ]
+    servimg_files = {
+        f"{SERVIMG_DIR}/lock.json": locked.canonical_bytes(),
+        f"{SERVIMG_DIR}/definition.json": resolution.definition.canonical_bytes(),
+        f"{SERVIMG_DIR}/changes.json": canonical.dumps(sorted(manifest, key=lambda m: str(m["path"]))),
+    }
+    for path, data in servimg_files.items():
+        files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+    return [*files.values(), *_parents(fs, files)]
+
+
+def _check_interpreter(facts: InterpreterFacts, locked: Lock) -> None:
+    if (facts.magic, facts.cache_tag, facts.version) != (
+        locked.interpreter.magic,
+        locked.interpreter.cache_tag,
+        locked.interpreter.version,
+    ):
+        raise LockError(
+            f"the image's interpreter is {facts.version} (magic {facts.magic}), the lock says "
+            f"{locked.interpreter.version} (magic {locked.interpreter.magic})",
+            hint="run `servimg lock` to re-resolve the interpreter",
+        )
+
+
+def _parents(fs: LayeredFS, files: Mapping[str, Entry]) -> list[Entry]:
+    """Explicit directory entries (with the base's modes) so unpacking never invents directory metadata."""
+    dirs: set[str] = set()
+    for path in files:
+        parent = posixpath.dirname(path)
+        while parent and parent not in dirs:
+            dirs.add(parent)
+            parent = posixpath.dirname(parent)
+    out = []
+    for d in sorted(dirs):
+        node = fs.lstat(d)
+        out.append(Entry(d, Kind.DIR, node.mode if node is not None and node.is_dir else 0o755))
+    return out

@@ -1,0 +1,22 @@
+"""Canonical JSON: sorted keys, no insignificant whitespace, UTF-8, no NaN.
+
+Everything that goes into an image or an attestation is serialised through here so that the same value
+always has the same bytes (DESIGN: "Determinism is a feature").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def dumps_pretty(value: Any) -> bytes:
+    """Sorted, indented, trailing newline: for files humans review (locks), still byte-stable."""
+    text = json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+    return (text + "\n").encode("utf-8")

@@ -1,0 +1,85 @@
+"""One base error for everything servimg refuses, with a hint that says what to do next.
+
+Errors are wrapped with context as they travel outwards ("applying overlay vllm-gate: …") so that the
+message a user reads names the input that was wrong, and `diagnostics()` names the next command to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ServimgError(Exception):
+    """Base error. `problems` lists every collected problem (validators collect all, then raise once)."""
+
+    def __init__(self, message: str, *, hint: str = "", problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.problems: tuple[str, ...] = tuple(problems)
+
+    def __str__(self) -> str:
+        if not self.problems:
+            return self.message
+        return self.message + "\n" + "\n".join(f"  - {p}" for p in self.problems)
+
+    def diagnostics(self) -> str:
+        """A human hint: what to do next (may be empty)."""
+        return self.hint
+
+    def context(self, what: str) -> ServimgError:
+        """Return a copy of this error whose message is prefixed with `what` (same class, same hint)."""
+        wrapped = type(self).__new__(type(self))
+        ServimgError.__init__(wrapped, f"{what}: {self.message}", hint=self.hint, problems=self.problems)
+        wrapped.__cause__ = self
+        return wrapped
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "error": type(self).__name__,
+            "message": self.message,
+            "problems": list(self.problems),
+            "hint": self.hint,
+        }
+
+
+class DefinitionError(ServimgError):
+    """The image definition (images/<name>.yaml) is malformed or inconsistent."""
+
+
+class LockError(ServimgError):
+    """The lock file is malformed, missing, or the inputs drifted from it."""
+
+
+class OverlayError(ServimgError):
+    """A patch does not parse, does not apply exactly, or escapes its package root."""
+
+
+class LayerError(ServimgError):
+    """A layer tarball is malformed, hostile, or does not match its digest."""
+
+
+class ImageError(ServimgError):
+    """An image manifest/config/layout is malformed or inconsistent."""
+
+
+class BackendError(ServimgError):
+    """A base source or sink (engine, registry, layout, archive) failed."""
+
+
+class RegistryError(BackendError):
+    """The OCI registry refused, failed, or was unreachable."""
+
+
+class BytecodeError(ServimgError):
+    """Compiling with the image's own interpreter failed, or the interpreter was not found."""
+
+
+def collect(problems: Sequence[str], error: type[ServimgError], message: str, hint: str = "") -> None:
+    """Raise `error` once with every problem, if there are any."""
+    if problems:
+        raise error(message, hint=hint, problems=problems)
+
+
+class BuildError(ServimgError):
+    """The build could not proceed (runner, interpreter, target)."""
