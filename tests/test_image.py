@@ -10,8 +10,12 @@ from servimg.digest import Digest
 from servimg.errors import ImageError, ServimgError
 from servimg.image import OCI_LAYER, Descriptor, Image, Layer
 
-CONFIG = {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
-          "config": {"Labels": {"a": "1"}}}
+CONFIG = {
+    "architecture": "amd64",
+    "os": "linux",
+    "rootfs": {"type": "layers", "diff_ids": []},
+    "config": {"Labels": {"a": "1"}},
+}
 
 
 def _layer(n: int) -> Layer:
@@ -47,9 +51,12 @@ def test_exact_bytes_are_preserved() -> None:
 
 
 def test_parse_collects_every_problem() -> None:
-    manifest = {"schemaVersion": 1, "mediaType": "text/plain",
-                "config": {"mediaType": "x", "digest": "sha256:" + "0" * 64, "size": 2},
-                "layers": [{"mediaType": "bogus", "digest": "sha256:" + "1" * 64, "size": 1}]}
+    manifest = {
+        "schemaVersion": 1,
+        "mediaType": "text/plain",
+        "config": {"mediaType": "x", "digest": "sha256:" + "0" * 64, "size": 2},
+        "layers": [{"mediaType": "bogus", "digest": "sha256:" + "1" * 64, "size": 1}],
+    }
     with pytest.raises(ImageError) as err:
         Image.parse(json.dumps(manifest).encode(), b"{}")
     text = str(err.value)

@@ -44,7 +44,9 @@ def test_gzip_header_has_no_time_or_name(tmp_path: Path) -> None:
 
 def test_duplicate_entries_are_refused(tmp_path: Path) -> None:
     with pytest.raises(LayerError, match="duplicate"):
-        write_layer([Entry("a", Kind.FILE, data=b"1"), Entry("a", Kind.FILE, data=b"2")], tmp_path / "l", mtime=0)
+        write_layer(
+            [Entry("a", Kind.FILE, data=b"1"), Entry("a", Kind.FILE, data=b"2")], tmp_path / "l", mtime=0
+        )
     assert not (tmp_path / "l").exists() and not list(tmp_path.iterdir()), "no partial blob left behind"
 
 
@@ -57,8 +59,15 @@ _names = st.text(alphabet="abcxyz_.", min_size=1, max_size=6).filter(lambda s: s
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.dictionaries(st.lists(_names, min_size=1, max_size=3).map("/".join), st.binary(max_size=64),
-                       min_size=1, max_size=12), st.randoms())
+@given(
+    st.dictionaries(
+        st.lists(_names, min_size=1, max_size=3).map("/".join),
+        st.binary(max_size=64),
+        min_size=1,
+        max_size=12,
+    ),
+    st.randoms(),
+)
 def test_any_file_set_is_deterministic_in_any_order(files: dict[str, bytes], rnd: random.Random) -> None:
     import tempfile
 
@@ -77,15 +86,27 @@ def test_any_file_set_is_deterministic_in_any_order(files: dict[str, bytes], rnd
 
 
 def test_whiteouts_opaque_and_replacement(tmp_path: Path) -> None:
-    lower = _layer(tmp_path, "1", [
-        Entry("d/keep", Kind.FILE, data=b"keep"), Entry("d/gone", Kind.FILE, data=b"gone"),
-        Entry("o/old", Kind.FILE, data=b"old"), Entry("f/sub/x", Kind.FILE, data=b"x"),
-        Entry("link", Kind.SYMLINK, linkname="/d"),
-    ])
-    upper = _layer(tmp_path, "2", [
-        Entry("d/gone", Kind.WHITEOUT), Entry("o", Kind.OPAQUE), Entry("o/new", Kind.FILE, data=b"new"),
-        Entry("f", Kind.FILE, data=b"now a file"),
-    ])
+    lower = _layer(
+        tmp_path,
+        "1",
+        [
+            Entry("d/keep", Kind.FILE, data=b"keep"),
+            Entry("d/gone", Kind.FILE, data=b"gone"),
+            Entry("o/old", Kind.FILE, data=b"old"),
+            Entry("f/sub/x", Kind.FILE, data=b"x"),
+            Entry("link", Kind.SYMLINK, linkname="/d"),
+        ],
+    )
+    upper = _layer(
+        tmp_path,
+        "2",
+        [
+            Entry("d/gone", Kind.WHITEOUT),
+            Entry("o", Kind.OPAQUE),
+            Entry("o/new", Kind.FILE, data=b"new"),
+            Entry("f", Kind.FILE, data=b"now a file"),
+        ],
+    )
     fs = LayeredFS([lower, upper])
     assert fs.listdir("d") == ["keep"]
     assert fs.listdir("o") == ["new"]
@@ -95,7 +116,14 @@ def test_whiteouts_opaque_and_replacement(tmp_path: Path) -> None:
 
 
 def test_symlink_loop_is_an_error(tmp_path: Path) -> None:
-    fs = LayeredFS([_layer(tmp_path, "l", [Entry("a", Kind.SYMLINK, linkname="b"),
-                                           Entry("b", Kind.SYMLINK, linkname="a")])])
+    fs = LayeredFS(
+        [
+            _layer(
+                tmp_path,
+                "l",
+                [Entry("a", Kind.SYMLINK, linkname="b"), Entry("b", Kind.SYMLINK, linkname="a")],
+            )
+        ]
+    )
     with pytest.raises(LayerError, match="symbolic links"):
         fs.resolve("a/x")

