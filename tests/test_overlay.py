@@ -198,6 +198,10 @@ def test_binary_patches_refused(data: bytes) -> None:
             "regular files",
         ),
         (b"diff --git a/vllm/a b/vllm/b\ncopy from vllm/a\ncopy to vllm/b\n", "copies are not supported"),
+        (
+            b"diff --git a/vllm/a b/vllm/a\n--- a/vllm/b\n+++ b/vllm/b\n@@ -1 +1 @@\n-x\n+y\n",
+            "'diff --git' names",
+        ),
         (b"diff --git a/vllm/a b/vllm/b\nrename from vllm/a\n", "both 'rename from' and 'rename to'"),
         (b"diff --git a/vllm/a b/vllm/a\n@@ -1 +1 @@\n-x\n+y\n", "hunk without '---'/'+++'"),
         (

