@@ -1,7 +1,7 @@
 """Runs INSIDE the image under its own interpreter (standard library only, Python 3.7+).
 
-Usage: python _incontainer_compile.py JOBS.json
-Prints one JSON object: the interpreter's facts (version, magic, cache tag) and, per job, success.
+Usage: python _incontainer_compile.py JOBS.json RESULT.json
+Writes one JSON object: the interpreter's facts (version, magic, cache tag) and, per job, success.
 Each source is compiled in its own fresh process (PYTHONHASHSEED=0) in the order given, so the output
 cannot depend on what an earlier compile left in the interpreter (marshal's ref flags are refcount-
 sensitive on some versions) nor on which runner (container or chroot) ran us.
@@ -43,7 +43,9 @@ def main() -> None:
         "cache_tag": sys.implementation.cache_tag,
         "results": results,
     }
-    sys.stdout.write(json.dumps(facts, sort_keys=True))
+    # A file in the shared work dir, not stdout: container log capture is not a reliable channel.
+    with open(sys.argv[2], "w") as fh:
+        json.dump(facts, fh, sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -145,16 +145,16 @@ def _normalize(name: str) -> str:
 
 def _find_package(fs: LayeredFS, import_name: str, distribution: str, version: str) -> PackageLock:
     """Locate `<site>/<dist>-<version>.dist-info` that provides `import_name` (PEP 376/427 layout)."""
-    wanted = f"{_normalize(distribution)}-{version}.dist-info"
     hits: list[tuple[str, str]] = []
     others: list[str] = []
     for site in _site_dirs(fs):
         for entry in fs.listdir(site):
-            if not entry.endswith(".dist-info"):
+            if not entry.endswith(".dist-info") or "-" not in entry.removesuffix(".dist-info"):
                 continue
-            if _normalize(entry.removesuffix(".dist-info").rsplit("-", 1)[0]) != _normalize(distribution):
+            name, found_version = entry.removesuffix(".dist-info").rsplit("-", 1)
+            if _normalize(name) != _normalize(distribution):
                 continue
-            if _normalize(entry.rsplit("-", 1)[0]) + "-" + entry.rsplit("-", 1)[1] == wanted:
+            if found_version == version:
                 if fs.exists(f"{site}/{import_name}") or fs.exists(f"{site}/{import_name}.py"):
                     hits.append((site, entry))
             else:

@@ -17,8 +17,9 @@ import posixpath
 import shutil
 import subprocess
 import tempfile
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -130,12 +131,23 @@ def compile_sources(
         return facts, out
 
 
-def _parse_output(stdout: str, runner: str) -> InterpreterFacts:
+# -S/-s: no site import, no user site: the compiler needs only the stdlib, and site hooks (.pth files)
+# in the base must not run during a build.
+_SCRIPT_ARGS = (
+    "-S",
+    "-s",
+    f"{WORK_IN_IMAGE}/compile.py",
+    f"{WORK_IN_IMAGE}/jobs.json",
+    f"{WORK_IN_IMAGE}/result.json",
+)
+
+
+def _read_result(jobs_dir: Path, runner: str) -> InterpreterFacts:
     try:
-        data = json.loads(stdout)
-    except ValueError:
+        data = json.loads((jobs_dir / "result.json").read_text())
+    except (OSError, ValueError):
         raise BytecodeError(
-            f"{runner} runner: the image's interpreter printed no result: {stdout[-500:]!r}",
+            f"{runner} runner: the image's interpreter wrote no result",
             hint="check that the interpreter path in the definition/lock runs in the image",
         ) from None
     failed = [r for r in data["results"] if not r["ok"]]
@@ -160,9 +172,9 @@ class DockerRunner:
 
         c = client()
         try:
-            output = c.containers.run(
+            c.containers.run(
                 self.image,
-                [interpreter, "-S", "-s", f"{WORK_IN_IMAGE}/compile.py", f"{WORK_IN_IMAGE}/jobs.json"],
+                [interpreter, *_SCRIPT_ARGS],
                 entrypoint=[],
                 network_mode="none",
                 remove=True,
@@ -170,15 +182,15 @@ class DockerRunner:
                 working_dir="/",
                 environment={"PYTHONHASHSEED": "0"},
                 volumes={str(jobs_dir): {"bind": WORK_IN_IMAGE, "mode": "rw"}},
-                stdout=True,
-                stderr=False,
+                stdout=False,
+                stderr=True,
             )
         except Exception as exc:
             raise BytecodeError(
                 f"docker runner: running {interpreter} in {self.image} failed: {exc}",
                 hint="is the interpreter path right? try `--runner chroot`",
             ) from exc
-        return _parse_output(output.decode("utf-8", "replace"), self.name)
+        return _read_result(jobs_dir, self.name)
 
 
 @dataclass
@@ -188,22 +200,30 @@ class ChrootRunner:
     fs: LayeredFS
     name: str = "chroot"
 
-    def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
-        with tempfile.TemporaryDirectory(prefix="servimg-rootfs-") as tmp:
-            root = Path(tmp)
+    _root: Path | None = field(default=None, init=False, repr=False)
+
+    def _runtime(self) -> Path:
+        """Extract once per runner (lock and build each ask the interpreter more than once)."""
+        if self._root is None:
+            root = Path(tempfile.mkdtemp(prefix="servimg-rootfs-"))
+            weakref.finalize(self, shutil.rmtree, root, True)
             extract_runtime(self.fs, root)
-            target = root / WORK_IN_IMAGE.lstrip("/")
-            shutil.copytree(jobs_dir, target)
-            prefix = [] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user"]
+            self._root = root
+        return self._root
+
+    def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
+        root = self._runtime()
+        target = root / WORK_IN_IMAGE.lstrip("/")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(jobs_dir, target)
+        try:
+            prefix = [] if os.geteuid() == 0 else [_tool("unshare"), "--user", "--map-root-user"]
             argv = [
                 *prefix,
-                "chroot",
+                _tool("chroot"),
                 str(root),
                 interpreter,
-                "-S",
-                "-s",
-                f"{WORK_IN_IMAGE}/compile.py",
-                f"{WORK_IN_IMAGE}/jobs.json",
+                *_SCRIPT_ARGS,
             ]
             proc = subprocess.run(
                 argv,
@@ -218,7 +238,20 @@ class ChrootRunner:
                 )
             shutil.rmtree(jobs_dir / "out")
             shutil.copytree(target / "out", jobs_dir / "out")
-            return _parse_output(proc.stdout, self.name)
+            shutil.copyfile(target / "result.json", jobs_dir / "result.json")
+            return _read_result(jobs_dir, self.name)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    if found is None:
+        raise BytecodeError(
+            f"chroot runner: `{name}` is not installed",
+            hint="install util-linux/coreutils, or use `--runner docker`",
+        )
+    return found
 
 
 _SKIP_DIRS = ("site-packages", "dist-packages")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,6 +86,14 @@ def _each(targets: Sequence[Path], reporter: Reporter, run: Callable[[Path], dic
         except ServimgError as exc:
             failures += 1
             reporter.fail(str(target), exc)
+        except Exception as exc:  # a bug: still one FAIL line, and the traceback on request
+            if os.environ.get("SERVIMG_DEBUG"):
+                raise
+            failures += 1
+            hint = "this is a bug in servimg; rerun with SERVIMG_DEBUG=1 for the traceback and report it"
+            reporter.fail(
+                str(target), ServimgError(f"internal error: {type(exc).__name__}: {exc}", hint=hint)
+            )
     return 1 if failures else 0
 
 

@@ -142,7 +142,7 @@ class ImageDefinition(_Frozen):
     def parse(cls, text: str | bytes, *, origin: str = "<definition>") -> ImageDefinition:
         """Parse YAML text; raise one DefinitionError listing every problem with its YAML path."""
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
         except yaml.YAMLError as exc:
             raise DefinitionError(
                 f"{origin}: not valid YAML: {exc}",
@@ -173,6 +173,23 @@ class ImageDefinition(_Frozen):
                 hint="pass a path like images/demo.yaml",
             ) from None
         return cls.parse(text, origin=str(path))
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently, hiding edits)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
 def _describe(err: Mapping[str, Any]) -> str:

