@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, docker
 
+from conftest import REPO, docker
 from servimg.backends.layout import read_layout
 from servimg.cli import main
 from servimg.definition import ImageDefinition

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, docker
 
+from conftest import REPO, docker
 from servimg.cli import main
 from servimg.definition import ImageDefinition
 
