@@ -18,6 +18,7 @@ from conftest import REPO, docker
 from servimg.backends.layout import read_layout
 from servimg.cli import main
 from servimg.definition import ImageDefinition
+from servimg.digest import Digest
 from servimg.filesystem import LayeredFS
 from servimg.lock import Lock
 
@@ -143,12 +144,49 @@ def test_push_then_docker_pull_gives_the_same_image_id(
     assert f"{repo}@{out['digest']}" in repo_digest, "the registry kept the manifest's exact bytes"
 
 
-def test_engine_load_is_thin_when_the_base_is_present(
+def test_engine_load_is_thin_when_the_base_is_present(built: dict[str, Any]) -> None:
+    from servimg.backends import engine
+
+    image = built["result"].image
+    docker("rmi", "-f", str(image.config_digest), check=False)
+    assert not engine.has_image(image.config_digest)
+    how = engine.load(image, built["store"], tag=None, base_config=_base_config(built))
+    assert how == "thin", "only the overlay layer travels when the engine holds the base"
+    assert engine.has_image(image.config_digest)
+
+
+def _base_config(built: dict[str, Any]) -> Digest:
+    return Digest.parse(Lock.load(built["root"] / "images" / "demo.lock.json").base.config_digest)
+
+
+def test_build_to_docker_tags_only_the_verified_image(
     built: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = run_cli("build", str(built["root"] / DEMO), "--to", "docker", capsys=capsys)
     assert code == 0, out
-    assert "thin load" in out["destination"]
     repo = ImageDefinition.load(built["root"] / DEMO).repository
     tagged = docker("image", "inspect", "-f", "{{.Id}}", f"{repo}:{out['tag']}").stdout.strip()
     assert tagged == out["config_digest"]
+
+
+def test_verify_passes_on_the_built_image_with_both_runners(
+    built: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from servimg.verify import VerifyReport, run_probe_in_chroot
+
+    code, out = run_cli("verify", str(built["result"].image.config_digest), capsys=capsys)
+    assert code == 0, out
+    assert out["summary"]["FAIL"] == 0 and out["summary"]["PASS"] >= 10
+    codes = {c["code"] for c in out["checks"]}
+    assert {"ORIGIN", "SOURCE_SHA", "STALE_PYC", "SENTINEL", "ABSENT_IN_BASE", "RECORD"} <= codes
+    store, image = built["store"], built["result"].image
+    fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
+    chroot = VerifyReport.from_json(run_probe_in_chroot(fs, image.env, "/"))
+    assert chroot.ok and chroot.counts() == VerifyReport.from_json(out).counts()
+
+
+def test_verify_refuses_an_image_without_a_probe(
+    demo_base: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run_cli("verify", demo_base["config_digest"], capsys=capsys)
+    assert code == 1 and out["status"] == "FAIL" and "probe spec" in out["message"]

@@ -114,8 +114,11 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
 }
 
 
-def _tags(repository: str) -> str:
-    return docker("images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", repository).stdout
+def _tags(repository: str) -> list[str]:
+    """Every tag of the repository with its image ID (sorted: equal creation times list in any order)."""
+    return sorted(
+        docker("images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", repository).stdout.split("\n")
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -11,7 +11,7 @@ import datetime as dt
 import posixpath
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servimg import canonical
@@ -118,7 +118,30 @@ def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "au
         overlays=overlays,
         source_date_epoch=_source_date_epoch(definition, base),
     )
+    lock = _with_base_verdicts(lock, definition, fs)
     return Resolution(definition, definition_path, base, fs, lock, changes, chosen)
+
+
+def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) -> Lock:
+    """Record, per overlay, the `absent_in_base` sentinels verified missing from the BASE's code. A sentinel
+    the base already has does not discriminate (vLLM 0.33.0 adopted `supports_divergent_local_hybrid_hits`):
+    a grep or co_names check would pass on an unpatched image, so refuse to lock it."""
+    from servimg.verify import base_sentinel_verdicts, base_sources
+
+    overlays = []
+    for spec, locked in zip(definition.overlays, lock.overlays, strict=True):
+        wanted = [s for s in spec.sentinels if s.absent_in_base]
+        sources = base_sources(lock, wanted, lambda p: fs.read_or_none(p.lstrip("/")))
+        verdicts = base_sentinel_verdicts(sources, wanted)
+        present = sorted(key for key, has in verdicts.items() if has)
+        if present:
+            raise DefinitionError(
+                f"overlay {spec.id}: sentinel(s) already present in the base: {', '.join(present)}",
+                hint="upstream adopted the name, so it proves nothing; choose a sentinel the base lacks, "
+                "or set absent_in_base: false",
+            )
+        overlays.append(replace(locked, sentinels_absent_in_base=tuple(sorted(verdicts))))
+    return replace(lock, overlays=tuple(overlays))
 
 
 def _fetch_base(definition: ImageDefinition, store: BlobStore, log: Log) -> Image:
@@ -341,6 +364,7 @@ def build(
     to: str | None = None,
     runner: str = "auto",
     tag: str | None = None,
+    verify: bool = True,
 ) -> BuildResult:
     target = Target.parse(to) if to else _default_target(definition_path)
     check_reachable(target)
@@ -348,10 +372,27 @@ def build(
     resolution = resolve(definition_path, store, log, runner)
     check_drift(locked, resolution.lock, definition_path)
     image, layer = assemble(resolution, locked, store, log)
+    if verify:
+        _verify_or_refuse(image, store, log, resolution.base.config_digest)
     chosen_tag = tag or derive_tag(resolution.definition, locked)
     full_tag = _full_tag(resolution.definition, target, chosen_tag)
     destination = publish(image, target, store, log, tag=full_tag, base_config=resolution.base.config_digest)
     return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
+
+
+def _verify_or_refuse(image: Image, store: BlobStore, log: Log, base_config: Digest) -> None:
+    """Run the in-image probe on the image just built; an image that fails is never tagged."""
+    from servimg.verify import verify_image_value
+
+    report = verify_image_value(image, store, log, base_config=base_config)
+    if not report.ok:
+        raise BuildError(
+            f"the built image {image.digest.short} failed verification; nothing was tagged",
+            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
+            hint="run `servimg verify` on it for the full table; fix the overlay or the base",
+        )
+    counts = report.counts()
+    log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
 
 
 def _default_target(definition_path: Path) -> Target:
@@ -469,6 +510,9 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
         f"{SERVIMG_DIR}/definition.json": resolution.definition.canonical_bytes(),
         f"{SERVIMG_DIR}/changes.json": canonical.dumps(sorted(manifest, key=lambda m: str(m["path"]))),
     }
+    from servimg.verify import probe_files, probe_spec
+
+    servimg_files.update(probe_files(probe_spec(locked, resolution.definition)))
     for path, data in servimg_files.items():
         files[path] = Entry(path, Kind.FILE, 0o644, data=data)
     return [*files.values(), *_parents(fs, files)]

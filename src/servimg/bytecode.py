@@ -217,10 +217,10 @@ class ChrootRunner:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(jobs_dir, target)
         try:
-            prefix = [] if os.geteuid() == 0 else [_tool("unshare"), "--user", "--map-root-user"]
+            prefix = [] if os.geteuid() == 0 else [tool("unshare"), "--user", "--map-root-user"]
             argv = [
                 *prefix,
-                _tool("chroot"),
+                tool("chroot"),
                 str(root),
                 interpreter,
                 *_SCRIPT_ARGS,
@@ -244,7 +244,7 @@ class ChrootRunner:
             shutil.rmtree(target, ignore_errors=True)
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     found = shutil.which(name, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     if found is None:
         raise BytecodeError(
@@ -257,13 +257,14 @@ def _tool(name: str) -> str:
 _SKIP_DIRS = ("site-packages", "dist-packages")
 
 
-def extract_runtime(fs: LayeredFS, root: Path) -> None:
-    """Materialise the base's files except installed packages (the compiler needs only the stdlib).
+def extract_runtime(fs: LayeredFS, root: Path, *, packages: bool = False) -> None:
+    """Materialise the image's files, by default without installed packages (the compiler needs only
+    the stdlib; the probe, which checks the packages, passes `packages=True`).
 
     Only regular files, directories and symlinks are written, all inside `root` (symlinks are written
     as-is; they are resolved by the chroot, which confines them to `root`)."""
     for node in fs.walk(""):
-        if not node.path or any(f"/{d}/" in f"/{node.path}/" for d in _SKIP_DIRS):
+        if not node.path or (not packages and any(f"/{d}/" in f"/{node.path}/" for d in _SKIP_DIRS)):
             continue
         dest = root / node.path
         if node.is_dir:

@@ -48,6 +48,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default=None, help="override the lock-derived tag")
     _common(p)
 
+    p = sub.add_parser(
+        "verify", help="run the in-image probe: sources, bytecode, imports, sentinels, RECORDs"
+    )
+    p.add_argument(
+        "images", nargs="+", help="engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO:TAG"
+    )
+    p.add_argument("--audit", action="store_true", help="also audit every pyc of the declared packages")
+    _common(p)
+
     p = sub.add_parser("base", help="base images")
     bsub = p.add_subparsers(dest="base_command", required=True)
     d = bsub.add_parser("demo", help="build the demo base (debootstrap + pinned vllm/lmcache wheels)")
@@ -69,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[Any, Reporter, BlobStore], int] = {
         "lock": _lock,
         "build": _build,
+        "verify": _verify,
         "base": _base,
     }[args.command]
     try:
@@ -115,6 +125,41 @@ def _build(args: Any, reporter: Reporter, store: BlobStore) -> int:
         return build(path, store, reporter.log, to=args.to, runner=args.runner, tag=args.tag).as_dict()
 
     return _each(args.definitions, reporter, run)
+
+
+def _verify(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.verify import verify_ref
+
+    failures = 0
+    for image in args.images:
+        try:
+            report = verify_ref(image, store, reporter.log, audit=args.audit)
+        except ServimgError as exc:
+            failures += 1
+            reporter.fail(image, exc)
+            continue
+        if not args.json and not args.quiet:
+            print(report.summary_table())
+        if report.ok:
+            reporter.ok(image, {"summary": report.counts()} if not args.json else report.as_dict())
+        else:
+            failures += 1
+            reporter.fail(image, VerifyFailed(report))
+    return 1 if failures else 0
+
+
+class VerifyFailed(ServimgError):
+    def __init__(self, report: Any) -> None:
+        problems = [f"{c.code} {c.subject}: {c.message}" for c in report.failures()]
+        super().__init__(
+            f"{len(problems)} check(s) failed",
+            problems=problems,
+            hint=next((c.hint for c in report.failures() if c.hint), ""),
+        )
+        self.report = report
+
+    def as_dict(self) -> dict[str, object]:
+        return {**super().as_dict(), "report": self.report.as_dict()}
 
 
 def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:

@@ -106,10 +106,6 @@ def build_demo_base(
     published = []
     for text in chosen:
         target = Target.parse(text)
-        if target.kind == "engine" and engine.has_image(image.config_digest):
-            engine.client().api.tag(str(image.config_digest), *tag.split(":", 1), force=True)
-            published.append(f"docker engine {tag} (already loaded)")
-            continue
         published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
     return {
         "digest": str(image.digest),

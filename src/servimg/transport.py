@@ -50,6 +50,16 @@ class Target:
         return cls("registry", text)
 
 
+def is_engine_ref(ref: str) -> bool:
+    """`docker-daemon:X`, an image ID, or a plain `name[:tag]` without a registry host."""
+    if ref.startswith("docker-daemon:") or ref.startswith("sha256:"):
+        return True
+    if ref.startswith(("oci:", "docker-archive:")):
+        return False
+    first = ref.split("/", 1)[0]
+    return "/" not in ref or not ("." in first or ":" in first or first == "localhost")
+
+
 def fetch(ref: str, store: BlobStore, log: Log, expected: Digest | None = None) -> Image:
     """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points."""
     target = Target.parse(ref)
@@ -101,8 +111,8 @@ def publish(
 ) -> str:
     """Write `image` to `target`; returns a human description of where it went."""
     if target.kind == "engine":
-        thin = engine.load(image, store, tag=tag, base_config=base_config)
-        return f"docker engine {tag or image.config_digest} ({'thin' if thin else 'full'} load)"
+        how = engine.load(image, store, tag=tag, base_config=base_config)
+        return f"docker engine {tag or image.config_digest} ({how} load)"
     if target.kind == "oci":
         chosen = target.tag or tag
         layout.write_layout(image, Path(target.location), store, tag=chosen)

@@ -6,6 +6,7 @@ digest), so a failed or interrupted load never moves a tag.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tempfile
 from collections.abc import Iterator
@@ -122,12 +123,16 @@ def has_image(config_digest: Digest) -> bool:
     return image_id(str(config_digest)) == config_digest
 
 
-def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest | None = None) -> bool:
+def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest | None = None) -> str:
     """Load `image` into the engine; thin (only layers the engine lacks) when it holds the base.
 
-    Returns True when the load was thin. Tags after verifying the loaded ID equals the config digest.
+    Returns "present" (nothing sent), "thin" or "full". Tags only after verifying that the engine holds
+    the image under the expected ID (= config digest).
     """
     c = client()
+    if has_image(image.config_digest):
+        _tag(c, image, tag)
+        return "present"
     thin = base_config is not None and has_image(base_config)
     skip: frozenset[Digest] = frozenset()
     if thin:
@@ -148,8 +153,19 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
             f"docker load did not produce image {image.config_digest}",
             hint="the engine rejected the image; no tag was moved",
         )
+    _tag(c, image, tag)
+    return "thin" if thin else "full"
+
+
+def _tag(c: Any, image: Image, tag: str | None) -> None:
     if tag:
         repo, _, name = tag.rpartition(":") if ":" in tag.rpartition("/")[2] else (tag, "", "latest")
         if not c.api.tag(str(image.config_digest), repo, name, force=True):
             raise BackendError(f"could not tag {image.config_digest} as {tag}")
-    return thin
+
+
+def remove(config_digest: Digest) -> None:
+    """Remove an untagged image servimg loaded (used when the loaded image failed verification)."""
+    # Best effort: it may be in use or already gone; nothing was tagged either way.
+    with contextlib.suppress(Exception):
+        client().images.remove(str(config_digest), force=False, noprune=False)
