@@ -7,7 +7,10 @@ written lock, then plans one deterministic overlay layer and publishes the image
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
+import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -102,7 +105,7 @@ def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "au
         for name, spec in sorted(definition.packages.items())
     )
     chosen = _runner(runner, base, fs)
-    interpreter = _interpreter(definition, fs, base, packages, chosen, log)
+    interpreter = _interpreter(definition, fs, base, packages, chosen, log, store)
     overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
     lock = Lock(
         name=definition.name,
@@ -228,6 +231,7 @@ def _interpreter(
     packages: tuple[PackageLock, ...],
     runner: Runner,
     log: Log,
+    store: BlobStore,
 ) -> InterpreterLock:
     path = definition.python or _guess_interpreter(fs, packages)
     node = fs.lstat(fs.resolve(path))
@@ -236,8 +240,7 @@ def _interpreter(
             f"interpreter {path} not found in the base image",
             hint="set `python:` in the definition to the service's interpreter, e.g. /opt/venv/bin/python",
         )
-    log(f"asking {path} for its version ({runner.name} runner)")
-    facts, _ = compile_sources(runner, path, [])
+    facts = _interpreter_facts(store, base, path, runner, log)
     prefix = base.env.get("PYTHONPYCACHEPREFIX") or None
     dirs = [p.site_packages.lstrip("/") + "/" + p.import_name for p in packages]
     return InterpreterLock(
@@ -249,6 +252,26 @@ def _interpreter(
         base_opt_levels(fs, dirs, facts.cache_tag),
         prefix,
     )
+
+
+def _interpreter_facts(
+    store: BlobStore, base: Image, path: str, runner: Runner, log: Log
+) -> InterpreterFacts:
+    """Ask the image's interpreter for its version/magic/cache tag, once per (base layers, path): the
+    layers are content-addressed, so the same diffIDs cannot hold a different interpreter."""
+    key = Digest.of_bytes(canonical.dumps({"diff_ids": [str(d) for d in base.diff_ids], "path": path}))
+    cached = store.root / "interpreters" / f"{key.hex}.json"
+    try:
+        return InterpreterFacts(**json.loads(cached.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    log(f"asking {path} for its version ({runner.name} runner)")
+    facts, _ = compile_sources(runner, path, [])
+    cached.parent.mkdir(exist_ok=True)
+    tmp = cached.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(dataclasses.asdict(facts)))
+    os.replace(tmp, cached)
+    return facts
 
 
 def _guess_interpreter(fs: LayeredFS, packages: tuple[PackageLock, ...]) -> str:
@@ -450,8 +473,13 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     entries = plan_layer(resolution, locked, log)
     tmp = store.root / "tmp"
     tmp.mkdir(exist_ok=True)
-    blob = write_layer(entries, tmp / f"layer-{locked.digest.hex}", mtime=locked.source_date_epoch)
-    store.adopt(tmp / f"layer-{locked.digest.hex}", blob.digest)
+    # One name per process: concurrent builds of the same lock must not move each other's layer file.
+    written = tmp / f"layer-{locked.digest.hex}-{os.getpid()}"
+    try:
+        blob = write_layer(entries, written, mtime=locked.source_date_epoch)
+        store.adopt(written, blob.digest)
+    finally:
+        written.unlink(missing_ok=True)
     docker_media = resolution.base.media_type == DOCKER_MANIFEST
     descriptor = Descriptor(DOCKER_LAYER if docker_media else blob.media_type, blob.digest, blob.size)
     created = dt.datetime.fromtimestamp(locked.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -496,6 +524,20 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
                 files[stale] = Entry(stale, Kind.WHITEOUT)
             if change.content is not None:
                 jobs.append(CompileJob("/" + change.path, change.content, interp.opt_levels))
+    # Witness (opt-in, `witness: true`): the hook module (compiled like a patched source), its .pth and
+    # spec (servimg.witness), and a world-writable witness dir for the serving processes' records.
+    if resolution.definition.witness:
+        from servimg.verify import probe_spec as _probe_spec
+        from servimg.witness import WITNESS_DIR, witness_files
+
+        for path, data in witness_files(_probe_spec(locked, resolution.definition)).items():
+            files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+            if path.endswith(".py"):
+                files.update(
+                    {s: Entry(s, Kind.WHITEOUT) for s in stale_pycs(fs, path, interp.pycache_prefix)}
+                )
+                jobs.append(CompileJob("/" + path, data, interp.opt_levels))
+        files[WITNESS_DIR.lstrip("/")] = Entry(WITNESS_DIR.lstrip("/"), Kind.DIR, 0o1777)
     if jobs:
         log(
             f"compiling {len(jobs)} file(s) × {len(interp.opt_levels)} opt level(s) with {interp.path} "
