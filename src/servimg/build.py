@@ -437,7 +437,7 @@ def _default_target(definition_path: Path) -> Target:
 
 
 def _full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
-    if target.kind == "engine":
+    if target.kind in ("engine", "archive"):  # docker load refuses a bare tag in RepoTags
         return f"{definition.repository}:{tag}"
     return tag
 

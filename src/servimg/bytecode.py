@@ -15,6 +15,7 @@ import json
 import os
 import posixpath
 import shutil
+import stat
 import subprocess
 import tempfile
 import weakref
@@ -67,7 +68,9 @@ def stale_pycs(fs: LayeredFS, source: str, pycache_prefix: str | None) -> list[s
     found = []
     cache = posixpath.join(directory, "__pycache__")
     for entry in fs.listdir(cache):
-        if entry.startswith(stem + ".") and entry.endswith(".pyc") and entry.count(".") >= 2:
+        # A name that is not UTF-8 (kept surrogate-escaped) holds no ASCII cache tag, so the interpreter
+        # never loads it for `source`; it could not be recorded in changes.json either.
+        if entry.startswith(stem + ".") and entry.endswith(".pyc") and entry.count(".") >= 2 and _utf8(entry):
             found.append(posixpath.join(cache, entry))
     legacy = posixpath.join(directory, stem + ".pyc")
     if fs.exists(legacy):
@@ -75,9 +78,17 @@ def stale_pycs(fs: LayeredFS, source: str, pycache_prefix: str | None) -> list[s
     if pycache_prefix:
         mirror = posixpath.join(pycache_prefix.lstrip("/"), directory)
         for entry in fs.listdir(mirror):
-            if entry.startswith(stem + ".") and entry.endswith(".pyc"):
+            if entry.startswith(stem + ".") and entry.endswith(".pyc") and _utf8(entry):
                 found.append(posixpath.join(mirror, entry))
     return sorted(found)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def base_opt_levels(fs: LayeredFS, package_dirs: Sequence[str], cache_tag: str) -> tuple[int, ...]:
@@ -245,7 +256,11 @@ class ChrootRunner:
 
 
 def tool(name: str) -> str:
-    found = shutil.which(name, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    # $PATH first (a Nix build has no /usr/bin), then the sbin dirs a root shell may lack.
+    search = os.pathsep.join(
+        [os.environ.get("PATH", ""), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    )
+    found = shutil.which(name, path=search)
     if found is None:
         raise BytecodeError(
             f"chroot runner: `{name}` is not installed",
@@ -261,17 +276,40 @@ def extract_runtime(fs: LayeredFS, root: Path, *, packages: bool = False) -> Non
     """Materialise the image's files, by default without installed packages (the compiler needs only
     the stdlib; the probe, which checks the packages, passes `packages=True`).
 
-    Only regular files, directories and symlinks are written, all inside `root` (symlinks are written
-    as-is; they are resolved by the chroot, which confines them to `root`)."""
+    Only regular files, directories and symlinks are written, all inside `root`: symlinks are written
+    as-is (the chroot resolves them, confined to `root`), and nothing is ever written THROUGH one: every
+    parent is a directory this call created, files are opened O_NOFOLLOW|O_EXCL. Device nodes and FIFOs
+    are skipped (never created on the host); setuid/setgid/sticky bits are dropped. The base may not
+    provide the runner's work directory (WORK_IN_IMAGE)."""
+    work = WORK_IN_IMAGE.strip("/")
+    made: set[str] = {""}
     for node in fs.walk(""):
-        if not node.path or (not packages and any(f"/{d}/" in f"/{node.path}/" for d in _SKIP_DIRS)):
+        if not node.path or node.path == work or node.path.startswith(work + "/"):
             continue
+        if not packages and any(f"/{d}/" in f"/{node.path}/" for d in _SKIP_DIRS):
+            continue
+        parent = node.path.rpartition("/")[0]
+        if parent not in made:
+            continue  # under a skipped directory
         dest = root / node.path
         if node.is_dir:
-            dest.mkdir(mode=0o755, exist_ok=True)
+            _make_dir(dest, root)
+            made.add(node.path)
         elif node.is_symlink:
-            dest.symlink_to(node.linkname)
-        elif node.is_file or node.is_hardlink:
-            data = fs.read(node.path, follow=False)
-            dest.write_bytes(data)
-            os.chmod(dest, node.mode & 0o755 | 0o600)
+            os.symlink(node.linkname, dest)
+        elif node.is_file:
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fs.copy_to(node.path, fh, follow=False)
+                os.fchmod(fh.fileno(), node.mode & 0o755 | 0o600)
+
+
+def _make_dir(dest: Path, root: Path) -> None:
+    try:
+        os.mkdir(dest, 0o755)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(dest).st_mode):  # a symlink or file where a directory must be
+            raise BytecodeError(
+                f"refusing to extract into {dest}: it exists and is not a directory",
+                hint=f"extract into a fresh, empty directory (not {root})",
+            ) from None

@@ -138,7 +138,7 @@ class Lock:
             ) from None
         try:
             data = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise LockError(f"{path}: not valid JSON: {exc}", hint="regenerate with `servimg lock`") from None
         lock = cls.from_json(data, str(path))
         if lock.lock_version != LOCK_VERSION:
@@ -154,6 +154,7 @@ class Lock:
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(canonical.dumps_pretty(self.to_json()))
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a lock is meant to be read by everyone
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
