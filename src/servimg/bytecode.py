@@ -298,7 +298,13 @@ def extract_runtime(fs: LayeredFS, root: Path, *, packages: bool = False) -> Non
         elif node.is_symlink:
             os.symlink(node.linkname, dest)
         elif node.is_file:
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                raise BytecodeError(
+                    f"refusing to extract over {dest}: it already exists",
+                    hint=f"extract into a fresh, empty directory (not {root})",
+                ) from None
             with os.fdopen(fd, "wb") as fh:
                 fs.copy_to(node.path, fh, follow=False)
                 os.fchmod(fh.fileno(), node.mode & 0o755 | 0o600)

@@ -145,9 +145,11 @@ class ImageDefinition(_Frozen):
         """Parse YAML text; raise one DefinitionError listing every problem with its YAML path."""
         try:
             data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ValueError, RecursionError) as exc:
+            # ValueError: an integer past Python's digit limit; RecursionError: nesting too deep.
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
             raise DefinitionError(
-                f"{origin}: not valid YAML: {exc}",
+                f"{origin}: not valid YAML: {reason}",
                 hint="fix the YAML syntax (indentation, quoting) and retry",
             ) from None
         if not isinstance(data, Mapping):
@@ -185,6 +187,12 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a scalar, not a {type(key).__name__}", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)

@@ -29,7 +29,7 @@ class Digest:
         pattern = _ENCODED.get(algorithm)
         if pattern is None:
             raise ServimgError(f"unsupported digest algorithm {algorithm!r} in {text!r}", hint="use sha256")
-        if not pattern.match(encoded):
+        if not pattern.fullmatch(encoded):  # `$` would accept a trailing newline
             raise ServimgError(
                 f"malformed {algorithm} digest {text!r}",
                 hint=f"a {algorithm} digest is {_HEX_LEN[algorithm]} lowercase hex characters",

@@ -4,6 +4,12 @@ OCI image-spec "Applying Changesets": layers apply in order; `.wh.<name>` delete
 subtree) from LOWER layers; `.wh..wh..opq` in a directory hides every lower-layer child of it; a
 non-directory replacing a directory removes the subtree. Paths are normalised, and an entry naming `..`
 or an absolute path outside the root is refused rather than interpreted.
+
+Hostile layers (docs/reliability.md): a hardlink is resolved when its layer is applied, to a node already
+in this or a lower layer, as `tar -x` would; one whose target escapes the root, is missing or is a
+directory is refused. GNU sparse members are refused (their stored bytes are not the file's content).
+Duplicate entries: the last one wins, as when the runtime unpacks the layer. Device nodes and FIFOs are
+kept as nodes (what the image carries is passed through untouched) but have no readable content.
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ from __future__ import annotations
 import posixpath
 import tarfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from servimg.errors import LayerError
 from servimg.layer import OPAQUE_MARKER, WHITEOUT_PREFIX, normalize_path
@@ -69,7 +76,20 @@ class LayeredFS:
             else:
                 self._remove(path)
         for node in members[1]:
-            self._add(node)
+            self._add(self._link_target(index, layer, node) if node.is_hardlink else node)
+
+    def _link_target(self, index: int, layer: Path, node: Node) -> Node:
+        """A hardlink becomes a copy of its target's node (same data, type and mode: one inode)."""
+        target = self._nodes.get(node.linkname)
+        where = f"layer {index} ({layer.name}): hardlink {node.path!r} -> {node.linkname!r}"
+        if target is None or not node.linkname:
+            raise LayerError(
+                f"{where}: the target is not in this or a lower layer",
+                hint="the layer is corrupt or hostile; a hardlink must name a file that precedes it",
+            )
+        if target.is_dir:
+            raise LayerError(f"{where}: the target is a directory", hint="a hardlink must name a file")
+        return replace(target, path=node.path)
 
     def _read_members(self, index: int, layer: Path) -> tuple[list[tuple[str, str]], list[Node]]:
         deletions: list[tuple[str, str]] = []
@@ -77,7 +97,13 @@ class LayeredFS:
         try:
             with tarfile.open(layer, mode="r:") as tar:
                 for info in tar:
-                    path = normalize_path(info.name)
+                    path = self._member_path(index, layer, info.name, "entry")
+                    if info.issparse():
+                        raise LayerError(
+                            f"layer {index} ({layer.name}): {info.name!r} is a GNU sparse member",
+                            hint="servimg reads layers without unpacking them and refuses sparse entries; "
+                            "rebuild the base layer without --sparse",
+                        )
                     parent, _, base = path.rpartition("/")
                     if base == OPAQUE_MARKER:
                         deletions.append((parent, "opaque"))
@@ -85,13 +111,22 @@ class LayeredFS:
                         target = posixpath.join(parent, base[len(WHITEOUT_PREFIX) :])
                         deletions.append((target, "whiteout"))
                     elif path:
-                        linkname = normalize_path(info.linkname) if info.islnk() else info.linkname
+                        linkname = info.linkname
+                        if info.islnk():
+                            linkname = self._member_path(index, layer, linkname, f"hardlink {path!r} target")
                         nodes.append(
                             Node(path, index, info.type, info.mode, info.size, linkname, info.offset_data)
                         )
         except tarfile.TarError as exc:
             raise LayerError(f"layer {index} ({layer.name}) is not a readable tar: {exc}") from exc
         return deletions, nodes
+
+    @staticmethod
+    def _member_path(index: int, layer: Path, name: str, what: str) -> str:
+        try:
+            return normalize_path(name)
+        except LayerError as exc:
+            raise exc.context(f"layer {index} ({layer.name}): {what} {name!r}") from None
 
     def _remove(self, path: str) -> None:
         for child in list(self._children.pop(path, ())):
@@ -161,7 +196,10 @@ class LayeredFS:
             if node is not None and node.is_symlink:
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
-                    raise LayerError(f"too many levels of symbolic links resolving {path!r}")
+                    raise LayerError(
+                        f"too many levels of symbolic links resolving {path!r}",
+                        hint="the base image has a symlink loop on this path; fix or replace the base",
+                    )
                 target = node.linkname
                 if target.startswith("/"):
                     resolved = []
@@ -170,21 +208,40 @@ class LayeredFS:
             resolved.append(part)
         return "/".join(resolved)
 
-    def read(self, path: str, *, follow: bool = True) -> bytes:
-        """Content of a regular file (following symlinks and hardlinks)."""
+    def _file_node(self, path: str, follow: bool) -> Node:
         real = self.resolve(path) if follow else normalize_path(path)
         node = self._nodes.get(real)
-        for _ in range(MAX_SYMLINK_HOPS):
-            if node is None or not node.is_hardlink:
-                break
-            node = self._nodes.get(node.linkname)
         if node is None:
             raise FileNotFoundError(path)
         if not node.is_file:
-            raise IsADirectoryError(path) if node.is_dir else LayerError(f"{path!r} is not a regular file")
+            if node.is_dir:
+                raise IsADirectoryError(path)
+            raise LayerError(
+                f"{path!r} is not a regular file (tar type {node.type!r})",
+                hint="the base image has a device node, FIFO or symlink where a file is expected",
+            )
+        return node
+
+    def read(self, path: str, *, follow: bool = True) -> bytes:
+        """Content of a regular file (following symlinks; hardlinks were resolved when applied)."""
+        node = self._file_node(path, follow)
         with self.layers[node.layer].open("rb") as fh:
             fh.seek(node.offset_data)
             return fh.read(node.size)
+
+    def copy_to(self, path: str, out: BinaryIO, *, follow: bool = True) -> int:
+        """Stream a regular file's content to `out` (no whole-file buffering); returns its size."""
+        node = self._file_node(path, follow)
+        remaining = node.size
+        with self.layers[node.layer].open("rb") as fh:
+            fh.seek(node.offset_data)
+            while remaining:
+                block = fh.read(min(remaining, 1 << 20))
+                if not block:
+                    raise LayerError(f"{path!r}: layer {node.layer} ends inside the file's data")
+                out.write(block)
+                remaining -= len(block)
+        return node.size
 
     def read_or_none(self, path: str) -> bytes | None:
         try:

@@ -61,10 +61,14 @@ class Descriptor:
             digest = Digest.parse(data.get("digest"))  # type: ignore[arg-type]
         except ServimgError as exc:
             problems.append(f"{where}.digest: {exc.message}")
-        if problems:
-            raise ImageError(f"malformed descriptor at {where}", problems=problems)
         ann = data.get("annotations") or {}
         plat = data.get("platform") or {}
+        if not isinstance(ann, dict):
+            problems.append(f"{where}.annotations: not an object")
+        if not isinstance(plat, dict):
+            problems.append(f"{where}.platform: not an object")
+        if problems:
+            raise ImageError(f"malformed descriptor at {where}", problems=problems)
         return cls(
             str(media),
             digest,
@@ -100,10 +104,11 @@ class Image:
         if problems:
             raise ImageError("malformed image", problems=problems)
         media = manifest.get("mediaType", OCI_MANIFEST)
-        if media not in MANIFEST_TYPES:
+        if not isinstance(media, str) or media not in MANIFEST_TYPES:
             problems.append(f"manifest.mediaType {media!r} is not an image manifest")
         if manifest.get("schemaVersion") != 2:
             problems.append("manifest.schemaVersion must be 2")
+        problems.extend(_config_problems(config))
         image = cls(manifest_bytes, config_bytes, manifest, config)
         try:
             cfg = image.config_descriptor
@@ -112,8 +117,9 @@ class Image:
                     f"config bytes hash to {Digest.of_bytes(config_bytes)}, manifest says {cfg.digest}"
                 )
             layers = image.layer_descriptors
-            diff_ids = config.get("rootfs", {}).get("diff_ids", [])
-            if len(diff_ids) != len(layers):
+            rootfs = config.get("rootfs", {})
+            diff_ids = rootfs.get("diff_ids", []) if isinstance(rootfs, dict) else []
+            if isinstance(diff_ids, list) and len(diff_ids) != len(layers):
                 problems.append(
                     f"config has {len(diff_ids)} diff_ids but the manifest has {len(layers)} layers"
                 )
@@ -196,7 +202,8 @@ class Image:
     def with_layer(self, layer: Layer, *, labels: Mapping[str, str], created: str, history: str) -> Image:
         """A new image: this one plus `layer`, `labels` merged into the config, one history entry."""
         config = json.loads(self.config_bytes)
-        config.setdefault("config", {})
+        if not isinstance(config.get("config"), dict):  # absent or null in some bases
+            config["config"] = {}
         merged = dict(config["config"].get("Labels") or {})
         merged.update(labels)
         config["config"]["Labels"] = merged
@@ -212,10 +219,40 @@ class Image:
         return Image.create(config, [*base_layers, layer], manifest_media_type=media)
 
 
+def _config_problems(config: Mapping[str, Any]) -> list[str]:
+    """The config fields servimg reads (rootfs.diff_ids, config.Env, config.Labels) have their spec'd
+    shapes: a base image's config is untrusted input."""
+    problems: list[str] = []
+    rootfs = config.get("rootfs", {})
+    diff_ids = rootfs.get("diff_ids", []) if isinstance(rootfs, dict) else None
+    if not isinstance(diff_ids, list):
+        problems.append("config.rootfs.diff_ids is not a list")
+    else:
+        for i, value in enumerate(diff_ids):
+            try:
+                Digest.parse(value)
+            except ServimgError as exc:
+                problems.append(f"config.rootfs.diff_ids[{i}]: {exc.message}")
+    if not isinstance(config.get("history", []), list):
+        problems.append("config.history is not a list")
+    runtime = config.get("config")
+    if runtime is not None and not isinstance(runtime, dict):
+        problems.append("config.config is not an object")
+    elif runtime:
+        env, labels = runtime.get("Env"), runtime.get("Labels")
+        if env is not None and not (isinstance(env, list) and all(isinstance(e, str) for e in env)):
+            problems.append("config.config.Env is not a list of strings")
+        if labels is not None and not (
+            isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())
+        ):
+            problems.append("config.config.Labels is not an object of strings")
+    return problems
+
+
 def _json_object(data: bytes, what: str, problems: list[str]) -> dict[str, Any]:
     try:
         value = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         problems.append(f"{what} is not valid JSON: {exc}")
         return {}
     if not isinstance(value, dict):

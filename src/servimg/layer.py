@@ -16,10 +16,12 @@ import io
 import os
 import stat
 import tarfile
+import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from servimg.digest import Digest
 from servimg.errors import LayerError
@@ -168,10 +170,13 @@ class _HashingWriter(io.RawIOBase):
 
 
 def write_layer(entries: Iterable[Entry], dest: Path, *, mtime: int, compress: bool = False) -> LayerBlob:
-    """Write a layer blob to `dest` (atomically: temp file then rename) and return its digests."""
-    tmp = dest.with_name(dest.name + ".partial")
+    """Write a layer blob to `dest` (atomically: a unique temp file then rename) and return its digests.
+
+    The temp name is unique per call, so two processes writing the same layer never share a file."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    tmp = Path(name)
     try:
-        with tmp.open("wb") as raw:
+        with os.fdopen(fd, "wb") as raw:
             blob = _HashingWriter(raw)
             if compress:
                 # filename="" → no FNAME field; mtime=0 → no build time in the header.
@@ -223,14 +228,99 @@ def _entry_for(full: Path, rel: str) -> Entry:
     raise LayerError(f"cannot put {rel!r} in a layer: unsupported file type", hint="remove sockets first")
 
 
-def open_uncompressed(path: Path) -> BinaryIO:
-    """Open a layer blob as an uncompressed tar stream, detecting gzip by its magic bytes."""
+# Bounded decompression (docs/reliability.md, "gzip bomb"): a layer may expand to at most
+# MAX_EXPANSION_RATIO × its compressed size + EXPANSION_ALLOWANCE, and never past MAX_LAYER_BYTES.
+# Real layers expand 2-10× (wheels, shared objects, text); deflate's ceiling is ~1032×, reached only by
+# runs of identical bytes. SERVIMG_MAX_EXPANSION_RATIO / SERVIMG_MAX_LAYER_BYTES raise the limits for a
+# legitimate base that trips them.
+MAX_EXPANSION_RATIO = 100
+EXPANSION_ALLOWANCE = 64 << 20
+MAX_LAYER_BYTES = 64 << 30
+
+
+def decompression_limit(compressed_size: int) -> int:
+    """The most uncompressed bytes a gzip layer blob of `compressed_size` bytes may produce."""
+    ratio = int(os.environ.get("SERVIMG_MAX_EXPANSION_RATIO") or MAX_EXPANSION_RATIO)
+    ceiling = int(os.environ.get("SERVIMG_MAX_LAYER_BYTES") or MAX_LAYER_BYTES)
+    return min(ceiling, compressed_size * ratio + EXPANSION_ALLOWANCE)
+
+
+class _Bounded(io.RawIOBase):
+    """A read-only stream that refuses (LayerError) to produce more than `limit` bytes."""
+
+    def __init__(self, inner: BinaryIO, limit: int, what: str) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._count = 0
+        self._what = what
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b)
+        want = min(len(view), self._limit - self._count + 1)
+        data = self._inner.read(want)
+        self._count += len(data)
+        if self._count > self._limit:
+            raise LayerError(
+                f"{self._what}: decompresses to more than {self._limit} bytes (the limit is "
+                f"{MAX_EXPANSION_RATIO}x its compressed size + {EXPANSION_ALLOWANCE >> 20} MiB); "
+                "refusing a possible gzip bomb",
+                hint="if the base is trusted, raise SERVIMG_MAX_EXPANSION_RATIO / SERVIMG_MAX_LAYER_BYTES",
+            )
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
+def open_uncompressed(path: Path, *, bounded: bool = True) -> BinaryIO:
+    """Open a layer blob as an uncompressed tar stream, detecting gzip by its magic bytes.
+
+    A gzip stream is bounded by `decompression_limit` (unless `bounded=False`); reading past it raises
+    LayerError. Corrupt gzip data raises LayerError too, never a bare zlib/EOF error."""
     fh = path.open("rb")
     magic = fh.read(2)
     fh.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
-    return fh
+    if magic != b"\x1f\x8b":
+        return fh
+    what = f"layer blob {path.name[:19]}"
+    stream: BinaryIO = _GzipErrors(gzip.GzipFile(fileobj=fh, mode="rb"), what)  # type: ignore[assignment]
+    if bounded:
+        limit = decompression_limit(os.fstat(fh.fileno()).st_size)
+        stream = io.BufferedReader(_Bounded(stream, limit, what))
+    return stream
+
+
+class _GzipErrors(io.RawIOBase):
+    """Turn a truncated or corrupt gzip stream's errors into one LayerError."""
+
+    def __init__(self, inner: gzip.GzipFile, what: str) -> None:
+        self._inner = inner
+        self._what = what
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._inner.read(size)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise LayerError(
+                f"{self._what}: corrupt gzip stream ({exc})", hint="the blob is truncated or not gzip"
+            ) from None
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(memoryview(b)))
+        memoryview(b)[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
 
 
 def diff_id_of(path: Path) -> Digest:

@@ -2,7 +2,9 @@
 
 Layout mirrors an OCI image layout's `blobs/sha256/<hex>`. Every write goes to a unique temp file in the
 same directory and is renamed into place only after its digest verified, so a killed build leaves at
-worst a stray `*.tmp-*` file that the next run ignores, never a corrupt blob under a valid name.
+worst a stray `.tmp-*` file that the next run ignores, never a corrupt blob under a valid name. A blob
+truncated under its valid name anyway (power loss before writeback) is caught by `has(digest, size)`,
+removed and fetched again. Gzip layers are decompressed with a bound (layer.decompression_limit).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import IO, BinaryIO
 
 from servimg.digest import Digest
-from servimg.errors import ServimgError
+from servimg.errors import LayerError, ServimgError
 from servimg.layer import open_uncompressed
 
 
@@ -37,8 +39,20 @@ class BlobStore:
     def path(self, digest: Digest) -> Path:
         return self.root / "blobs" / digest.algorithm / digest.hex
 
-    def has(self, digest: Digest) -> bool:
-        return self.path(digest).is_file()
+    def has(self, digest: Digest, size: int | None = None) -> bool:
+        """Whether the blob is cached. With `size`, a cached file of another size (truncated by a crash
+        or a full disk) is removed and reported missing, so the caller fetches it again (repair)."""
+        path = self.path(digest)
+        if size is None:
+            return path.is_file()
+        try:
+            actual = path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if actual != size:
+            path.unlink(missing_ok=True)
+            return False
+        return True
 
     def read(self, digest: Digest) -> bytes:
         try:
@@ -80,17 +94,31 @@ class BlobStore:
             return self.put_stream(fh, expected)
 
     def adopt(self, src: Path, digest: Digest) -> None:
-        """Move an already-verified file into the store under `digest`."""
+        """Move an already-verified file into the store under `digest` (atomic rename when `src` is on
+        the same filesystem, so concurrent builds adopting the same blob never see a partial file)."""
         if self.has(digest):
             src.unlink(missing_ok=True)
-        else:
-            shutil.move(str(src), self.path(digest))
+            return
+        try:
+            os.replace(src, self.path(digest))
+        except OSError:
+            with self._writer(self.path(digest).parent) as (fh, tmp), src.open("rb") as source:
+                shutil.copyfileobj(source, fh)
+            os.replace(tmp, self.path(digest))
+            src.unlink(missing_ok=True)
 
     def uncompressed(self, digest: Digest, diff_id: Digest) -> Path:
         """An uncompressed copy of a layer blob (random access for the layered reader), verified by diffID."""
         blob = self.path(digest)
         with blob.open("rb") as fh:
             if fh.read(2) != b"\x1f\x8b":
+                # An uncompressed layer IS its tar: its diffID must be its digest.
+                if digest != diff_id:
+                    raise LayerError(
+                        f"layer {digest.short} is an uncompressed tar, so its diffID must be {digest}, "
+                        f"but the image config says {diff_id}",
+                        hint="the layer does not match the image config; the image is corrupt or tampered",
+                    )
                 return blob
         target = self.root / "diffs" / diff_id.algorithm / diff_id.hex
         if target.is_file():
@@ -102,7 +130,7 @@ class BlobStore:
                 fh.write(block)
         if sha.hexdigest() != diff_id.hex:
             tmp.unlink(missing_ok=True)
-            raise ServimgError(
+            raise LayerError(
                 f"layer {digest.short}: uncompressed content is sha256:{sha.hexdigest()}, "
                 f"but the image config says diffID {diff_id}",
                 hint="the layer does not match the image config; the image is corrupt or tampered",

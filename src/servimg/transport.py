@@ -114,10 +114,10 @@ def pull(
         )
     if expected is not None and digest != expected:
         raise BackendError(f"{ref_text} resolved to {digest}, not the pinned {expected}")
-    config_digest = Descriptor.from_json(json.loads(manifest_bytes).get("config"), "manifest.config").digest
+    config_digest = _config_digest(manifest_bytes, ref_text)
     image = Image.parse(manifest_bytes, client.get_blob(ref.repository, config_digest))
     for desc in image.layer_descriptors:
-        if not store.has(desc.digest):
+        if not store.has(desc.digest, desc.size):
             log(f"pulling layer {desc.digest.short} ({desc.size / 1e6:.1f} MB)")
             with progress.transfer(f"pull {desc.digest.short}", desc.size) as advance:
                 client.download_blob(ref.repository, desc.digest, store.path(desc.digest))
@@ -125,6 +125,17 @@ def pull(
     store.put_bytes(image.config_bytes)
     store.put_bytes(image.manifest_bytes)
     return image
+
+
+def _config_digest(manifest_bytes: bytes, ref_text: str) -> Digest:
+    """The config digest of a manifest a registry served (which may be anything at all)."""
+    try:
+        manifest = json.loads(manifest_bytes)
+    except (ValueError, RecursionError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise BackendError(f"{ref_text}: the registry served a manifest that is not a JSON object")
+    return Descriptor.from_json(manifest.get("config"), "manifest.config").digest
 
 
 def publish(
@@ -181,6 +192,7 @@ def push(
     ref = Reference.parse(ref_text)
     chosen = ref.tag or tag
     client = RegistryClient(ref.registry)
+    store.put_bytes(image.config_bytes)  # a freshly assembled image's config may exist only as bytes
     for desc in [*image.layer_descriptors, image.config_descriptor]:
         with progress.transfer(f"push {desc.digest.short}", desc.size) as advance:
             opener = _opener(store.path(desc.digest), advance)

@@ -93,7 +93,12 @@ def _assemble(entries: dict[str, Path | bytes], store: BlobStore, tag: str | Non
     raw = entries.get("manifest.json")
     if not isinstance(raw, bytes):
         raise BackendError("docker-archive has no manifest.json", hint="was it written by `docker save`?")
-    items = json.loads(raw)
+    items = _json(raw, "manifest.json")
+    if not isinstance(items, list) or not all(_is_item(m) for m in items):
+        raise BackendError(
+            "docker-archive manifest.json is not a list of {Config, RepoTags, Layers} objects",
+            hint="was it written by `docker save`?",
+        )
     chosen = [m for m in items if tag is None or tag in (m.get("RepoTags") or [])]
     if len(chosen) != 1:
         raise BackendError(
@@ -104,8 +109,16 @@ def _assemble(entries: dict[str, Path | bytes], store: BlobStore, tag: str | Non
     config_bytes = entries.get(item["Config"])
     if not isinstance(config_bytes, bytes):
         raise BackendError(f"docker-archive is missing its config {item['Config']}")
-    config = json.loads(config_bytes)
-    diff_ids = [Digest.parse(d) for d in config.get("rootfs", {}).get("diff_ids", [])]
+    config = _json(config_bytes, item["Config"])
+    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    raw_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if not isinstance(raw_ids, list) or len(raw_ids) != len(item["Layers"]):
+        raise BackendError(
+            f"docker-archive config {item['Config']} lists {len(raw_ids or [])} diff_ids "
+            f"for {len(item['Layers'])} layers",
+            hint="the archive is corrupt or tampered",
+        )
+    diff_ids = [Digest.parse(d) for d in raw_ids]
     layers: list[Layer] = []
     for name, diff_id in zip(item["Layers"], diff_ids, strict=True):
         blob = entries.get(name)
@@ -126,3 +139,20 @@ def _assemble(entries: dict[str, Path | bytes], store: BlobStore, tag: str | Non
         store.uncompressed(layer.descriptor.digest, layer.diff_id)
     store.put_bytes(image.manifest_bytes)
     return image
+
+
+def _json(data: bytes, what: str) -> object:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BackendError(f"docker-archive {what} is not valid JSON: {exc}") from None
+
+
+def _is_item(item: object) -> bool:
+    return (
+        isinstance(item, dict)
+        and isinstance(item.get("Config"), str)
+        and isinstance(item.get("Layers"), list)
+        and all(isinstance(n, str) for n in item["Layers"])
+        and isinstance(item.get("RepoTags") or [], list)
+    )

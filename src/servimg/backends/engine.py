@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,7 +98,8 @@ def _cached(config_digest: Digest, store: BlobStore) -> Image | None:
         image = Image.parse(store.read(manifest_digest), store.read(config_digest))
     except (OSError, ServimgError):
         return None
-    if all(store.has(d.digest) for d in image.layer_descriptors):
+    # With sizes: a blob truncated under its name is dropped, and the base is read from the engine again.
+    if all(store.has(d.digest, d.size) for d in image.layer_descriptors):
         return image
     return None
 
@@ -105,9 +107,14 @@ def _cached(config_digest: Digest, store: BlobStore) -> Image | None:
 def _remember(image: Image, store: BlobStore) -> None:
     path = _index_path(image.config_digest, store)
     path.parent.mkdir(exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(image.digest))
-    tmp.replace(path)
+    # A unique temp name: two builds reading the same base concurrently must not share one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(image.digest))
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def image_id(ref: str) -> Digest | None:

@@ -2,15 +2,20 @@
 
 Writes never leave a half-written layout: a new layout is assembled in a sibling temp directory and
 renamed into place; adding to an existing layout writes blobs first (content-addressed, harmless if
-interrupted) and replaces `index.json` atomically last.
+interrupted) and replaces `index.json` atomically last, under an flock on the layout directory so that
+concurrent writers never lose each other's tags. Reading refuses a manifest that names a missing blob or
+a blob of another size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +49,29 @@ def read_layout(
             f"{root}: {desc.digest} is an image index, not a single-platform manifest",
             hint="select the platform manifest by digest (oci:DIR@sha256:…)",
         )
-    manifest = json.loads(manifest_bytes)
+    try:
+        manifest = json.loads(manifest_bytes)
+    except (ValueError, RecursionError) as exc:
+        raise BackendError(f"{root}: manifest {desc.digest} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise BackendError(f"{root}: manifest {desc.digest} is not a JSON object")
     config = Descriptor.from_json(manifest.get("config"), "manifest.config")
     image = Image.parse(manifest_bytes, _read_blob(root, config.digest))
-    for layer in image.layer_descriptors:
-        if not store.has(layer.digest):
-            store.put_file(root / "blobs" / layer.digest.algorithm / layer.digest.hex, layer.digest)
+    for i, layer in enumerate(image.layer_descriptors):
+        if store.has(layer.digest, layer.size):
+            continue
+        source = root / "blobs" / layer.digest.algorithm / layer.digest.hex
+        if not source.is_file():
+            raise BackendError(
+                f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
+                hint="the layout is incomplete; copy it again from its source",
+            )
+        _, size = store.put_file(source, layer.digest)
+        if size != layer.size:
+            raise BackendError(
+                f"{root}: manifest.layers[{i}] says {layer.size} bytes, blob {layer.digest.short} has {size}",
+                hint="the manifest's descriptor is wrong; the image is corrupt or tampered",
+            )
     store.put_bytes(manifest_bytes)
     store.put_bytes(image.config_bytes)
     return image
@@ -63,8 +85,8 @@ def _read_index(root: Path) -> dict[str, Any]:
             f"{root} is not an OCI image layout (no index.json)",
             hint="point at a directory written by `servimg build --to oci:DIR`",
         ) from exc
-    except ValueError as exc:
-        raise BackendError(f"{root}/index.json is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise BackendError(f"{root}/index.json is not valid JSON: {exc}") from None
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         raise BackendError(f"{root}/index.json has no manifests list")
     return index
@@ -105,7 +127,8 @@ def write_layout(image: Image, root: Path, store: BlobStore, *, tag: str | None)
             f"{root} exists and is not an OCI image layout", hint="choose a new directory or remove it"
         )
     if root.exists():
-        _add_to_layout(image, root, store, tag)
+        with _locked(root):
+            _add_to_layout(image, root, store, tag)
         return
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
@@ -114,10 +137,30 @@ def write_layout(image: Image, root: Path, store: BlobStore, *, tag: str | None)
         _add_to_layout(
             image, tmp, store, tag, index={"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
         )
-        os.replace(tmp, root)
+        try:
+            os.replace(tmp, root)
+        except OSError:
+            if not (root / "index.json").is_file():
+                raise
+            # Another writer created the layout first: add to it instead (under its lock).
+            shutil.rmtree(tmp, ignore_errors=True)
+            with _locked(root):
+                _add_to_layout(image, root, store, tag)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """An exclusive flock on the layout directory itself: concurrent writers (two builds publishing to
+    one layout) update index.json one at a time, so no tag is lost. No lock file is left behind."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _add_to_layout(
@@ -142,24 +185,40 @@ def _add_to_layout(
         if not (tag and (m.get("annotations") or {}).get(REF_NAME) == tag) and m != entry
     ]
     index["manifests"] = sorted([*kept, entry], key=canonical.dumps)
-    tmp = root / "index.json.tmp"
-    tmp.write_bytes(canonical.dumps(index))
-    os.replace(tmp, root / "index.json")
+    _write_file(root / "index.json", canonical.dumps(index))
+
+
+def _unique_tmp(dest: Path) -> Path:
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(name)
 
 
 def _copy_blob(src: Path, dest: Path) -> None:
     if dest.exists():
         return
-    tmp = dest.with_name(dest.name + ".tmp")
+    tmp = _unique_tmp(dest)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+        tmp.unlink()
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _write_blob(dest: Path, data: bytes) -> None:
     if not dest.exists():
-        tmp = dest.with_name(dest.name + ".tmp")
+        _write_file(dest, data)
+
+
+def _write_file(dest: Path, data: bytes) -> None:
+    """Atomically replace `dest` (unique temp name: concurrent writers never share a temp file)."""
+    tmp = _unique_tmp(dest)
+    try:
         tmp.write_bytes(data)
         os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)

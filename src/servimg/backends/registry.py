@@ -275,7 +275,7 @@ class _Auth:
 def _token_of(resp: requests.Response) -> str:
     try:
         body = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply (a hostile server)
         body = None
     token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
     if not isinstance(token, str) or not token:
@@ -330,7 +330,7 @@ def _media_type(resp: requests.Response, data: bytes) -> str:
 def _declared_media_type(data: bytes) -> str | None:
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     value = doc.get("mediaType") if isinstance(doc, dict) else None
     return value if isinstance(value, str) else None
@@ -344,7 +344,7 @@ def _error_lines(body: bytes) -> tuple[list[str], list[str]]:
     """Problems and error codes from a spec error body `{"errors": [{code, message, detail}]}`."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         text = body.decode("utf-8", "replace").strip()[:200]
         return ([text] if text else []), []
     errors = doc.get("errors") if isinstance(doc, dict) else None
@@ -909,7 +909,7 @@ class RegistryClient:
         def consume(resp: requests.Response) -> tuple[list[str], str | None]:
             try:
                 doc = json.loads(_read_limited(resp, MANIFEST_LIMIT, what))
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise self._error(f"{what}: the registry's answer is not JSON") from None
             tags = doc.get("tags") if isinstance(doc, dict) else None
             following = resp.links.get("next", {}).get("url")
@@ -975,7 +975,7 @@ class RegistryClient:
         data = _read_limited(resp, MANIFEST_LIMIT, what)
         try:
             doc = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             doc = None
         manifests = doc.get("manifests") if isinstance(doc, dict) else None
         if not isinstance(manifests, list):

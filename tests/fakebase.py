@@ -1,0 +1,346 @@
+"""Tiny hostile (or honest) base images built locally with `tarfile`, for the issue-7 tests.
+
+A base is a list of raw layer tarballs wrapped into an image with `Image.create` and written as an OCI
+layout with `write_layout`, so a definition can use it as `base.ref: oci:DIR`. The honest part is a fake
+`tinypkg` installed in /usr/lib/python3/dist-packages (dist-info + RECORD + modules) and a stand-in
+/usr/bin/python3; a definition with one overlay on `tinypkg/mod.py` builds against it.
+
+The base has no real interpreter, so builds of it run with `FakeRunner` (the host's Python compiles the
+patched sources, exactly as `_incontainer_compile.py` would in the image) and without the probe. Nothing
+here weakens what is under test: layer reading, overlay application, the cache, publishing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servimg.bytecode import WORK_IN_IMAGE, InterpreterFacts, _read_result
+from servimg.digest import Digest
+from servimg.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
+from servimg.store import BlobStore
+
+SITE = "usr/lib/python3/dist-packages"
+MOD = b"def answer():\n    return 41\n"
+PATCHED = b"def answer():\n    return 42\n"
+PATCH = (
+    b"--- a/tinypkg/mod.py\n+++ b/tinypkg/mod.py\n"
+    b"@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
+)
+EPOCH = 1_700_000_000
+TESTS = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------------------------------ raw tar members
+@dataclass
+class M:
+    """One raw tar member: anything tarfile can write, hostile names and types included."""
+
+    name: str
+    type: bytes = tarfile.REGTYPE
+    data: bytes = b""
+    mode: int = 0o644
+    linkname: str = ""
+    devmajor: int = 0
+    devminor: int = 0
+
+
+def F(name: str, data: bytes = b"", mode: int = 0o644) -> M:
+    return M(name, tarfile.REGTYPE, data, mode)
+
+
+def D(name: str, mode: int = 0o755) -> M:
+    return M(name, tarfile.DIRTYPE, mode=mode)
+
+
+def S(name: str, target: str) -> M:
+    return M(name, tarfile.SYMTYPE, mode=0o777, linkname=target)
+
+
+def H(name: str, target: str) -> M:
+    return M(name, tarfile.LNKTYPE, linkname=target)
+
+
+def tar(members: Iterable[M], *, fmt: int = tarfile.GNU_FORMAT) -> bytes:
+    """A tar of exactly these members, in this order (no sorting, no normalisation: fixtures may lie)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt, encoding="utf-8", errors="surrogateescape") as t:
+        for m in members:
+            info = tarfile.TarInfo(m.name)
+            info.type = m.type
+            info.mode = m.mode
+            info.mtime = EPOCH
+            info.linkname = m.linkname
+            info.devmajor, info.devminor = m.devmajor, m.devminor
+            info.size = len(m.data) if m.type in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
+            t.addfile(info, io.BytesIO(m.data) if info.size else None)
+    return out.getvalue()
+
+
+def package_members(mod_mode: int = 0o644) -> list[M]:
+    """The honest part of a base: /usr/bin/python3 (a stand-in) and tinypkg 1.0 with dist-info."""
+    record = b"tinypkg/__init__.py,,\ntinypkg/mod.py,,\ntinypkg-1.0.dist-info/RECORD,,\n"
+    return [
+        D("usr"),
+        D("usr/bin"),
+        F("usr/bin/python3", b"#!not-a-real-interpreter\n", 0o755),
+        D("usr/lib"),
+        D("usr/lib/python3"),
+        D(SITE),
+        D(f"{SITE}/tinypkg"),
+        F(f"{SITE}/tinypkg/__init__.py", b""),
+        F(f"{SITE}/tinypkg/mod.py", MOD, mod_mode),
+        D(f"{SITE}/tinypkg-1.0.dist-info"),
+        F(f"{SITE}/tinypkg-1.0.dist-info/METADATA", b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n"),
+        F(f"{SITE}/tinypkg-1.0.dist-info/RECORD", record),
+    ]
+
+
+# --------------------------------------------------------------------------------------------- images
+@dataclass(frozen=True)
+class Base:
+    layout: Path
+    image: Image
+
+    @property
+    def ref(self) -> str:
+        return f"oci:{self.layout}"
+
+    def blob(self, digest: Digest) -> Path:
+        return self.layout / "blobs" / digest.algorithm / digest.hex
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A layer given as its exact blob bytes (e.g. an already-gzipped bomb) and the diffID to claim."""
+
+    data: bytes
+    diff_id: Digest
+    media_type: str = OCI_LAYER_GZIP
+
+
+def make_base(
+    root: Path,
+    layers: Sequence[bytes | Blob],
+    *,
+    gzip_layers: Sequence[bool] | None = None,
+    diff_ids: Sequence[Digest] | None = None,
+    config_extra: dict[str, Any] | None = None,
+) -> Base:
+    """Wrap raw layer tars into an image (Image.create) and write it as an OCI layout at `root`.
+
+    `diff_ids` overrides the config's diffIDs (to make them lie)."""
+    store = BlobStore(root.parent / f".{root.name}-store")
+    built: list[Layer] = []
+    for i, raw in enumerate(layers):
+        if isinstance(raw, Blob):
+            built.append(
+                Layer(Descriptor(raw.media_type, store.put_bytes(raw.data), len(raw.data)), raw.diff_id)
+            )
+            continue
+        compressed = bool(gzip_layers and gzip_layers[i])
+        blob = gzip.compress(raw, mtime=0) if compressed else raw
+        digest = store.put_bytes(blob)
+        diff_id = diff_ids[i] if diff_ids else Digest.of_bytes(raw)
+        media = OCI_LAYER_GZIP if compressed else OCI_LAYER
+        built.append(Layer(Descriptor(media, digest, len(blob)), diff_id))
+    config: dict[str, Any] = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "2023-11-14T22:13:20Z",
+        "config": {"Env": ["PATH=/usr/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [str(layer.diff_id) for layer in built]},
+        **(config_extra or {}),
+    }
+    image = Image.create(config, built)
+    from servimg.backends.layout import write_layout
+
+    write_layout(image, root, store, tag=None)
+    return Base(root, image)
+
+
+def definition_text(
+    base: Base, *, name: str = "tiny", patch_sha: str | None = None, python: bool = True
+) -> str:
+    sha = patch_sha or hashlib.sha256(PATCH).hexdigest()
+    return (
+        f"name: {name}\n"
+        "repository: servimg/tiny\n"
+        "base:\n"
+        f"  ref: {base.ref}\n"
+        f"  digest: {base.image.digest}\n" + ("python: /usr/bin/python3\n" if python else "") + "packages:\n"
+        "  tinypkg: {distribution: tinypkg, version: '1.0'}\n"
+        "overlays:\n"
+        "  - id: tiny-fix\n"
+        "    package: tinypkg\n"
+        "    patch: overlays/tinypkg/fix.patch\n"
+        f"    sha256: {sha}\n"
+        "tag: '{name}-{lock12}'\n"
+        f"source_date_epoch: {EPOCH}\n"
+    )
+
+
+def make_repo(root: Path, base: Base, *, name: str = "tiny", patch: bytes = PATCH) -> Path:
+    """A repository with images/<name>.yaml over `base` and its overlay; returns the definition path."""
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "overlays" / "tinypkg").mkdir(parents=True, exist_ok=True)
+    (root / "overlays" / "tinypkg" / "fix.patch").write_bytes(patch)
+    path = root / "images" / f"{name}.yaml"
+    path.write_text(definition_text(base, name=name, patch_sha=hashlib.sha256(patch).hexdigest()))
+    return path
+
+
+# --------------------------------------------------------------------------------------------- runner
+class FakeRunner:
+    """The compile runner for a base without an interpreter: the host's Python runs the same
+    `_incontainer_compile.py` over the same jobs (paths mapped from WORK_IN_IMAGE to the jobs dir)."""
+
+    name = "host"
+
+    def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
+        jobs = (jobs_dir / "jobs.json").read_text().replace(WORK_IN_IMAGE, str(jobs_dir))
+        (jobs_dir / "jobs.json").write_text(jobs)
+        subprocess.run(
+            [sys.executable, "-S", "-s", str(jobs_dir / "compile.py"), "jobs.json", "result.json"],
+            cwd=jobs_dir,
+            env={"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONHASHSEED": "0"},
+            check=True,
+        )
+        return _read_result(jobs_dir, self.name)
+
+
+def install_fake_runner(monkeypatch: Any = None) -> None:
+    """Route servimg's runner choice to FakeRunner and skip the in-image probe (the fake base has no
+    interpreter to run it). With `monkeypatch` (pytest) the change is undone after the test."""
+    from servimg import build
+
+    def runner(name: str, base: Image, fs: Any) -> FakeRunner:
+        return FakeRunner()
+
+    def no_probe(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(build, "_runner", runner)
+        monkeypatch.setattr(build, "_verify_or_refuse", no_probe)
+    else:
+        build._runner = runner  # type: ignore[assignment]
+        build._verify_or_refuse = no_probe  # type: ignore[assignment]
+
+
+# ------------------------------------------------------------------------------------------ assertions
+def snapshot(directory: Path) -> dict[str, tuple[int, str]]:
+    """Every path under `directory` with its mode and content hash (or link target): a sentinel."""
+    out: dict[str, tuple[int, str]] = {}
+    for dirpath, dirnames, filenames in os.walk(directory):
+        for name in dirnames + filenames:
+            full = Path(dirpath, name)
+            st = full.lstat()
+            if full.is_symlink():
+                what = "->" + os.readlink(full)
+            elif full.is_file():
+                what = hashlib.sha256(full.read_bytes()).hexdigest()
+            else:
+                what = "dir"
+            out[str(full.relative_to(directory))] = (st.st_mode, what)
+    return out
+
+
+def cache_is_sound(cache: Path) -> list[str]:
+    """Every blob in a BlobStore hashes to its name; returns the problems (empty when sound)."""
+    problems = []
+    for sub in ("blobs", "diffs"):
+        base = cache / sub / "sha256"
+        if not base.is_dir():
+            continue
+        for path in base.iterdir():
+            if path.name.startswith("."):
+                continue  # a stray temp file of an interrupted writer: ignored by every reader
+            h = hashlib.sha256()
+            with path.open("rb") as fh:
+                while block := fh.read(1 << 20):
+                    h.update(block)
+            if h.hexdigest() != path.name:
+                problems.append(f"{sub}/{path.name} hashes to {h.hexdigest()}")
+    return problems
+
+
+def layer_members(path: Path) -> dict[str, tarfile.TarInfo]:
+    from servimg.layer import open_uncompressed
+
+    with open_uncompressed(path) as stream, tarfile.open(fileobj=stream, mode="r|") as t:
+        return {m.name: m for m in t}
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_bytes())
+
+
+# A `servimg` entry point for subprocess tests (concurrency, signals, secrets): the real CLI with the
+# fake runner installed. Usage: python tests/fakebase.py build DEF --to ... --cache ...
+def install_stall(spec: str, marker: Path) -> None:
+    """Freeze the process at a chosen point (for SIGINT/SIGKILL tests): `marker` is created, then the
+    process sleeps until killed. `writer:<dir>`: inside the first cache write into `<dir>` (blobs, diffs),
+    after its first block; `call:<module>:<function>`: on entry to that function."""
+    import contextlib
+    import importlib
+    import time
+
+    def stall() -> None:
+        marker.write_text(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
+
+    kind, _, where = spec.partition(":")
+    if kind == "writer":
+        from servimg.store import BlobStore
+
+        original = BlobStore._writer
+
+        @contextlib.contextmanager
+        def writer(self: BlobStore, directory: Path) -> Any:
+            with original(self, directory) as (fh, tmp):
+                if directory.parent.name != where:
+                    yield fh, tmp
+                    return
+
+                class Stalling(io.RawIOBase):
+                    def write(self, data: Any) -> int:
+                        fh.write(data)
+                        fh.flush()
+                        stall()
+                        return len(data)
+
+                yield Stalling(), tmp
+
+        BlobStore._writer = writer  # type: ignore[method-assign,assignment]
+    else:
+        module_name, _, attr = where.partition(":")
+        module = importlib.import_module(module_name)
+        target = getattr(module, attr)
+
+        def stalled(*args: Any, **kwargs: Any) -> Any:
+            stall()
+            return target(*args, **kwargs)
+
+        setattr(module, attr, stalled)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(TESTS))
+    install_fake_runner()
+    if os.environ.get("FAKEBASE_STALL"):
+        install_stall(os.environ["FAKEBASE_STALL"], Path(os.environ["FAKEBASE_MARKER"]))
+    from servimg.cli import main
+
+    sys.exit(main(sys.argv[1:]))
