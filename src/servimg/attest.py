@@ -261,8 +261,8 @@ def provenance(
     resolved_dependencies: Sequence[Mapping[str, Any]],
     builder_id: str,
     invocation_id: str,
-    started_on: dt.datetime | str,
-    finished_on: dt.datetime | str,
+    started_on: dt.datetime | str | None = None,
+    finished_on: dt.datetime | str | None = None,
     internal_parameters: Mapping[str, Any] | None = None,
     byproducts: Sequence[Mapping[str, Any]] = (),
     build_type: str = BUILD_TYPE,
@@ -271,8 +271,13 @@ def provenance(
 
     `external_parameters` is the image definition as JSON; `resolved_dependencies` the base manifest and
     config, every overlay patch, the dists and the probe (ResourceDescriptors, e.g. from `resource`);
-    `byproducts` the changed-files manifest (from `changed_file`).
+    `byproducts` the changed-files manifest (from `changed_file`). Start and finish times are left out
+    when unknown (an image pushed long after its build): metadata never states a time nobody measured.
     """
+    metadata: dict[str, Any] = {"invocationId": invocation_id}
+    for key, value in (("startedOn", started_on), ("finishedOn", finished_on)):
+        if value is not None:
+            metadata[key] = timestamp(value)
     predicate: dict[str, Any] = {
         "buildDefinition": {
             "buildType": build_type,
@@ -282,11 +287,7 @@ def provenance(
         },
         "runDetails": {
             "builder": {"id": builder_id},
-            "metadata": {
-                "invocationId": invocation_id,
-                "startedOn": timestamp(started_on),
-                "finishedOn": timestamp(finished_on),
-            },
+            "metadata": metadata,
             "byproducts": sorted((dict(b) for b in byproducts), key=canonical.dumps),
         },
     }

@@ -284,6 +284,16 @@ def list_referrers(
     return sorted(found, key=canonical.dumps)
 
 
+def discover(client: RegistryClient, repo: str, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+    """Like `list_referrers` (unfiltered), and also say where the list came from: the referrers API or
+    the fallback tag (a verifier reports it; a stale fallback index is a finding of its own)."""
+    found = client.referrers(repo, subject)
+    if found is not None:
+        return sorted(found, key=canonical.dumps), "referrers API"
+    tag = fallback_tag(subject)
+    return sorted(_read_index(client, repo, tag, strict=False), key=canonical.dumps), f"fallback tag {tag}"
+
+
 def fetch_envelope(
     client: RegistryClient,
     repo: str,
@@ -411,3 +421,47 @@ def _write_blob(path: Path, data: bytes, *, replace: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def layout_referrers(layout_dir: Path, subject: Digest) -> list[dict[str, Any]]:
+    """Descriptors of the attestations in an OCI layout whose manifest's subject is `subject`.
+
+    A layout may hold several images and their attestations; the index entry only points, so each
+    artifact manifest is read (and re-hashed) and kept only when its own `subject` binds it here."""
+    out = []
+    for entry in _layout_index(layout_dir)["manifests"]:
+        if not (isinstance(entry, dict) and entry.get("artifactType") and _valid_digest(entry.get("digest"))):
+            continue
+        try:
+            data = _layout_blob(layout_dir, Digest.parse(entry["digest"]))
+            manifest = json.loads(data)
+        except (ReferrersError, ValueError):
+            out.append(dict(entry))  # unreadable: let the verifier report it
+            continue
+        bound = manifest.get("subject") if isinstance(manifest, dict) else None
+        if isinstance(bound, dict) and bound.get("digest") == str(subject):
+            out.append(dict(entry))
+    return sorted(out, key=canonical.dumps)
+
+
+def fetch_layout_envelope(layout_dir: Path, subject: Digest, artifact: Digest) -> bytes:
+    """`fetch_envelope` for an OCI layout: the manifest and the envelope blob are re-hashed."""
+    data = _layout_blob(layout_dir, artifact)
+    layer = _envelope_layer(data, OCI_MANIFEST, subject, None, f"artifact {artifact}")
+    blob = _layout_blob(layout_dir, layer.digest)
+    if len(blob) != layer.size:
+        raise ReferrersError(
+            f"artifact {artifact}: envelope is {len(blob)} bytes, its descriptor says {layer.size}"
+        )
+    return blob
+
+
+def _layout_blob(layout_dir: Path, digest: Digest) -> bytes:
+    path = layout_dir / "blobs" / digest.algorithm / digest.hex
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise ReferrersError(f"{layout_dir}: blob {digest} is missing") from None
+    if Digest.of_bytes(data) != digest:
+        raise ReferrersError(f"{layout_dir}: blob {digest} does not hash to its name")
+    return data

@@ -1,0 +1,470 @@
+"""Provenance statements, the check policy, the card and keys, as pure functions (no engine, no registry).
+
+The same code paths run for real in tests/test_tamper.py; here each verdict and reason is pinned on
+synthetic evidence so that a change of wording or logic shows up in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+from servimg import attest, check, dsse, keys, provenance
+from servimg.card import card, diff
+from servimg.check import FAIL, PASS, WARN, Evidence, Located, Policy, evaluate, found_from
+from servimg.definition import ImageDefinition
+from servimg.digest import Digest, sha256_hex
+from servimg.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.layer import Entry, Kind, write_layer
+from servimg.lock import Lock
+from servimg.provenance import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
+
+SCHEDULER = "/opt/venv/lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def facts() -> ImageFacts:
+    lock = Lock.load(REPO / "images" / "demo.lock.json")
+    definition = ImageDefinition.load(REPO / "images" / "demo.yaml").model_dump(mode="json")
+    changes = (ChangedFile(SCHEDULER, "a" * 64, 0o644), ChangedFile(SCHEDULER + "c", None, 0o644))
+    return ImageFacts(lock, definition, "d" * 64, changes, "c" * 64, "e" * 64, "f" * 64)
+
+
+@pytest.fixture(scope="module")
+def image(facts: ImageFacts) -> Image:
+    diff_id = Digest.of_bytes(b"layer")
+    labels = {
+        check.BASE_LABEL: facts.lock.base.manifest_digest,
+        check.LOCK_LABEL: str(facts.lock.digest),
+    }
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Labels": labels},
+        "rootfs": {"type": "layers", "diff_ids": [str(diff_id)]},
+    }
+    return Image.create(config, [Layer(Descriptor(OCI_LAYER, diff_id, 5), diff_id)])
+
+
+@pytest.fixture(scope="module")
+def key() -> dsse.SigningKey:
+    return dsse.SigningKey.generate()
+
+
+class _Report:
+    """The fields of a VerifyReport the test-result needs."""
+
+    def __init__(self, facts: ImageFacts, statuses: tuple[str, ...] = ("PASS", "PASS", "WARN")) -> None:
+        from servimg.verify import Check
+
+        self.checks = tuple(Check("SOURCE_SHA", s, f"m{i}", "ok") for i, s in enumerate(statuses))
+        self.lock_digest = str(facts.lock.digest)
+        self.spec_sha256 = facts.spec_sha256
+        self.audit = False
+        self.interpreter = {"version": "3.11.2"}
+
+
+def _statement(
+    image: Image, predicate_type: str, predicate: dict[str, Any], other: Image | None = None
+) -> bytes:
+    target = other or image
+    return attest.statement(
+        provenance.subjects("servimg/vllm", target.digest, target.config_digest), predicate_type, predicate
+    )
+
+
+def _envelope(statement: bytes, key: dsse.SigningKey | None) -> bytes:
+    if key is None:
+        return dsse.Envelope(attest.PAYLOAD_TYPE, statement, ()).to_bytes()
+    return attest.sign_statement(statement, key).to_bytes()
+
+
+def _found(envelope: bytes, kind: str, trusted: list[dsse.VerifyKey], n: int = 0) -> check.Found:
+    descriptor = {"digest": f"sha256:{n:064x}", "artifactType": attest.artifact_type(kind)}
+    return found_from(descriptor, "fallback tag", lambda _: envelope, trusted, 1)
+
+
+def _evidence(image: Image, facts: ImageFacts, found: list[check.Found], **more: Any) -> Evidence:
+    located = Located("reg.invalid/servimg/vllm:t", "registry", image, "reg.invalid", "servimg/vllm")
+    return Evidence(located, tuple(found), "fallback tag", facts, None, facts.changes, (), 1, **more)
+
+
+def _clean(image: Image, facts: ImageFacts, key: dsse.SigningKey) -> list[check.Found]:
+    trusted = [key.public_key]
+    prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
+    verify = provenance.verify_predicate(_Report(facts), facts)
+    return [
+        _found(_envelope(_statement(image, attest.PROVENANCE_V1, prov), key), "provenance", trusted, 1),
+        _found(_envelope(_statement(image, attest.TEST_RESULT_V01, verify), key), "test-result", trusted, 2),
+    ]
+
+
+def _fails(report: check.CheckReport) -> list[str]:
+    return [f"{r.what}: {r.why}" for r in report.rows if r.verdict == FAIL]
+
+
+# ------------------------------------------------------------------------------------------------ statements
+
+
+def test_provenance_pins_every_input_and_validates(facts: ImageFacts, image: Image) -> None:
+    p = provenance.provenance_predicate(
+        facts, Invocation("inv-1", command=("servimg", "push")), "https://b/1"
+    )
+    parsed = attest.parse_statement(_statement(image, attest.PROVENANCE_V1, p))
+    assert parsed.covers(image.digest) and parsed.covers(image.config_digest)
+    build = p["buildDefinition"]
+    assert build["externalParameters"] == facts.definition
+    roles = [provenance.role_of(d) for d in build["resolvedDependencies"]]
+    assert roles.count("patch") == len(facts.lock.overlays) == 2
+    assert roles.count("dist") == len(facts.lock.packages)
+    assert {"base-manifest", "base-config", "probe", "probe-spec"} <= set(roles)
+    assert provenance.provenance_byproducts(p) == facts.changes
+    assert p["runDetails"]["metadata"] == {"invocationId": "inv-1"}, "no time nobody measured"
+    assert (
+        provenance.provenance_predicate(
+            facts, Invocation("inv-1", command=("servimg", "push")), "https://b/1"
+        )
+        == p
+    )
+
+
+def test_builder_id_is_overridable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert provenance.builder_id() == provenance.DEFAULT_BUILDER_ID
+    monkeypatch.setenv(provenance.BUILDER_ENV, "https://ci.example/builder")
+    assert provenance.builder_id() == "https://ci.example/builder"
+    assert provenance.builder_id("https://x/y") == "https://x/y"
+
+
+def test_verify_result_is_about_this_image_only(facts: ImageFacts) -> None:
+    p = provenance.verify_predicate(_Report(facts), facts)
+    assert p["result"] == "WARNED" and provenance.is_verify_result(p)
+    foreign = _Report(facts)
+    foreign.lock_digest = "sha256:" + "9" * 64
+    with pytest.raises(ProvenanceError, match="not about this image"):
+        provenance.verify_predicate(foreign, facts)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "arms", "result"),
+    [
+        ("PASS", [], "PASSED"),
+        ("PASS", [{"id": "control"}, {"id": "warm", "verdict": "PASS"}], "PASSED"),
+        ("FAIL", [{"id": "warm", "verdict": "FAIL"}], "FAILED"),
+        ("NOT_EXERCISED", [], "FAILED"),
+        ("PASS", [{"id": "cold", "verdict": "NOT_EXERCISED"}], "FAILED"),  # inconsistent: fail closed
+    ],
+)
+def test_ladder_receipts(image: Image, verdict: str, arms: list[dict[str, str]], result: str) -> None:
+    data = json.dumps({"ladder": "smoke", "verdict": verdict, "arms": arms}).encode()
+    p = provenance.ladder_predicate(LadderReceipt.parse(data), image.digest, image.config_digest)
+    assert p["result"] == result
+    assert provenance.ladder_name(p) == "smoke"
+    assert provenance.sha256_of(provenance.test_config(p) or {}) == sha256_hex(data)
+
+
+def test_ladder_receipt_refusals(image: Image) -> None:
+    with pytest.raises(ProvenanceError, match="not a ladder receipt"):
+        LadderReceipt.parse(b'{"verdict": "MAYBE"}')
+    body = {"ladder": {"name": "s"}, "verdict": "FAIL"}
+    sealed = {**body, "sha256": sha256_hex(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())}
+    assert LadderReceipt.parse(json.dumps(sealed).encode()).verdict == "FAIL"
+    with pytest.raises(ProvenanceError, match="edited after sealing"):
+        LadderReceipt.parse(json.dumps({**sealed, "verdict": "PASS"}).encode())
+    other = json.dumps(
+        {"ladder": {"name": "s"}, "verdict": "PASS", "image": {"digest": "sha256:" + "1" * 64}}
+    )
+    with pytest.raises(ProvenanceError, match="not this image"):
+        provenance.ladder_predicate(LadderReceipt.parse(other.encode()), image.digest, image.config_digest)
+
+
+def test_changes_are_re_derived_from_the_layer(tmp_path: Path) -> None:
+    entries = [
+        Entry("opt/venv/x.py", Kind.FILE, 0o644, data=b"x = 1\n"),
+        Entry("opt/venv/__pycache__/x.cpython-311.pyc", Kind.WHITEOUT),
+        Entry("opt/servimg/lock.json", Kind.FILE, 0o644, data=b"{}"),
+        Entry("opt/venv", Kind.DIR, 0o755),
+    ]
+    write_layer(entries, tmp_path / "layer.tar", mtime=0)
+    assert provenance.layer_changes(tmp_path / "layer.tar") == (
+        ChangedFile("/opt/venv/__pycache__/x.cpython-311.pyc", None, 0o644),
+        ChangedFile("/opt/venv/x.py", sha256_hex(b"x = 1\n"), 0o644),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ policy
+
+
+def test_clean_evidence_passes(facts: ImageFacts, image: Image, key: dsse.SigningKey) -> None:
+    report = evaluate(Policy(), _evidence(image, facts, _clean(image, facts, key)))
+    assert report.ok, _fails(report)
+    assert len(report.used) == 2
+    assert {r.what for r in report.rows if r.verdict == PASS} >= {
+        "provenance",
+        "builder",
+        "base digest",
+        "patches",
+        "dists",
+        "probe",
+        "changed files",
+        "verify",
+    }
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        ("untrusted", "signed by a key that is not trusted"),
+        ("forged", "signature claims trusted key"),
+        ("unsigned", "unsigned envelope: no signature to verify"),
+        ("other-subject", "the statement is about"),
+        ("builder", "builder https://evil.invalid/b is not trusted"),
+        ("patch", "overlay vllm-computed-tokens-gate: provenance sha256:"),
+        ("byproducts", "/planted.pyc is in the provenance, not in the image's manifest"),
+        ("verify-failed", "verify FAILED: SOURCE_SHA m1"),
+        (
+            "wrong-type",
+            "artifactType application/vnd.in-toto.provenance+dsse but the statement is a test-result",
+        ),
+    ],
+)
+def test_each_tamper_fails_with_its_reason(
+    facts: ImageFacts, image: Image, key: dsse.SigningKey, tamper: str, reason: str
+) -> None:
+    trusted = [key.public_key]
+    stranger = dsse.SigningKey.generate()
+    prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
+    verify = provenance.verify_predicate(_Report(facts), facts)
+    other = Image.create({"config": {}, "rootfs": {"type": "layers", "diff_ids": []}}, [])
+    builders: dict[str, Callable[[], check.Found]] = {
+        "untrusted": lambda: _found(
+            _envelope(_statement(image, attest.PROVENANCE_V1, prov), stranger), "provenance", trusted
+        ),
+        "forged": lambda: _found(
+            _forge(_envelope(_statement(image, attest.PROVENANCE_V1, prov), key)), "provenance", trusted
+        ),
+        "unsigned": lambda: _found(
+            _envelope(_statement(image, attest.PROVENANCE_V1, prov), None), "provenance", trusted
+        ),
+        "other-subject": lambda: _found(
+            _envelope(_statement(image, attest.PROVENANCE_V1, prov, other), key), "provenance", trusted
+        ),
+        "builder": lambda: _found(
+            _envelope(
+                _statement(image, attest.PROVENANCE_V1, _with_builder(prov, "https://evil.invalid/b")), key
+            ),
+            "provenance",
+            trusted,
+        ),
+        "patch": lambda: _found(
+            _envelope(_statement(image, attest.PROVENANCE_V1, _with_patch(facts)), key), "provenance", trusted
+        ),
+        "byproducts": lambda: _found(
+            _envelope(_statement(image, attest.PROVENANCE_V1, _with_extra_file(facts)), key),
+            "provenance",
+            trusted,
+        ),
+        "verify-failed": lambda: _found(
+            _envelope(
+                _statement(
+                    image,
+                    attest.TEST_RESULT_V01,
+                    provenance.verify_predicate(_Report(facts, ("PASS", "FAIL")), facts),
+                ),
+                key,
+            ),
+            "test-result",
+            trusted,
+        ),
+        "wrong-type": lambda: _found(
+            _envelope(_statement(image, attest.TEST_RESULT_V01, verify), key), "provenance", trusted
+        ),
+    }
+    found = [*_clean(image, facts, key), builders[tamper]()]
+    report = evaluate(Policy(), _evidence(image, facts, found))
+    assert not report.ok
+    assert any(reason in line for line in _fails(report)), _fails(report)
+
+
+def _forge(envelope: bytes) -> bytes:
+    parsed = dsse.Envelope.parse(envelope)
+    altered = parsed.payload.replace(b"servimg.invalid/builder", b"servimg.invalid/b-forged")
+    return dsse.Envelope(parsed.payload_type, altered, parsed.signatures).to_bytes()
+
+
+def _with_builder(p: dict[str, Any], builder: str) -> dict[str, Any]:
+    return {**p, "runDetails": {**p["runDetails"], "builder": {"id": builder}}}
+
+
+def _with_patch(facts: ImageFacts) -> dict[str, Any]:
+    first = replace(facts.lock.overlays[0], patch_sha256="0" * 64)
+    lock = replace(facts.lock, overlays=(first, *facts.lock.overlays[1:]))
+    return provenance.provenance_predicate(
+        replace(facts, lock=lock), Invocation("id"), provenance.DEFAULT_BUILDER_ID
+    )
+
+
+def _with_extra_file(facts: ImageFacts) -> dict[str, Any]:
+    changes = (*facts.changes, ChangedFile("/planted.pyc", "b" * 64, 0o644))
+    return provenance.provenance_predicate(
+        replace(facts, changes=changes), Invocation("id"), provenance.DEFAULT_BUILDER_ID
+    )
+
+
+def test_unsigned_mode_reports_but_accepts(facts: ImageFacts, image: Image, key: dsse.SigningKey) -> None:
+    unsigned = [
+        _found(
+            _envelope(
+                _statement(
+                    image,
+                    attest.PROVENANCE_V1,
+                    provenance.provenance_predicate(facts, Invocation("i"), provenance.DEFAULT_BUILDER_ID),
+                ),
+                None,
+            ),
+            "provenance",
+            [],
+        ),
+        _found(
+            _envelope(
+                _statement(image, attest.TEST_RESULT_V01, provenance.verify_predicate(_Report(facts), facts)),
+                None,
+            ),
+            "test-result",
+            [],
+        ),
+    ]
+    assert not evaluate(Policy(), _evidence(image, facts, unsigned)).ok
+    report = evaluate(Policy(allow_unsigned=True), _evidence(image, facts, unsigned))
+    assert report.ok, _fails(report)
+    assert any(r.what == "signatures" and r.verdict == WARN for r in report.rows)
+
+
+def test_label_and_lock_are_compared_without_attestations(facts: ImageFacts, image: Image) -> None:
+    config = json.loads(image.config_bytes)
+    config["config"]["Labels"][check.BASE_LABEL] = "sha256:" + "0" * 64
+    relabeled = Image.create(config, image.layers)
+    report = evaluate(Policy(), _evidence(relabeled, facts, []))
+    reasons = _fails(report)
+    assert any(r.startswith("base label: label") for r in reasons)
+    assert any(r.startswith("provenance: no verified provenance") for r in reasons)
+    assert any(r.startswith("verify: no verified test-result") for r in reasons)
+
+
+def test_required_ladders(facts: ImageFacts, image: Image, key: dsse.SigningKey) -> None:
+    def ladder(verdict: str, when: str, n: int) -> check.Found:
+        data = json.dumps({"ladder": "smoke", "verdict": verdict, "finished_at": when}).encode()
+        p = provenance.ladder_predicate(LadderReceipt.parse(data), image.digest, image.config_digest)
+        return _found(
+            _envelope(_statement(image, attest.TEST_RESULT_V01, p), key), "test-result", [key.public_key], n
+        )
+
+    policy = Policy(ladders=("smoke",))
+    clean = _clean(image, facts, key)
+    assert "ladder smoke: required ladder smoke: no verified test-result attestation" in _fails(
+        evaluate(policy, _evidence(image, facts, clean))
+    )
+    later_pass = [
+        *clean,
+        ladder("FAIL", "2026-01-01T00:00:00Z", 3),
+        ladder("PASS", "2026-01-02T00:00:00Z", 4),
+    ]
+    assert evaluate(policy, _evidence(image, facts, later_pass)).ok, "the latest receipt decides"
+    later_fail = [
+        *clean,
+        ladder("PASS", "2026-01-01T00:00:00Z", 3),
+        ladder("NOT_EXERCISED", "2026-01-02T00:00:00Z", 4),
+    ]
+    assert any(
+        r.startswith("ladder smoke: NOT_EXERCISED")
+        for r in _fails(evaluate(policy, _evidence(image, facts, later_fail)))
+    )
+    not_required = evaluate(Policy(), _evidence(image, facts, later_fail))
+    assert not_required.ok and any(r.what == "ladder smoke" and r.verdict == WARN for r in not_required.rows)
+
+
+def test_disallowed_predicate_types_are_ignored_not_trusted(
+    facts: ImageFacts, image: Image, key: dsse.SigningKey
+) -> None:
+    policy = Policy(predicates=(attest.TEST_RESULT_V01,))
+    report = evaluate(policy, _evidence(image, facts, _clean(image, facts, key)))
+    assert any("is not allowed by the policy; ignored" in r.why and r.verdict == WARN for r in report.rows)
+    assert "provenance: no verified provenance attestation for " + str(image.digest) in _fails(report)
+
+
+def test_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("require: [provenance, vsa]\nladders: [smoke]\nkeys: [k.pub]\nthreshold: 1\n")
+    policy = Policy.load(path)
+    assert policy.require == ("provenance", "vsa") and policy.keys == (tmp_path / "k.pub",)
+    merged = policy.merged(ladders=["cold"], builders=["https://b"], allow_unsigned=True)
+    assert merged.ladders == ("smoke", "cold") and merged.builders == ("https://b",) and merged.allow_unsigned
+    path.write_text("requires: [provenance]\n")
+    with pytest.raises(check.CheckError, match="problem"):
+        Policy.load(path)
+    path.write_text("require: [sbom]\n")
+    with pytest.raises(check.CheckError, match="unknown requirement"):
+        Policy.load(path)
+
+
+# ------------------------------------------------------------------------------------------------ card, keys
+
+
+def test_card_and_diff(facts: ImageFacts, image: Image, key: dsse.SigningKey) -> None:
+    shown = card(_evidence(image, facts, _clean(image, facts, key)))
+    assert shown.source == "signed provenance (verified)"
+    assert [o.id for o in shown.overlays] == [o.id for o in facts.lock.overlays]
+    assert all(o.sentinels for o in shown.overlays)
+    assert "# Provenance card" in shown.markdown() and "sentinel:" in shown.text()
+    assert diff(shown, shown).identical
+    unverified = card(_evidence(image, facts, _clean(image, facts, key)[:0]))
+    assert unverified.source.startswith("the image's own")
+    extra = (*(shown.layer_files or ()), ChangedFile("/x", None, 0o644))
+    changed = diff(shown, replace(shown, layer_files=extra))
+    assert [d.item for d in changed.differences] == ["/x"]
+
+
+def test_keys(tmp_path: Path) -> None:
+    pair = keys.generate(tmp_path / "k")
+    assert pair.private.stat().st_mode & 0o777 == 0o600
+    assert pair.public.stat().st_mode & 0o777 == 0o644
+    with pytest.raises(dsse.DsseError, match="refusing to overwrite"):
+        keys.generate(tmp_path / "k")
+    from_private = keys.load_trusted([pair.private])
+    assert from_private == keys.load_trusted([pair.public]) and from_private[0].keyid == pair.keyid
+    assert "PRIVATE" not in repr(keys.load_signing(pair.private))
+
+
+def test_threshold_needs_distinct_trusted_signers(
+    facts: ImageFacts, image: Image, key: dsse.SigningKey
+) -> None:
+    second = dsse.SigningKey.generate()
+    statement = _statement(image, attest.VSA_V1, _vsa(image))
+    once = attest.sign_statement(statement, key)
+    descriptor = {"digest": "sha256:" + "7" * 64, "artifactType": attest.artifact_type("vsa")}
+    trusted = [key.public_key, second.public_key]
+    found = found_from(descriptor, "api", lambda _: once.to_bytes(), trusted, 2)
+    assert found.signature == "threshold" and found.statement is None
+    twice = dsse.countersign(once, second).to_bytes()
+    assert found_from(descriptor, "api", lambda _: twice, trusted, 2).signature == "verified"
+    with pytest.raises(check.CheckError, match="threshold 3 exceeds"):
+        check.collect(_evidence(image, facts, []).located, None, print, trusted=trusted, threshold=3)  # type: ignore[arg-type]
+
+
+def _vsa(image: Image) -> dict[str, Any]:
+    return attest.verification_summary(
+        verifier_id="https://v/1",
+        time_verified="2026-01-01T00:00:00Z",
+        resource_uri=f"reg/x@{image.digest}",
+        policy={"uri": "servimg:policy/default"},
+        verification_result="PASSED",
+        verified_levels=["SLSA_BUILD_LEVEL_1"],
+    )
