@@ -177,6 +177,7 @@ def test_verify_passes_on_the_built_image_with_both_runners(
     code, out = run_cli("verify", str(built["result"].image.config_digest), capsys=capsys)
     assert code == 0, out
     assert out["summary"]["FAIL"] == 0 and out["summary"]["PASS"] >= 10
+    assert out["summary"]["WARN"] == 0 and out["summary"]["ERROR"] == 0, "the clean demo: zero findings"
     codes = {c["code"] for c in out["checks"]}
     assert {"ORIGIN", "SOURCE_SHA", "STALE_PYC", "SENTINEL", "ABSENT_IN_BASE", "RECORD"} <= codes
     store, image = built["store"], built["result"].image

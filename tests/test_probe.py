@@ -809,3 +809,46 @@ def test_probe_spec_refuses_a_foreign_definition(image: FakeImage) -> None:
 def test_report_from_probe_error_is_refused() -> None:
     with pytest.raises(verify.VerifyError, match="the probe failed"):
         verify.VerifyReport.from_json({"probe_version": 1, "error": "bad spec", "ok": False})
+
+
+# -- the service's command (image Entrypoint + Cmd) -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("config", "python_args", "entry"),
+    [
+        ({"Cmd": ["/opt/venv/bin/python", "-O", "-m", "svc"]}, ("-O",), "module"),
+        (
+            {"Cmd": ["python3.11", "-OO", "--check-hash-based-pycs", "never", "/app/main.py", "-O"]},
+            ("-O", "-O", "--check-hash-based-pycs", "never"),
+            "script:/app/main.py",
+        ),
+        (
+            {
+                "Entrypoint": ["python"],
+                "Cmd": ["-Xpycache_prefix=/c", "-Es", "-u", "-W", "ignore", "-m", "x"],
+            },
+            ("-X", "pycache_prefix=/c", "-E", "-s"),
+            "module",
+        ),
+        (
+            {"Cmd": ["python", "--check-hash-based-pycs=always", "-c", "pass"]},
+            ("--check-hash-based-pycs", "always"),
+            "command",
+        ),
+        ({"Cmd": ["python", "-I", "-"]}, ("-I",), "command"),
+        ({"Cmd": ["python"]}, (), "command"),
+        ({"Cmd": ["/bin/sh", "-c", "exec python -O -m x"]}, (), None),
+        ({"Entrypoint": ["tini", "--"], "Cmd": ["python", "-O", "-m", "x"]}, (), None),
+        ({}, (), None),
+    ],
+)
+def test_service_command(config: dict[str, Any], python_args: tuple[str, ...], entry: str | None) -> None:
+    service = verify.service_command(config)
+    assert (service.python_args, service.entry) == (python_args, entry)
+    assert service.runs_python == (entry is not None)
+
+
+def test_service_command_names_the_locked_interpreter() -> None:
+    config = {"Cmd": ["/usr/local/bin/serve", "-O", "-m", "x"]}
+    assert not verify.service_command(config).runs_python
+    service = verify.service_command(config, "/usr/local/bin/serve")
+    assert (service.python_args, service.entry) == (("-O",), "module")

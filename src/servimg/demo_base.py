@@ -237,6 +237,13 @@ def build_rootfs(
             _safe_rmtree(build)
 
 
+def build_debian_layer(recipe: DemoRecipe, rootfs: Path, log: Callable[[str], None] = print) -> None:
+    """Only the ``debian`` layer (preflight, debootstrap, scrub, mtimes) into the new dir `rootfs`; the
+    recipe's wheels are ignored. Other bases built the same way start here (`servimg.testbase`)."""
+    _preflight(recipe)
+    _build_debian(recipe, rootfs, log)
+
+
 def _preflight(recipe: DemoRecipe) -> None:
     """Refuse early, with a hint, when the host cannot build (not root, missing tools, no mirror)."""
     if os.geteuid() != 0:

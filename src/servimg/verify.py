@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import posixpath
+import re
 import shlex
 import subprocess
 import tarfile
@@ -251,6 +253,65 @@ def base_sentinel_verdicts(sources: Mapping[str, bytes], sentinels: Iterable[Sen
     return out
 
 
+# -- the service's command -------------------------------------------------------------------------
+# Interpreter options that change what an import resolves to or which bytecode it accepts; the others
+# (-u, -v, -W …) are dropped. -I implies -E -s (and -P on 3.11+).
+_IMPORT_FLAGS = "BEIOPsS"
+_TAKES_ARGUMENT = "cmWX"
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+@dataclass(frozen=True)
+class ServiceCommand:
+    """How the image's own command (Entrypoint + Cmd) runs Python: the import-relevant interpreter
+    options and the entry (`module` for -m, `command` for -c or stdin, `script:PATH`)."""
+
+    argv: tuple[str, ...]
+    python_args: tuple[str, ...] = ()
+    entry: str | None = None
+
+    @property
+    def runs_python(self) -> bool:
+        return self.entry is not None
+
+
+def service_command(config: Mapping[str, Any], interpreter: str | None = None) -> ServiceCommand:
+    """Parse the image config's Entrypoint + Cmd when it execs a Python interpreter directly (a `python*`
+    binary, or `interpreter`); anything else (a shell wrapper, a launcher script) gives no flags and no
+    entry, and the probe keeps its defaults (it still sees the image's Env and WorkingDir)."""
+    argv = tuple(str(a) for a in [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])])
+    if not argv or not (argv[0] == interpreter or _PYTHON_NAME.match(posixpath.basename(argv[0]))):
+        return ServiceCommand(argv)
+    flags: list[str] = []
+    rest = list(argv[1:])
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--check-hash-based-pycs" and rest:
+            flags += [arg, rest.pop(0)]
+        elif arg.startswith("--check-hash-based-pycs="):
+            flags += ["--check-hash-based-pycs", arg.partition("=")[2]]
+        elif arg == "--":
+            return ServiceCommand(argv, tuple(flags), f"script:{rest[0]}" if rest else "command")
+        elif arg == "-" or not arg.startswith("-"):
+            return ServiceCommand(argv, tuple(flags), "command" if arg == "-" else f"script:{arg}")
+        elif arg.startswith("--"):
+            continue  # --help, --version, … : nothing that changes imports
+        else:
+            for i, char in enumerate(arg[1:], start=1):
+                if char in _TAKES_ARGUMENT:
+                    value = arg[i + 1 :] or (rest.pop(0) if rest else "")
+                    if char == "m":
+                        return ServiceCommand(argv, tuple(flags), "module")
+                    if char == "c":
+                        return ServiceCommand(argv, tuple(flags), "command")
+                    if char == "X":
+                        flags += ["-X", value]
+                    break
+                if char in _IMPORT_FLAGS:
+                    flags.append(f"-{char}")
+    return ServiceCommand(argv, tuple(flags), "command")  # the interactive interpreter reads stdin
+
+
 # -- running it -----------------------------------------------------------------------------------
 def run_probe_in_docker(
     image: str,
@@ -261,7 +322,7 @@ def run_probe_in_docker(
     workdir: str | None = None,
     user: str | None = None,
     python: str | None = None,
-    python_args: Sequence[str] = (),
+    python_args: Sequence[str] | None = None,
     entry: str | None = None,
     timeout: float = 1800.0,
 ) -> dict[str, Any]:
@@ -269,11 +330,16 @@ def run_probe_in_docker(
     its JSON report. The image's entrypoint is bypassed; its Env and WorkingDir apply unless `env` /
     `workdir` override them, so the probe sees what the service sees. `python` defaults to the interpreter
     the spec names (read from the image without running it); `python_args` are interpreter flags such as
-    `-O` or `--check-hash-based-pycs never`."""
+    `-O` or `--check-hash-based-pycs never`. Left None, the flags and the entry are the image command's
+    own (`service_command`), so the probe runs as the service would."""
     from servimg.backends.engine import client
 
     c = client()
     interpreter = python or _spec_interpreter(c, image, spec_path_in_image)
+    if python_args is None:
+        service = service_command(_engine_config(c, image), interpreter)
+        python_args = service.python_args
+        entry = entry or service.entry
     command = [interpreter, *python_args, PROBE_IN_IMAGE, spec_path_in_image, "--json"]
     if audit:
         command.append("--audit")
@@ -318,20 +384,34 @@ def run_probe_in_docker(
     return report
 
 
+def _unprivileged_prefix() -> list[str]:
+    """chroot needs CAP_SYS_CHROOT: as a normal user (a Nix build), enter a user namespace first."""
+    return [] if os.geteuid() == 0 else [tool("unshare"), "--user", "--map-root-user"]
+
+
 def run_probe_in_chroot(
-    fs: LayeredFS, config_env: Mapping[str, str], workdir: str, *, audit: bool = False
+    fs: LayeredFS,
+    config_env: Mapping[str, str],
+    workdir: str,
+    *,
+    audit: bool = False,
+    config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The daemonless path: materialise the whole image (packages included) and run the probe under the
-    image's interpreter in a chroot, with the image config's Env and WorkingDir."""
+    image's interpreter in a chroot, with the image config's Env and WorkingDir (and, given the image
+    `config`, its command's interpreter flags and entry: `service_command`)."""
     spec = json.loads(fs.read(SPEC_IN_IMAGE.lstrip("/")))
     interpreter = str(spec["interpreter"]["path"])
+    service = service_command(config or {}, interpreter)
     with tempfile.TemporaryDirectory(prefix="servimg-verify-") as tmp:
         root = Path(tmp)
         extract_runtime(fs, root, packages=True)
-        command = [interpreter, PROBE_IN_IMAGE, SPEC_IN_IMAGE, "--json", *(["--audit"] if audit else [])]
+        command = [interpreter, *service.python_args, PROBE_IN_IMAGE, SPEC_IN_IMAGE, "--json"]
+        command += ["--audit"] if audit else []
+        command += ["--entry", service.entry] if service.entry else []
         script = f"cd {shlex.quote(workdir or '/')} && exec {' '.join(shlex.quote(c) for c in command)}"
         proc = subprocess.run(
-            [tool("chroot"), str(root), "/bin/sh", "-c", script],
+            [*_unprivileged_prefix(), tool("chroot"), str(root), "/bin/sh", "-c", script],
             capture_output=True,
             text=True,
             env=dict(config_env),
@@ -345,6 +425,15 @@ def run_probe_in_chroot(
         )
     report: dict[str, Any] = json.loads(lines[-1])
     return report
+
+
+def _engine_config(c: Any, image: str) -> dict[str, Any]:
+    """The engine's view of the image config (`Entrypoint`, `Cmd`, `Env`, `WorkingDir` …)."""
+    try:
+        config = c.images.get(image).attrs.get("Config") or {}
+    except Exception as exc:
+        raise VerifyError(f"cannot inspect {image}: {exc}", hint="is the image loaded?") from exc
+    return dict(config)
 
 
 def _spec_interpreter(c: Any, image: str, spec_path: str) -> str:
@@ -469,6 +558,15 @@ class VerifyReport:
         counts = self.counts()
         buffer = io.StringIO()
         console = Console(file=buffer, width=width, color_system=None, highlight=False)
+        facts, env = self.interpreter, self.environment
+        if facts:  # what the probe ran under: the image command's flags, Env and WorkingDir
+            flags = " ".join(
+                f"{key}={facts.get(key)}" for key in ("optimize", "check_hash_based_pycs", "pycache_prefix")
+            )
+            line = (
+                f"interpreter {facts.get('executable')} {facts.get('version')}: {flags} cwd={env.get('cwd')}"
+            )
+            console.print(line, markup=False)
         console.print(table)
         console.print(
             ", ".join(f"{counts[s]} {s}" for s in probe.STATUSES) + (" → OK" if self.ok else " → NOT OK")
@@ -507,8 +605,9 @@ def verify_image_value(
         log("verifying in a chroot (no Docker Engine)")
         fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
         config = image.config.get("config") or {}
+        workdir = str(config.get("WorkingDir") or "/")
         report = VerifyReport.from_json(
-            run_probe_in_chroot(fs, image.env, str(config.get("WorkingDir") or "/"), audit=audit)
+            run_probe_in_chroot(fs, image.env, workdir, audit=audit, config=config)
         )
         return report
     existed = engine.has_image(image.config_digest)

@@ -1,0 +1,352 @@
+"""The local test base: Debian minbase + python3 + /opt/venv holding one tiny pure-Python wheel.
+
+The planted-defect suite (tests/test_planted.py) and the witness tests need real images on more than one
+interpreter (Debian 12 `bookworm`: python3.11, Debian 13 `trixie`: python3.13) without vLLM's weight. The
+base is built the way the demo base is (`demo_base.build_debian_layer`: debootstrap, scrubbed, build-time
+mtimes fixed) plus one more layer:
+
+``venv`` layer
+    Only ``opt/venv``: a venv made by the image's own ``python3 -m venv --without-pip``; ``tinypkg 1.0``
+    installed from a real wheel built here (`tiny_wheel`: stdlib ``zipfile``, stored entries, fixed
+    timestamps, a RECORD with sha256 of every file) by a minimal PEP 427 installer (`install_wheel`: RECORD
+    hashes verified, INSTALLER written, RECORD rewritten, nothing outside the site dir); timestamp pycs
+    compiled by the image's interpreter; every mtime ``source_date_epoch``.
+
+The image is cached in the BlobStore as an OCI layout keyed by the recipe (like `demo.demo_base_image`)
+and published to the engine as ``servimg/test-base:<suite>-<key12>``. Needs root, debootstrap and the
+Debian mirror on the first build of each suite.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import datetime as dt
+import hashlib
+import io
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servimg import canonical
+from servimg.backends import layout
+from servimg.demo_base import (
+    VENV,
+    DemoRecipe,
+    _check_untouched,
+    _chroot,
+    _move_venv,
+    _publish,
+    _reset_mtimes,
+    _safe_rmtree,
+    build_debian_layer,
+    resolve_in_root,
+)
+from servimg.digest import sha256_hex
+from servimg.errors import ServimgError
+from servimg.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.layer import entries_from_dir, write_layer
+from servimg.store import BlobStore
+from servimg.transport import Target, publish
+
+Log = Callable[[str], None]
+
+# Bump when the build procedure or the package changes the output for the same recipe.
+TINY_FORMAT = 1
+TEST_BASE_NAME = "servimg/test-base"
+PACKAGE = "tinypkg"
+VERSION = "1.0"
+DIST_INFO = f"{PACKAGE}-{VERSION}.dist-info"
+WHEEL_FILENAME = f"{PACKAGE}-{VERSION}-py3-none-any.whl"
+INSTALLER = "servimg-testbase"
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+# The package as upstream "released" it. tests/fixtures/overlays/tinypkg/admit-gate.patch applies to it.
+TINY_SOURCES: dict[str, str] = {
+    "tinypkg/__init__.py": '''"""tinypkg: a tiny pure-Python package, servimg's stand-in for vLLM."""
+
+__version__ = "1.0"
+''',
+    "tinypkg/core.py": '''"""tinypkg.core: admits work up to a limit (the module servimg's tests patch)."""
+
+from tinypkg.util import clamp
+
+LIMIT = 3
+
+
+def legacy_admit(n):
+    assert n <= LIMIT, "over the limit"  # gone under python -O
+    return n
+
+
+class Scheduler:
+    def __init__(self, limit=LIMIT):
+        self.limit = limit
+
+    def schedule(self, n):
+        return clamp(legacy_admit(n), self.limit)
+''',
+    "tinypkg/util.py": '''"""tinypkg.util: helpers the overlay does not touch."""
+
+
+def clamp(n, limit):
+    return min(n, limit)
+''',
+}
+
+
+# ---------------------------------------------------------------------------------------------- wheel
+
+
+def record_hash(data: bytes) -> str:
+    """A RECORD hash field (PEP 376/427): `sha256=<urlsafe base64, no padding>`."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _record(rows: Sequence[Sequence[str]]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        writer.writerow(row)
+    return out.getvalue().encode()
+
+
+def tiny_wheel() -> bytes:
+    """`tinypkg-1.0-py3-none-any.whl`, byte for byte the same on every run (stored, fixed times)."""
+    files: dict[str, bytes] = {name: text.encode() for name, text in sorted(TINY_SOURCES.items())}
+    files[f"{DIST_INFO}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\nSummary: servimg test fixture package\n"
+    ).encode()
+    files[f"{DIST_INFO}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: servimg.testbase\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    files[f"{DIST_INFO}/top_level.txt"] = f"{PACKAGE}\n".encode()
+    rows = [[name, record_hash(data), str(len(data))] for name, data in files.items()]
+    files[f"{DIST_INFO}/RECORD"] = _record([*rows, [f"{DIST_INFO}/RECORD", "", ""]])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in files.items():  # sources first, the dist-info (RECORD last) at the end
+            info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
+            info.create_system = 3
+            info.external_attr = 0o100644 << 16
+            archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+def install_wheel(wheel: Path, site: Path, *, installer: str = INSTALLER) -> list[str]:
+    """Install a pure-Python wheel into `site` (PEP 427 "Installing a wheel", purelib only): every file
+    must be in RECORD with a matching hash; INSTALLER is added and RECORD rewritten. Returns the
+    installed paths relative to `site`."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if not n.endswith("/")]
+        records = sorted({n.split("/", 1)[0] for n in names if n.endswith(".dist-info/RECORD")})
+        if len(records) != 1:
+            raise ServimgError(f"{wheel.name}: expected one .dist-info with a RECORD, found {records}")
+        dist_info = records[0]
+        record_name = f"{dist_info}/RECORD"
+        rows = [r for r in csv.reader(io.StringIO(archive.read(record_name).decode())) if r]
+        recorded = {r[0]: (r[1] if len(r) > 1 else "") for r in rows}
+        problems = []
+        for name in names:
+            data = archive.read(name)
+            parts = posixpath.normpath(name).split("/")
+            if name.startswith("/") or ".." in parts or parts[0].endswith(".data"):
+                problems.append(f"{name}: not a plain purelib path")
+            elif name not in recorded:
+                problems.append(f"{name}: not in RECORD")
+            elif name != record_name and recorded[name] != record_hash(data):
+                problems.append(f"{name}: hash differs from RECORD")
+        if problems:
+            raise ServimgError(f"{wheel.name} is not installable", problems=problems)
+        for name in names:
+            if name == record_name:
+                continue
+            dest = site / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(archive.read(name))
+            dest.chmod(0o644)
+    installer_data = f"{installer}\n".encode()
+    (site / dist_info / "INSTALLER").write_bytes(installer_data)
+    kept = [r for r in rows if r[0] != record_name]
+    kept.append([f"{dist_info}/INSTALLER", record_hash(installer_data), str(len(installer_data))])
+    (site / record_name).write_bytes(_record([*sorted(kept), [record_name, "", ""]]))
+    (site / record_name).chmod(0o644)
+    return sorted([*names, f"{dist_info}/INSTALLER"])
+
+
+# ---------------------------------------------------------------------------------------------- base
+
+
+@dataclass(frozen=True)
+class TinyBaseRecipe:
+    """Every input of a test base; equal recipes (and mirror state) give identical trees."""
+
+    suite: str = "trixie"
+    mirror: str = "http://deb.debian.org/debian"
+    include: tuple[str, ...] = ("python3",)
+    source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
+
+    def debian(self) -> DemoRecipe:
+        return DemoRecipe(
+            suite=self.suite,
+            mirror=self.mirror,
+            include=self.include,
+            wheels=(),
+            source_date_epoch=self.source_date_epoch,
+        )
+
+    def cache_key(self) -> str:
+        doc = {
+            "format": TINY_FORMAT,
+            "recipe": dataclasses.asdict(self),
+            "wheel": sha256_hex(tiny_wheel()),
+        }
+        return sha256_hex(canonical.dumps(doc))
+
+
+BOOKWORM = TinyBaseRecipe(suite="bookworm")  # Debian 12: python3.11
+TRIXIE = TinyBaseRecipe(suite="trixie")  # Debian 13: python3.13
+RECIPES = {"bookworm": BOOKWORM, "trixie": TRIXIE}
+
+
+def build_tiny_rootfs(recipe: TinyBaseRecipe, workdir: Path, log: Log = print) -> tuple[Path, Path, str]:
+    """Build the test base into `(workdir/"debian", workdir/"venv", "3.X")`, replacing earlier ones."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=".test-base-", dir=workdir))
+    started = time.monotonic()
+    try:
+        debian, venv = build / "debian", build / "venv"
+        build_debian_layer(recipe.debian(), debian, log)
+        version = _python_version(debian)
+        _build_tiny_venv(recipe, debian, venv, version, log)
+        result = _publish(build, workdir)
+        log(f"test base ({recipe.suite}, python{version}) built in {time.monotonic() - started:.0f}s")
+        return result[0], result[1], version
+    finally:
+        if build.exists():
+            _safe_rmtree(build)
+
+
+def _python_version(rootfs: Path) -> str:
+    resolved = resolve_in_root(rootfs, "/usr/bin/python3")
+    name = posixpath.basename(resolved)
+    if not name.startswith("python3."):
+        raise ServimgError(f"/usr/bin/python3 resolves to {resolved}, not a python3.X binary")
+    return name.removeprefix("python")
+
+
+def _build_tiny_venv(recipe: TinyBaseRecipe, rootfs: Path, layer: Path, version: str, log: Log) -> None:
+    saved = {name: (rootfs / name).lstat().st_mtime_ns for name in ("opt", "tmp")}
+    since = time.time()
+    time.sleep(0.05)  # coarse file timestamps: keep our own earlier writes below `since`
+    _chroot(rootfs, ["python3", "-m", "venv", "--without-pip", VENV], log=log, what="python3 -m venv")
+    site = f"{VENV}/lib/python{version}/site-packages"
+    with tempfile.TemporaryDirectory(prefix="servimg-wheel-") as tmp:
+        wheel = Path(tmp) / WHEEL_FILENAME
+        wheel.write_bytes(tiny_wheel())
+        installed = install_wheel(wheel, rootfs / site.lstrip("/"))
+    log(f"installed {WHEEL_FILENAME}: {len(installed)} files into {site}")
+    venv_dir = rootfs / VENV.lstrip("/")
+    _reset_mtimes(venv_dir, recipe.source_date_epoch)
+    compile_cmd = [f"{VENV}/bin/python", "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp"]
+    _chroot(rootfs, [*compile_cmd, site], log=log, what="compileall", env={"PATH": "/usr/bin:/bin"})
+    _reset_mtimes(venv_dir, recipe.source_date_epoch)
+    _move_venv(rootfs, layer, recipe.source_date_epoch)
+    for name, mtime_ns in saved.items():
+        os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+    _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+
+
+def tiny_base_tag(recipe: TinyBaseRecipe) -> str:
+    return f"{TEST_BASE_NAME}:{recipe.suite}-{recipe.cache_key()[:12]}"
+
+
+def tiny_base_config(recipe: TinyBaseRecipe, version: str, diff_ids: Sequence[str]) -> dict[str, Any]:
+    created = dt.datetime.fromtimestamp(recipe.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Env": [
+                f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG=C.UTF-8",
+                f"VIRTUAL_ENV={VENV}",
+            ],
+            "Cmd": [f"{VENV}/bin/python"],
+            "WorkingDir": "/",
+            "Labels": {
+                "org.opencontainers.image.title": "servimg test base",
+                "io.servimg.test.recipe": recipe.cache_key(),
+                "io.servimg.test.python": version,
+            },
+        },
+        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
+        "history": [
+            {
+                "created": created,
+                "created_by": f"debootstrap --variant=minbase --include={','.join(recipe.include)} "
+                f"{recipe.suite}",
+            },
+            {
+                "created": created,
+                "created_by": f"python3 -m venv --without-pip {VENV} && install {WHEEL_FILENAME}",
+            },
+        ],
+    }
+
+
+def tiny_base_image(recipe: TinyBaseRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
+    """Build (or reuse from the cache) the test base as an OCI layout keyed by the recipe."""
+    cached = store.root / "test-base" / recipe.cache_key()
+    if (cached / "index.json").is_file():
+        log(f"test base {recipe.suite}: cached at {cached}")
+        return layout.read_layout(cached, store)
+    work = Path(tempfile.mkdtemp(prefix="servimg-test-base-", dir=workdir))
+    try:
+        log(f"test base {recipe.suite}: debootstrap + {WHEEL_FILENAME} (about a minute on first run)")
+        debian_dir, venv_dir, version = build_tiny_rootfs(recipe, work, log)
+        layers = []
+        for name, tree in (("debian", debian_dir), ("venv", venv_dir)):
+            dest = store.root / "tmp" / f"test-{name}-{recipe.cache_key()[:12]}"
+            dest.parent.mkdir(exist_ok=True)
+            blob = write_layer(entries_from_dir(tree), dest, mtime=recipe.source_date_epoch)
+            store.adopt(dest, blob.digest)
+            layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
+        config = tiny_base_config(recipe, version, [str(layer.diff_id) for layer in layers])
+        image = Image.create(config, layers)
+        layout.write_layout(image, cached, store, tag=recipe.suite)
+        return image
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def tiny_base(
+    store: BlobStore, log: Log = print, recipe: TinyBaseRecipe = TRIXIE, *, engine: bool = True
+) -> dict[str, Any]:
+    """The test base for `recipe`, built or cached, and (with `engine`) loaded into the Docker Engine
+    under `tiny_base_tag`. Returns its digests, tag, refs, layout dir and python version."""
+    image = tiny_base_image(recipe, store, log)
+    tag = tiny_base_tag(recipe)
+    if engine:
+        publish(image, Target("engine", ""), store, log, tag=tag)
+    cached = store.root / "test-base" / recipe.cache_key()
+    return {
+        "suite": recipe.suite,
+        "digest": str(image.digest),
+        "config_digest": str(image.config_digest),
+        "tag": tag,
+        "ref": f"docker-daemon:{tag}",
+        "oci_ref": f"oci:{cached}:{recipe.suite}",
+        "layout": str(cached),
+        "python": image.labels["io.servimg.test.python"],
+        "site_packages": f"{VENV}/lib/python{image.labels['io.servimg.test.python']}/site-packages",
+    }
