@@ -56,8 +56,8 @@ let
   schema = {
     lock = {
       required = [ "name" "definition_sha256" "base" "interpreter" "packages" "overlays" "source_date_epoch" ];
-      defaults = { lock_version = 1; } // (if servimgVersion == null then { } else { tool = { name = "servimg"; version = servimgVersion; }; });
-      optional = [ "tool" "lock_version" ];
+      defaults = { lock_version = 1; ladder = null; } // (if servimgVersion == null then { } else { tool = { name = "servimg"; version = servimgVersion; }; });
+      optional = [ "tool" "lock_version" "ladder" ];
     };
     base = {
       required = [ "ref" "manifest_digest" "config_digest" "diff_ids" "created" ];
@@ -134,11 +134,15 @@ let
 
   # Lock.to_json(): the dataclass defaults filled in, everything else verbatim.
   fill = kind: value: schema.${kind}.defaults // value;
+  # Lock.to_json() leaves `ladder` out when there is none (so locks without a ladder keep their digest).
   complete = raw:
-    fill "lock" raw // {
-      base = fill "base" raw.base;
-      overlays = map (fill "overlay") raw.overlays;
-    };
+    let
+      filled = fill "lock" raw // {
+        base = fill "base" raw.base;
+        overlays = map (fill "overlay") raw.overlays;
+      };
+    in
+    if filled.ladder == null then removeAttrs filled [ "ladder" ] else filled;
 
   fail = origin: header: problems: hint:
     throw (

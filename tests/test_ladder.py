@@ -1,0 +1,406 @@
+"""The ladder's schema, metrics parsing, detectors, flip counting, verdict logic and receipt (no docker)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO
+from servimg import receipt
+from servimg.ladder_def import LadderDefinition, LadderError, ProbeSet, load, probe_problems, substitute
+from servimg.ladder_eval import (
+    ADAPTERS,
+    FAIL,
+    NOT_EXERCISED,
+    PASS,
+    ArmOutcome,
+    Output,
+    RequestOutcome,
+    compare,
+    delta,
+    detect,
+    evaluate,
+    judge,
+    longest_block_repeat,
+    ngram_repetition,
+    out_of_script_fraction,
+    parse_prometheus,
+)
+
+CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"
+
+
+def cpu_doc() -> dict[str, Any]:
+    doc = yaml.safe_load(CPU_LADDER.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def parse(doc: dict[str, Any]) -> LadderDefinition:
+    return LadderDefinition.parse(yaml.safe_dump(doc))
+
+
+# ------------------------------------------------------------------------------------------ schema
+
+
+def test_the_shipped_ladders_load_with_their_pinned_probes() -> None:
+    loaded = load(CPU_LADDER)
+    assert loaded.definition.control.id == "control"
+    assert loaded.definition.noise_floor is not None
+    assert len(loaded.probes.prompts) == 9
+    gpu = LadderDefinition.parse((REPO / "verify" / "ladders" / "gpu-hybrid-lmcache.yaml").read_bytes())
+    assert {a.role for a in gpu.arms} == {"control", "noise_floor", "cold", "warm", "restart"}
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = cpu_doc()
+    doc["arms"][0]["role"] = "cold"  # no control left; and a cold arm without a gate
+    doc["arms"][3]["server"] = "reuse:nope"
+    doc["sampling"]["temperature"] = 0.7
+    doc["server"]["args"].append("${undeclared}")
+    with pytest.raises(LadderError) as err:
+        parse(doc)
+    text = " ".join(err.value.problems)
+    assert "exactly one arm must have role control" in text
+    assert "reuse:nope must name an earlier arm" in text
+    assert "needs an exercise gate" in text
+    assert "temperature must be 0" in text
+    assert "${undeclared} is used but not declared" in text
+
+
+def test_unknown_keys_and_duplicate_keys_are_refused() -> None:
+    doc = cpu_doc()
+    doc["arms"][1]["colour"] = "red"
+    with pytest.raises(LadderError, match="problem"):
+        parse(doc)
+    with pytest.raises(LadderError, match="duplicate key"):
+        LadderDefinition.parse(CPU_LADDER.read_text() + "name: again\n")
+
+
+def test_reuse_arms_cannot_change_the_server_and_retain_needs_an_earlier_user() -> None:
+    doc = cpu_doc()
+    doc["arms"][3]["args"] = ["--x"]
+    doc["arms"][4]["caches"] = {"vllm": "retain-from:warm"}
+    with pytest.raises(LadderError) as err:
+        parse(doc)
+    text = " ".join(err.value.problems)
+    assert "cannot change its args" in text
+    assert "retain-from:warm must name an earlier arm using it" in text
+
+
+def test_a_probe_set_whose_prompts_share_less_than_a_block_cannot_exercise(tmp_path: Path) -> None:
+    ladder = load(CPU_LADDER)
+    doc = json.loads(ladder.probes_bytes)
+    for family in doc["families"]:
+        for i, prompt in enumerate(family["prompts"]):
+            prompt["token_ids"] = [i + 4, *prompt["token_ids"][1:]]  # prefixes diverge at token 0
+    probes = ProbeSet.parse(json.dumps(doc).encode())
+    problems = probe_problems(ladder.definition, probes)
+    assert problems and "less than one cache block" in problems[0]
+
+
+def test_a_probe_set_that_does_not_match_its_pin_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "verify" / "ladders").mkdir(parents=True)
+    (tmp_path / "verify" / "probes").mkdir()
+    (tmp_path / "verify" / "ladders" / "x.yaml").write_bytes(CPU_LADDER.read_bytes())
+    data = (REPO / "verify" / "probes" / "cpu-copy.json").read_bytes()
+    (tmp_path / "verify" / "probes" / "cpu-copy.json").write_bytes(data.replace(b'"cpu-copy"', b'"cpu-cop2"'))
+    with pytest.raises(LadderError, match="the ladder pins"):
+        load(tmp_path / "verify" / "ladders" / "x.yaml")
+
+
+def test_substitute_refuses_a_missing_variable() -> None:
+    assert substitute("${a}/b", {"a": "x"}) == "x/b"
+    with pytest.raises(LadderError, match="no value"):
+        substitute("${a}", {})
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+METRICS = """# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny-copy"} 256.0
+vllm:prefix_cache_hits_created{engine="0",model_name="tiny-copy"} 1.7e+09
+vllm:prefix_cache_hits_total{engine="1",model_name="tiny-copy"} 128.0
+vllm:prefix_cache_queries_total{engine="0",model_name="a \\"quoted\\" name"} 405
+garbage line without value
+"""
+
+
+def test_prometheus_text_is_parsed_and_summed_over_label_sets() -> None:
+    samples = parse_prometheus(METRICS)
+    vllm = ADAPTERS["vllm"]
+    assert vllm.value(samples, "prefix_cache_hits") == 384.0
+    assert vllm.value(samples, "prefix_cache_queries") == 405.0
+    assert vllm.value(samples, "vllm:prefix_cache_hits_total") == 384.0  # a raw name
+    assert vllm.value(samples, "external_prefix_cache_hits") is None  # absent is not zero
+    quoted = next(s for s in samples if s.name == "vllm:prefix_cache_queries_total")
+    assert dict(quoted.labels)["model_name"] == 'a "quoted" name'
+
+
+def test_metric_deltas_keep_absent_metrics_absent() -> None:
+    assert delta({"a": 1.0, "b": None}, {"a": 4.0, "b": 2.0}) == {"a": 3.0, "b": None}
+
+
+# ------------------------------------------------------------------------------------------ detectors
+
+
+def test_detectors() -> None:
+    detectors = load(CPU_LADDER).definition.thresholds.detectors
+    fine = Output(" bema bite bifi bafe", (10, 11, 12, 13), (0.0, 0.0, 0.0, 0.0))
+    assert not any(d.fired for d in detect(fine, detectors))
+    broken = Output("ab\ufffd", (1, 2), (0.0, 0.0))
+    assert {d.name for d in detect(broken, detectors) if d.fired} == {"replacement_char"}
+    assert out_of_script_fraction("abc жжж", ("LATIN",)) == 0.5
+    assert longest_block_repeat("x" + "68 68 68 " * 5, 3) == 15  # "68 " fifteen times
+    assert longest_block_repeat("x" + "68 68 68 " * 5, 8) == 5  # "68 68 68 " (9 chars) five times
+    assert longest_block_repeat("abcdefgh ijklmnop", 4) == 1
+    assert ngram_repetition([68, 68, 68, 68, 68], 2) == 0.75
+    loop = Output(" 68" * 20, (68,) * 8, (0.0,) * 8)
+    assert {d.name for d in detect(loop, detectors) if d.fired} == {"repeated_block", "ngram_repetition"}
+
+
+# ------------------------------------------------------------------------------------------ verdict
+
+LADDER = load(CPU_LADDER)
+PROMPTS = [(f.id, p) for f, p in LADDER.probes.prompts]
+
+
+def arm(
+    arm_id: str, wrong: set[str] = frozenset(), hits: float | None = 128.0, lp: float = 0.0
+) -> ArmOutcome:
+    """An arm whose answers are right except for `wrong` prompts (answered with the token 4 repeated)."""
+    detectors = LADDER.definition.thresholds.detectors
+    role = LADDER.definition.arm(arm_id).role
+    out = []
+    for family, prompt in PROMPTS:
+        assert prompt.expect is not None
+        ids = tuple(prompt.expect.token_ids)
+        if prompt.id in wrong:
+            ids = (4, *ids[1:])
+        output = Output(" ".join(f"w{i}" for i in ids), ids, (lp,) * len(ids))
+        out.append(RequestOutcome(prompt.id, family, output, judge(output, prompt.expect, detectors)))
+    return ArmOutcome(arm_id, role, tuple(out), {"prefix_cache_hits": hits, "prefix_cache_queries": 900.0})
+
+
+def clean() -> list[ArmOutcome]:
+    return [arm("control", hits=0.0), arm("noise", hits=0.0), arm("cold"), arm("warm"), arm("restart")]
+
+
+def test_identical_outputs_with_cache_hits_pass() -> None:
+    verdict = evaluate(LADDER.definition, clean())
+    assert verdict.result == PASS, verdict.reasons
+    assert verdict.noise.measured and verdict.noise.divergent == 0
+
+
+def test_forward_flips_on_cached_arms_fail() -> None:
+    outcomes = clean()
+    outcomes[2] = arm("cold", wrong={"f0-p2", "f1-p2"})
+    verdict = evaluate(LADDER.definition, outcomes)
+    assert verdict.result == FAIL
+    cold = next(a for a in verdict.arms if a.arm == "cold")
+    assert cold.comparison is not None and cold.comparison.forward_flips == 2
+    assert cold.comparison.reverse_flips == 0 and cold.comparison.divergent == 2
+    assert any("forward flip" in r for r in cold.reasons)
+
+
+def test_reverse_flips_balance_forward_flips_but_divergence_over_noise_still_counts() -> None:
+    outcomes = clean()
+    outcomes[0] = arm("control", wrong={"f0-p0"}, hits=0.0)
+    outcomes[2] = arm("cold", wrong={"f1-p0"})
+    comparison = compare(outcomes[2], outcomes[0])
+    assert (comparison.forward_flips, comparison.reverse_flips) == (1, 1)
+    verdict = evaluate(LADDER.definition, outcomes)
+    reasons = " ".join(verdict.reasons)
+    assert "forward flip" not in reasons and "diverge from control" in reasons
+
+
+def test_noise_floor_raises_the_divergence_limit() -> None:
+    doc = cpu_doc()
+    doc["thresholds"]["max_corrupted"] = None
+    ladder = parse(doc)
+    outcomes = clean()
+    outcomes[1] = arm("noise", wrong={"f2-p2"}, hits=0.0)
+    outcomes[0] = arm("control", hits=0.0)
+    outcomes[3] = arm("warm", wrong={"f2-p2"})
+    outcomes[3] = ArmOutcome("warm", "warm", outcomes[1].requests, {"prefix_cache_hits": 50.0})
+    verdict = evaluate(ladder, outcomes)
+    warm = next(a for a in verdict.arms if a.arm == "warm")
+    assert verdict.noise.divergent == 1
+    assert not any("diverge" in r for r in warm.reasons)
+
+
+def test_an_arm_without_cache_hits_is_not_exercised_never_pass() -> None:
+    outcomes = clean()
+    outcomes[3] = arm("warm", hits=0.0)
+    verdict = evaluate(LADDER.definition, outcomes)
+    assert verdict.result == NOT_EXERCISED
+    outcomes[4] = arm("restart", hits=None)  # the server does not export the metric: not zero, absent
+    verdict = evaluate(LADDER.definition, outcomes)
+    assert verdict.result == NOT_EXERCISED
+    assert any("observed absent" in r for r in verdict.reasons)
+
+
+def test_fail_dominates_not_exercised_and_a_missing_arm_fails() -> None:
+    outcomes = clean()
+    outcomes[3] = arm("warm", hits=0.0)
+    outcomes[4] = arm("restart", wrong={"f0-p1"})
+    assert evaluate(LADDER.definition, outcomes).result == FAIL
+    assert evaluate(LADDER.definition, clean()[:4]).result == FAIL
+
+
+def test_logprob_delta_over_the_noise_floor_fails() -> None:
+    outcomes = clean()
+    outcomes[4] = arm("restart", lp=-0.2)
+    verdict = evaluate(LADDER.definition, outcomes)
+    assert verdict.result == FAIL and any("logprob delta" in r for r in verdict.reasons)
+
+
+def test_changed_inputs_make_the_run_invalid() -> None:
+    verdict = evaluate(LADDER.definition, clean(), inputs_unchanged=False)
+    assert verdict.result == FAIL and not verdict.valid
+    assert verdict.reasons[0].startswith("INVALID")
+
+
+def test_a_witness_that_saw_unpatched_code_fails_the_arm() -> None:
+    outcomes = clean()
+    cold = outcomes[2]
+    outcomes[2] = ArmOutcome(
+        "cold", "cold", cold.requests, cold.metrics_delta, None, ("pid 7: stale pyc ran",)
+    )
+    verdict = evaluate(LADDER.definition, outcomes)
+    assert verdict.result == FAIL and any("witness" in r for r in verdict.reasons)
+
+
+def test_an_arm_error_fails_it() -> None:
+    outcomes = clean()
+    outcomes[2] = ArmOutcome("cold", "cold", (), {}, error="the server exited before it was healthy")
+    verdict = evaluate(LADDER.definition, outcomes)
+    assert verdict.result == FAIL and "cold: arm error" in verdict.reasons[0]
+
+
+# ------------------------------------------------------------------------------------------ receipt
+
+
+def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) -> None:
+    doc = {
+        "ladder": {"name": "x", "thresholds": {"max_corrupted": 0, "max_logprob_delta_over_noise": 0.05}},
+        "verdict": "FAIL",
+        "image": {"config_digest": "sha256:" + "a" * 64},
+        "arms": [
+            {
+                "id": "cold",
+                "role": "cold",
+                "verdict": "FAIL",
+                "corrupted": 3,
+                "requests": [{}] * 9,
+                "comparison": {
+                    "forward_flips": 3,
+                    "requests": [{"max_logprob_delta": 0.5, "divergent": True}],
+                },
+            }
+        ],
+    }
+    path = receipt.write(tmp_path, doc)
+    sealed = receipt.load(path)
+    assert receipt.check_seal(sealed)
+    svg = (tmp_path / "receipt.svg").read_text()
+    assert svg.startswith("<svg") and "3/9" in svg
+    assert receipt.plot_svg(sealed) == svg
+    tampered = json.loads(path.read_bytes())
+    tampered["verdict"] = "PASS"
+    path.write_text(json.dumps(tampered))
+    with pytest.raises(Exception, match="does not match"):
+        receipt.load(path)
+
+
+def test_the_receipt_shape_is_what_servimg_attest_reads() -> None:
+    from servimg.digest import Digest
+    from servimg.provenance import LadderReceipt, ladder_predicate
+
+    doc = receipt.seal(
+        {
+            "ladder": {"name": "cpu-smoke"},
+            "verdict": "NOT_EXERCISED",
+            "image": {"digest": "sha256:" + "b" * 64, "config_digest": "sha256:" + "c" * 64},
+            "arms": [{"id": "control", "verdict": "PASS"}, {"id": "warm", "verdict": "NOT_EXERCISED"}],
+            "finished_at": "2026-11-30T00:00:00Z",
+        }
+    )
+    parsed = LadderReceipt.parse(json.dumps(doc).encode())
+    predicate = ladder_predicate(
+        parsed, Digest.parse("sha256:" + "b" * 64), Digest.parse("sha256:" + "c" * 64)
+    )
+    assert predicate["result"] == "FAILED"  # NOT_EXERCISED is never a pass
+
+
+# ------------------------------------------------------------------------------------------ lock
+
+
+def test_a_lock_without_a_ladder_keeps_its_exact_bytes_and_one_with_a_ladder_round_trips() -> None:
+    from dataclasses import replace
+
+    from servimg.lock import LadderLock, Lock
+
+    path = REPO / "images" / "demo.lock.json"
+    demo = Lock.load(path)
+    assert demo.ladder is None and "ladder" not in demo.to_json()
+    assert json.loads(path.read_bytes()) == demo.to_json()
+    with_ladder = replace(
+        demo, ladder=LadderLock("verify/ladders/cpu-smoke.yaml", "a" * 64, "p.json", "b" * 64)
+    )
+    again = Lock.from_json(with_ladder.to_json())
+    assert again == with_ladder and again.digest != demo.digest
+    assert again.to_json()["ladder"]["image_dir"] == "/opt/servimg/ladder"
+
+
+# ------------------------------------------------------------------------------------------ runner helpers
+
+
+def test_completions_are_parsed_with_or_without_token_ids() -> None:
+    from servimg.ladder import device_requests, parse_completion
+
+    logprobs = {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-0.5, None]}
+    with_ids = parse_completion({"choices": [{"text": " a b", "token_ids": [7, 9], "logprobs": logprobs}]})
+    without = parse_completion(
+        {"choices": [{"text": " a b", "logprobs": logprobs, "finish_reason": "length"}]}
+    )
+    assert with_ids.token_ids == without.token_ids == (7, 9)
+    assert without.logprobs[0] == -0.5 and without.finish_reason == "length"
+    assert device_requests(None) == []
+    assert len(device_requests("0,1")) == 1
+
+
+def test_text_probes_are_judged_on_text_and_checked_on_characters() -> None:
+    doc = yaml.safe_load((REPO / "verify" / "ladders" / "gpu-hybrid-lmcache.yaml").read_text())
+    ladder = LadderDefinition.parse(yaml.safe_dump(doc))
+    probes = ProbeSet.parse((REPO / "verify" / "probes" / "gpu-needles.json").read_bytes())
+    assert probe_problems(ladder, probes) == []
+    _, prompt = probes.prompts[0]
+    assert prompt.expect is not None and not prompt.token_ids
+    detectors = ladder.thresholds.detectors
+    right = Output(f" {prompt.expect.text}.\n", (1, 2), (0.0, 0.0))
+    assert judge(right, prompt.expect, detectors).ok
+    assert not judge(Output(" 12345.", (1, 2), (0.0, 0.0)), prompt.expect, detectors).ok
+    frozen = LadderDefinition.parse(yaml.safe_dump({**doc, "probe_tokens": "frozen"}))
+    assert any("no token_ids" in p for p in probe_problems(frozen, probes))
+
+
+def test_pre_registration_sees_an_input_changed_mid_run(tmp_path: Path) -> None:
+    from servimg.ladder import capture_inputs
+
+    (tmp_path / "verify" / "ladders").mkdir(parents=True)
+    (tmp_path / "verify" / "probes").mkdir()
+    ladder_path = tmp_path / "verify" / "ladders" / "cpu-smoke.yaml"
+    ladder_path.write_bytes(CPU_LADDER.read_bytes())
+    (tmp_path / "verify" / "probes" / "cpu-copy.json").write_bytes(LADDER.probes_bytes)
+    loaded = load(ladder_path)
+    before = capture_inputs(loaded, {"model_dir": "/m"}, None)
+    assert before.sha256 == capture_inputs(loaded, {"model_dir": "/m"}, None).sha256
+    assert set(before.harness) >= {"servimg/ladder.py", "servimg/ladder_eval.py", "servimg/receipt.py"}
+    ladder_path.write_text(ladder_path.read_text().replace("flip_margin: 0", "flip_margin: 9"))
+    assert capture_inputs(loaded, {"model_dir": "/m"}, None).sha256 != before.sha256

