@@ -50,16 +50,14 @@ from servimg.demo_base import (
     DemoRecipe,
     PinnedWheel,
     _check_interpreter,
-    _check_untouched,
     _chroot,
     _install_wheels,
-    _move_venv,
     _normalise_venv,
     _publish,
-    _reset_mtimes,
     _safe_rmtree,
     _tail,
     build_debian_layer,
+    venv_layer,
     verify_wheel,
 )
 from servimg.digest import sha256_hex
@@ -253,22 +251,15 @@ def build_rootfs(
 def _build_venv(recipe: CpuVllmRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Log) -> None:
     """As `demo_base._build_venv`, with a bytecode step that tolerates the few files of 148 wheels that are
     not Python 3.11 source (templates, test data): they are logged, never imported by vLLM."""
-    saved = {name: os.lstat(rootfs / name).st_mtime_ns for name in ("opt", "tmp")}
-    since = time.time()
-    time.sleep(0.05)  # coarse file timestamps: keep our own earlier writes below `since`
-    started = time.monotonic()
-    _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
-    _install_wheels(rootfs, wheels, recipe.debian(), _quiet(log, "pip install"))
-    log(f"installed {len(wheels)} wheels in {time.monotonic() - started:.0f}s")
-    _normalise_venv(rootfs / VENV.lstrip("/"), recipe.source_date_epoch, log)
-    _check_interpreter(rootfs)
-    _compile(rootfs, log)
-    _reset_mtimes(rootfs / VENV.lstrip("/"), recipe.source_date_epoch)
-    log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
-    _move_venv(rootfs, layer, recipe.source_date_epoch)
-    for name, mtime_ns in saved.items():
-        os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
-    _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+    with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv:
+        started = time.monotonic()
+        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
+        _install_wheels(rootfs, wheels, recipe.debian(), _quiet(log, "pip install"))
+        log(f"installed {len(wheels)} wheels in {time.monotonic() - started:.0f}s")
+        _normalise_venv(venv, recipe.source_date_epoch, log)
+        _check_interpreter(rootfs)
+        _compile(rootfs, log)
+        log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
 
 
 def _quiet(log: Log, what: str) -> Log:

@@ -34,6 +34,7 @@ PyPI (only for wheels not yet in the cache). Nothing is mounted by this module; 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -401,28 +402,38 @@ def _write_fixed(path: Path, content: bytes) -> None:
 # ---------------------------------------------------------------------------------------------- venv layer
 
 
-def _build_venv(
-    recipe: DemoRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Callable[[str], None]
-) -> None:
-    """Create /opt/venv in the rootfs, install and compile, then move it to `layer`/opt/venv.
+@contextlib.contextmanager
+def venv_layer(rootfs: Path, layer: Path, epoch: int) -> Iterator[Path]:
+    """Build /opt/venv inside the rootfs in the `with` body (which yields the venv dir), then move it to
+    `layer`/opt/venv with every mtime at `epoch`.
 
-    The rootfs must come out unchanged apart from the mtimes of /opt and /tmp, which are restored.
+    The rootfs must come out unchanged apart from the mtimes of /opt and /tmp, which are restored; a
+    change anywhere else is refused. Nothing after the body runs when the body raises.
     """
     saved = {name: os.lstat(rootfs / name).st_mtime_ns for name in ("opt", "tmp")}
     since = time.time()
     time.sleep(0.05)  # file timestamps use a coarse clock: keep our own earlier writes below `since`
-    started = time.monotonic()
-    _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
-    _install_wheels(rootfs, wheels, recipe, log)
-    _normalise_venv(rootfs / VENV.lstrip("/"), recipe.source_date_epoch, log)
-    _check_interpreter(rootfs)
-    _compile(rootfs, log)
-    _reset_mtimes(rootfs / VENV.lstrip("/"), recipe.source_date_epoch)
-    log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
-    _move_venv(rootfs, layer, recipe.source_date_epoch)
+    venv = rootfs / VENV.lstrip("/")
+    yield venv
+    _reset_mtimes(venv, epoch)
+    _move_venv(rootfs, layer, epoch)
     for name, mtime_ns in saved.items():
         os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
     _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+
+
+def _build_venv(
+    recipe: DemoRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Callable[[str], None]
+) -> None:
+    """Create /opt/venv in the rootfs, install and compile, then move it to `layer`/opt/venv."""
+    with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv:
+        started = time.monotonic()
+        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
+        _install_wheels(rootfs, wheels, recipe, log)
+        _normalise_venv(venv, recipe.source_date_epoch, log)
+        _check_interpreter(rootfs)
+        _compile(rootfs, log)
+        log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
 
 
 def _install_wheels(

@@ -24,7 +24,6 @@ import csv
 import dataclasses
 import hashlib
 import io
-import os
 import posixpath
 import tempfile
 import time
@@ -39,14 +38,13 @@ from servimg.demo import cached_base, image_from_trees, venv_base_config
 from servimg.demo_base import (
     VENV,
     DemoRecipe,
-    _check_untouched,
     _chroot,
-    _move_venv,
     _publish,
     _reset_mtimes,
     _safe_rmtree,
     build_debian_layer,
     resolve_in_root,
+    venv_layer,
 )
 from servimg.digest import sha256_hex
 from servimg.errors import ServimgError
@@ -241,25 +239,25 @@ def _python_version(rootfs: Path) -> str:
 
 
 def _build_tiny_venv(recipe: TinyBaseRecipe, rootfs: Path, layer: Path, version: str, log: Log) -> None:
-    saved = {name: (rootfs / name).lstat().st_mtime_ns for name in ("opt", "tmp")}
-    since = time.time()
-    time.sleep(0.05)  # coarse file timestamps: keep our own earlier writes below `since`
-    _chroot(rootfs, ["python3", "-m", "venv", "--without-pip", VENV], log=log, what="python3 -m venv")
-    site = f"{VENV}/lib/python{version}/site-packages"
-    with tempfile.TemporaryDirectory(prefix="servimg-wheel-") as tmp:
-        wheel = Path(tmp) / WHEEL_FILENAME
-        wheel.write_bytes(tiny_wheel())
-        installed = install_wheel(wheel, rootfs / site.lstrip("/"))
-    log(f"installed {WHEEL_FILENAME}: {len(installed)} files into {site}")
-    venv_dir = rootfs / VENV.lstrip("/")
-    _reset_mtimes(venv_dir, recipe.source_date_epoch)
-    compile_cmd = [f"{VENV}/bin/python", "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp"]
-    _chroot(rootfs, [*compile_cmd, site], log=log, what="compileall", env={"PATH": "/usr/bin:/bin"})
-    _reset_mtimes(venv_dir, recipe.source_date_epoch)
-    _move_venv(rootfs, layer, recipe.source_date_epoch)
-    for name, mtime_ns in saved.items():
-        os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
-    _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+    with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv_dir:
+        _chroot(rootfs, ["python3", "-m", "venv", "--without-pip", VENV], log=log, what="python3 -m venv")
+        site = f"{VENV}/lib/python{version}/site-packages"
+        with tempfile.TemporaryDirectory(prefix="servimg-wheel-") as tmp:
+            wheel = Path(tmp) / WHEEL_FILENAME
+            wheel.write_bytes(tiny_wheel())
+            installed = install_wheel(wheel, rootfs / site.lstrip("/"))
+        log(f"installed {WHEEL_FILENAME}: {len(installed)} files into {site}")
+        _reset_mtimes(venv_dir, recipe.source_date_epoch)
+        compile_cmd = [
+            f"{VENV}/bin/python",
+            "-m",
+            "compileall",
+            "-q",
+            "-f",
+            "--invalidation-mode",
+            "timestamp",
+        ]
+        _chroot(rootfs, [*compile_cmd, site], log=log, what="compileall", env={"PATH": "/usr/bin:/bin"})
 
 
 def tiny_base_tag(recipe: TinyBaseRecipe) -> str:
