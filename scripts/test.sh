@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README): set up, lint, type-check, then every test including docker, registry and
-# the real demo base (debootstrap + vllm/lmcache wheels; cached under ~/.cache/servimg after the first run).
+# the real demo base (mmdebstrap from pinned Debian packages + vllm/lmcache wheels; cached under
+# ~/.cache/servimg after the first run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

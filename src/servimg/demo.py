@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servimg import basepin
 from servimg.backends import layout
+from servimg.debian import Clock, DebianPins
 from servimg.demo_base import DemoRecipe, build_rootfs
 from servimg.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.layer import entries_from_dir, write_layer
@@ -57,6 +59,14 @@ def venv_base_config(
     }
 
 
+def debian_history(pins: DebianPins) -> str:
+    """The history line of a Debian layer: what was bootstrapped, from which pinned closure."""
+    return (
+        f"mmdebstrap --variant={pins.variant} --include={','.join(pins.include)} {pins.suite} "
+        f"({len(pins.packages)} pinned packages, pins sha256 {pins.key()})"
+    )
+
+
 def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
     wheels = " ".join(f"{w.name}=={w.version}" for w in recipe.wheels)
     return venv_base_config(
@@ -67,7 +77,7 @@ def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, A
             "io.servimg.demo.recipe": recipe.cache_key(),
         },
         history=[
-            f"debootstrap --variant={recipe.variant} --include={','.join(recipe.include)} {recipe.suite}",
+            debian_history(recipe.debian_pins),
             f"python3 -m venv {VENV} && pip install --no-deps {wheels}",
         ],
     )
@@ -105,15 +115,26 @@ def cached_base(
     *,
     tag: str,
     workdir: Path | None,
+    pinned: tuple[str, str] | None = None,
 ) -> Image:
     """The base cached as an OCI layout at `cache` (keyed by its recipe), or `build(workdir)` it once:
-    in a temp work dir that is always removed, and written to the cache only when complete."""
+    in a temp work dir that is always removed, and written to the cache only when complete.
+
+    `pinned` is (base name, recipe key): the image, cached or new, must have the digest committed for
+    that recipe in verify/bases (`basepin.check` explains a drift file by file); a drifted build is not
+    cached.
+    """
     if (cache / "index.json").is_file():
         log(f"{what}: cached at {cache}")
-        return layout.read_layout(cache, store)
+        image = layout.read_layout(cache, store)
+        if pinned is not None:
+            basepin.check(*pinned, image, store, log)
+        return image
     work = Path(tempfile.mkdtemp(prefix="servimg-base-", dir=workdir))
     try:
         image = build(work)
+        if pinned is not None:
+            basepin.check(*pinned, image, store, log)
         layout.write_layout(image, cache, store, tag=tag)
         return image
     finally:
@@ -134,12 +155,22 @@ def publish_base(
     return published
 
 
-def demo_base_image(recipe: DemoRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
+def demo_base_image(
+    recipe: DemoRecipe,
+    store: BlobStore,
+    log: Log,
+    workdir: Path | None = None,
+    *,
+    clock: Clock | None = None,
+    check_pin: bool = True,
+) -> Image:
     """Build (or reuse from the cache) the demo base as an OCI layout keyed by the recipe."""
 
     def build(work: Path) -> Image:
-        log("demo base: debootstrap + wheels (a few minutes on first run)")
-        trees = build_rootfs(recipe, work, store.root / "wheels", log)
+        log("demo base: mmdebstrap from pinned packages + wheels (a minute or two on first run)")
+        trees = build_rootfs(
+            recipe, work, store.root / "wheels", log, deb_cache=store.root / "debs", clock=clock
+        )
         return image_from_trees(
             list(zip(("debian", "venv"), trees, strict=True)),
             store,
@@ -150,7 +181,10 @@ def demo_base_image(recipe: DemoRecipe, store: BlobStore, log: Log, workdir: Pat
         )
 
     cache = store.root / "demo-base" / recipe.cache_key()
-    return cached_base(cache, store, log, "demo base", build, tag=recipe.suite, workdir=workdir)
+    pinned = ("demo", recipe.cache_key()) if check_pin else None
+    return cached_base(
+        cache, store, log, "demo base", build, tag=recipe.suite, workdir=workdir, pinned=pinned
+    )
 
 
 def build_demo_base(
@@ -160,9 +194,10 @@ def build_demo_base(
     targets: Sequence[str] | None = None,
     workdir: Path | None = None,
     recipe: DemoRecipe | None = None,
+    clock: Clock | None = None,
 ) -> dict[str, Any]:
     recipe = recipe or DemoRecipe()
-    image = demo_base_image(recipe, store, log, workdir)
+    image = demo_base_image(recipe, store, log, workdir, clock=clock)
     tag = demo_base_tag(recipe)
     published = publish_base(image, tag, targets, store, log)
     return {

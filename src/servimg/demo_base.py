@@ -7,18 +7,11 @@ determinism: two builds, on another day or another machine with the same mirror 
 layers is the layer writer's job.
 
 ``debian`` layer
-    ``debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm`` with the
-    volatile files removed: ``*.log`` under var/log (the empty btmp/wtmp/lastlog/faillog that packages create
-    stay, as in official images), ``var/cache/ldconfig/aux-cache``, apt lists, ``*.bin`` caches and the
-    downloaded ``.deb`` files, machine ids; the host's ``/etc/hostname`` and ``/etc/resolv.conf`` that
-    debootstrap copies in are replaced by fixed contents (a container runtime bind-mounts both anyway).
-    Files unpacked from packages keep the mtime the ``.deb`` gave them (Debian's stdlib ``.pyc`` files record
-    those mtimes, so clamping them would make the stdlib bytecode stale); every entry created or modified
-    *during* the build gets ``source_date_epoch``.
-    ``/dev`` keeps debootstrap's device nodes (null, zero, full, random, urandom, tty, console, ptmx:
-    character devices, mode 0666) and its ``fd``/``stdin``/``stdout``/``stderr`` symlinks; the layer writer
-    handles them. A host where debootstrap falls back to bind mounts for /dev is refused (its tree differs).
-    Hard links from the packages (e.g. ``usr/bin/perl``/``perl5.36.0``) are kept as hard links.
+    `servimg.debian.build_rootfs`: ``mmdebstrap --variant=minbase --include=python3,python3-venv,
+    ca-certificates bookworm`` from a local mirror holding exactly the packages pinned (name, version,
+    sha256) in ``verify/bases/demo.debian.txt``, with SOURCE_DATE_EPOCH, a clean environment, and every
+    host- or time-dependent file neutralised (docs/reproducibility.md). Nothing from the build host or its
+    clock reaches the layer.
 
 ``venv`` layer
     Only ``opt/venv``: a venv made by the image's own ``python3 -m venv`` (pip and setuptools from Debian's
@@ -27,9 +20,10 @@ layers is the layer writer's job.
     (``/opt/venv/bin/python`` resolves to ``/usr/bin/python3.11``). The pycs are not in RECORD, as with
     Debian-packaged installs.
 
-Needs root (debootstrap, chroot), ``debootstrap`` on the host and network access to the Debian mirror and
-PyPI (only for wheels not yet in the cache). Nothing is mounted by this module; debootstrap mounts /proc and
-/sys in the target while it runs; any mount it leaves behind is unmounted before a failed build is removed.
+Needs root (mmdebstrap, chroot), ``mmdebstrap`` on the host and network access to the Debian archive and
+PyPI (only for packages and wheels not yet in the cache). Nothing is mounted by this module; mmdebstrap
+mounts /proc, /sys and the local mirror while it runs; any mount it leaves behind is unmounted before a
+failed build is removed.
 """
 
 from __future__ import annotations
@@ -44,18 +38,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg import canonical
+from servimg import canonical, debian
+from servimg.debian import Clock, DebianPins, OnPinnedDebian, SystemClock, load_pins
 from servimg.digest import Digest, sha256_hex
 from servimg.errors import BytecodeError, ServimgError
 
 # Bump when the build procedure changes in a way that changes its output for the same recipe.
-RECIPE_FORMAT = 1
+RECIPE_FORMAT = 2
 
 IMAGE_PYTHON = "3.11"
 DEBIAN_ARCH = "amd64"
@@ -66,26 +59,6 @@ INTERPRETER = f"/usr/bin/python{IMAGE_PYTHON}"
 SITE_PACKAGES = f"{VENV}/lib/python{IMAGE_PYTHON}/site-packages"
 # Fixed path inside the chroot: a random name would be harmless but makes logs differ between builds.
 _CHROOT_WHEELS = "/tmp/servimg-wheels"
-_HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-_UMASK = 0o022
-
-# /dev as debootstrap's setup_devices_simple leaves it: name -> "type:mode:payload".
-_CANONICAL_DEV = {
-    "console": "c:0666:5,1",
-    "fd": "l:0777:/proc/self/fd",
-    "full": "c:0666:1,7",
-    "null": "c:0666:1,3",
-    "ptmx": "c:0666:5,2",
-    "pts": "d:0755:",
-    "random": "c:0666:1,8",
-    "shm": "d:0755:",
-    "stderr": "l:0777:/proc/self/fd/2",
-    "stdin": "l:0777:/proc/self/fd/0",
-    "stdout": "l:0777:/proc/self/fd/1",
-    "tty": "c:0666:5,0",
-    "urandom": "c:0666:1,9",
-    "zero": "c:0666:1,5",
-}
 
 
 @dataclass(frozen=True)
@@ -114,19 +87,20 @@ DEFAULT_WHEELS: tuple[PinnedWheel, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class DemoRecipe:
-    """Every input of the demo base; equal recipes (and mirror state) give identical trees."""
+def _demo_pins() -> DebianPins:
+    return load_pins("demo")
 
-    suite: str = "bookworm"
-    mirror: str = "http://deb.debian.org/debian"
-    variant: str = "minbase"
-    include: tuple[str, ...] = ("python3", "python3-venv", "ca-certificates")
+
+@dataclass(frozen=True)
+class DemoRecipe(OnPinnedDebian):
+    """Every input of the demo base, all pinned in the repository; equal recipes give identical trees."""
+
+    debian_pins: DebianPins = dataclasses.field(default_factory=_demo_pins)
     wheels: tuple[PinnedWheel, ...] = DEFAULT_WHEELS
     source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
 
     def cache_key(self) -> str:
-        """sha256 hex of the canonical JSON of this recipe and RECIPE_FORMAT."""
+        """sha256 hex of the canonical JSON of this recipe (pins included) and RECIPE_FORMAT."""
         doc = {"format": RECIPE_FORMAT, "recipe": dataclasses.asdict(self)}
         return sha256_hex(canonical.dumps(doc))
 
@@ -214,22 +188,30 @@ def _target_flags(filename: str) -> list[str]:
 
 
 def build_rootfs(
-    recipe: DemoRecipe, workdir: Path, cache_dir: Path, log: Callable[[str], None] = print
+    recipe: DemoRecipe,
+    workdir: Path,
+    cache_dir: Path,
+    log: Callable[[str], None] = print,
+    *,
+    deb_cache: Path,
+    clock: Clock | None = None,
 ) -> tuple[Path, Path]:
     """Build the demo base and return `(workdir/"debian", workdir/"venv")`, replacing earlier ones.
 
     Everything is built in a temp dir under `workdir` and renamed into place at the end, so a failed build
-    leaves nothing behind. See the module docstring for what each layer holds.
+    leaves nothing behind. See the module docstring for what each layer holds. `clock` is the seam a test
+    uses to build under another clock (`debian.FaketimeClock`).
     """
-    _preflight(recipe)
+    debian.preflight()
     wheels = fetch_wheels(recipe, cache_dir)
     workdir.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=".demo-base-", dir=workdir))
     started = time.monotonic()
+    clock = clock or SystemClock()
     try:
-        debian, venv = build / "debian", build / "venv"
-        _build_debian(recipe, debian, log)
-        _build_venv(recipe, debian, venv, wheels, log)
+        debian_dir, venv = build / "debian", build / "venv"
+        build_debian_layer(recipe, debian_dir, log, deb_cache=deb_cache, clock=clock)
+        _build_venv(recipe, debian_dir, venv, wheels, log, clock)
         result = _publish(build, workdir)
         log(f"demo base built in {time.monotonic() - started:.0f}s: {result[0]} {result[1]}")
         return result
@@ -238,44 +220,18 @@ def build_rootfs(
             _safe_rmtree(build)
 
 
-def build_debian_layer(recipe: DemoRecipe, rootfs: Path, log: Callable[[str], None] = print) -> None:
-    """Only the ``debian`` layer (preflight, debootstrap, scrub, mtimes) into the new dir `rootfs`; the
-    recipe's wheels are ignored. Other bases built the same way start here (`servimg.testbase`)."""
-    _preflight(recipe)
-    _build_debian(recipe, rootfs, log)
-
-
-def _preflight(recipe: DemoRecipe) -> None:
-    """Refuse early, with a hint, when the host cannot build (not root, missing tools, no mirror)."""
-    if os.geteuid() != 0:
-        raise ServimgError(
-            "building the demo base needs root (debootstrap, chroot)", hint="run it as root, e.g. with sudo"
-        )
-    for tool in ("debootstrap", "chroot"):
-        _tool(tool)
-    _check_mirror(recipe)
-
-
-def _tool(name: str) -> str:
-    """Absolute path of a host tool (commands run with a minimal PATH that is not searched on the host)."""
-    found = shutil.which(name, path=_HOST_PATH)
-    if found is None:
-        package = {"chroot": "coreutils", "umount": "mount"}.get(name, name)
-        raise ServimgError(f"{name} is not installed", hint=f"apt-get install {package}")
-    return found
-
-
-def _check_mirror(recipe: DemoRecipe) -> None:
-    """Fetch the suite's Release file so that an unreachable mirror fails in seconds, not mid-debootstrap."""
-    url = f"{recipe.mirror.rstrip('/')}/dists/{recipe.suite}/Release"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            response.read(1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ServimgError(
-            f"the Debian mirror is unreachable: {url}: {exc}",
-            hint="check the network or proxy settings, or set DemoRecipe.mirror to a reachable mirror",
-        ) from exc
+def build_debian_layer(
+    recipe: DemoRecipe,
+    rootfs: Path,
+    log: Callable[[str], None] = print,
+    *,
+    deb_cache: Path,
+    clock: Clock | None = None,
+) -> None:
+    """Only the ``debian`` layer (`servimg.debian.build_rootfs` of the recipe's pins) into the new dir
+    `rootfs`; the recipe's wheels are ignored. Every locally built base starts here."""
+    options = debian.BuildOptions(epoch=recipe.source_date_epoch, clock=clock or SystemClock())
+    debian.build_rootfs(recipe.debian_pins, rootfs, deb_cache, options, log)
 
 
 def _publish(build: Path, workdir: Path) -> tuple[Path, Path]:
@@ -292,113 +248,6 @@ def _publish(build: Path, workdir: Path) -> tuple[Path, Path]:
     return result[0], result[1]
 
 
-# ---------------------------------------------------------------------------------------------- debian layer
-
-
-def _build_debian(recipe: DemoRecipe, rootfs: Path, log: Callable[[str], None]) -> None:
-    """debootstrap into `rootfs`, then remove what differs between runs and fix build-time mtimes."""
-    # Anything the build creates or touches has an mtime at or after this; package files are older.
-    since = int(time.time()) - 1
-    started = time.monotonic()
-    try:
-        _debootstrap(recipe, rootfs, log)
-    finally:
-        _unmount_under(rootfs)
-    log(f"debootstrap took {time.monotonic() - started:.0f}s")
-    if (rootfs / "debootstrap").exists():
-        raise ServimgError("debootstrap left its work dir behind", hint="see the debootstrap output above")
-    _check_clock(rootfs)
-    _check_dev(rootfs)
-    _scrub_debian(rootfs)
-    _reset_mtimes(rootfs, recipe.source_date_epoch, newer_than=since)
-    rootfs.chmod(0o755)
-
-
-def _debootstrap(recipe: DemoRecipe, rootfs: Path, log: Callable[[str], None]) -> None:
-    """Run debootstrap with a clean environment (SOURCE_DATE_EPOCH would switch py3compile to hash pycs)."""
-    cmd = [
-        _tool("debootstrap"),
-        f"--variant={recipe.variant}",
-        f"--arch={DEBIAN_ARCH}",
-        "--merged-usr",  # explicit: the default differs between debootstrap versions
-        "--force-check-gpg",  # never accept an unsigned Release file
-        f"--include={','.join(recipe.include)}",
-        recipe.suite,
-        str(rootfs),
-        recipe.mirror,
-    ]
-    env = {"PATH": _HOST_PATH, "HOME": "/root", "LC_ALL": "C"}
-    env.update(
-        {k: v for k, v in os.environ.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy")}
-    )
-    _run(
-        cmd, env=env, log=log, what="debootstrap", hint="see the debootstrap output; is the mirror complete?"
-    )
-
-
-def _check_clock(rootfs: Path) -> None:
-    """Refuse when package files look newer than now: build-time detection by mtime needs a sane clock."""
-    limit = time.time() + 60
-    future = [str(p) for p, st in _walk(rootfs) if st.st_mtime > limit]
-    if future:
-        raise ServimgError(
-            f"{len(future)} files in the new rootfs have mtimes in the future",
-            hint="the system clock is behind; fix it (NTP) and build again",
-            problems=future[:5],
-        )
-
-
-def _check_dev(rootfs: Path) -> None:
-    """Require the /dev that debootstrap makes with mknod (a bind-mount fallback leaves a different tree)."""
-    dev = rootfs / "dev"
-    found = {}
-    for rel, entry in tree_manifest(dev).items():
-        if rel != ".":
-            kind, mode, _uid, _gid, _mtime, payload = entry.split(":", 5)
-            found[rel] = f"{kind}:{mode}:{payload}"
-    problems = [
-        f"/dev/{name}: found {found.get(name)!r}, expected {_CANONICAL_DEV.get(name)!r}"
-        for name in sorted(set(found) | set(_CANONICAL_DEV))
-        if found.get(name) != _CANONICAL_DEV.get(name)
-    ]
-    if problems:
-        raise ServimgError(
-            "debootstrap produced a non-standard /dev",
-            hint="build on a host where root may mknod (not in an unprivileged LXC container)",
-            problems=problems,
-        )
-
-
-def _scrub_debian(rootfs: Path) -> None:
-    """Remove or fix every file whose content differs between two debootstrap runs or between hosts."""
-    for pattern in (
-        "var/log/**/*.log",  # timestamps of every dpkg and alternatives action
-        "var/cache/ldconfig/aux-cache",  # records inode/ctime of the libraries
-        "var/cache/apt/*.bin",
-        "var/cache/apt/archives/*.deb",
-        "var/lib/apt/lists/*_*",  # the mirror's indices at download time
-        "var/lib/dbus/machine-id",
-    ):
-        for path in rootfs.glob(pattern):
-            if path.is_file() and not path.is_symlink():
-                path.unlink()
-    machine_id = rootfs / "etc/machine-id"
-    if machine_id.is_file() and not machine_id.is_symlink():
-        machine_id.write_bytes(b"")
-    # debootstrap copies these from the host; a container runtime bind-mounts its own over them.
-    _write_fixed(rootfs / "etc/hostname", b"localhost\n")
-    _write_fixed(rootfs / "etc/resolv.conf", b"")
-
-
-def _write_fixed(path: Path, content: bytes) -> None:
-    """Replace `path` with a root-owned 0644 file holding `content`."""
-    if path.exists() or path.is_symlink():
-        path.unlink()
-    path.write_bytes(content)
-    os.chown(path, 0, 0)
-    path.chmod(0o644)
-
-
 # ---------------------------------------------------------------------------------------------- venv layer
 
 
@@ -411,8 +260,7 @@ def venv_layer(rootfs: Path, layer: Path, epoch: int) -> Iterator[Path]:
     change anywhere else is refused. Nothing after the body runs when the body raises.
     """
     saved = {name: os.lstat(rootfs / name).st_mtime_ns for name in ("opt", "tmp")}
-    since = time.time()
-    time.sleep(0.05)  # file timestamps use a coarse clock: keep our own earlier writes below `since`
+    since = _kernel_tick(rootfs.parent)
     venv = rootfs / VENV.lstrip("/")
     yield venv
     _reset_mtimes(venv, epoch)
@@ -423,21 +271,30 @@ def venv_layer(rootfs: Path, layer: Path, epoch: int) -> Iterator[Path]:
 
 
 def _build_venv(
-    recipe: DemoRecipe, rootfs: Path, layer: Path, wheels: Sequence[Path], log: Callable[[str], None]
+    recipe: DemoRecipe,
+    rootfs: Path,
+    layer: Path,
+    wheels: Sequence[Path],
+    log: Callable[[str], None],
+    clock: Clock,
 ) -> None:
     """Create /opt/venv in the rootfs, install and compile, then move it to `layer`/opt/venv."""
     with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv:
         started = time.monotonic()
-        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv")
-        _install_wheels(rootfs, wheels, recipe, log)
+        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv", clock=clock)
+        _install_wheels(rootfs, wheels, recipe, log, clock)
         _normalise_venv(venv, recipe.source_date_epoch, log)
         _check_interpreter(rootfs)
-        _compile(rootfs, log)
+        _compile(rootfs, log, clock)
         log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
 
 
 def _install_wheels(
-    rootfs: Path, wheels: Sequence[Path], recipe: DemoRecipe, log: Callable[[str], None]
+    rootfs: Path,
+    wheels: Sequence[Path],
+    recipe: DemoRecipe,
+    log: Callable[[str], None],
+    clock: Clock,
 ) -> None:
     """Install the verified wheels offline with the venv's pip, from a temp dir inside the chroot.
 
@@ -453,7 +310,7 @@ def _install_wheels(
         cmd = [f"{VENV}/bin/pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
         cmd += ["--disable-pip-version-check", "--root-user-action=ignore", "--find-links", _CHROOT_WHEELS]
         cmd += [f"{w.name}=={w.version}" for w in recipe.wheels]
-        _chroot(rootfs, cmd, log=log, what="pip install")
+        _chroot(rootfs, cmd, log=log, what="pip install", clock=clock)
     finally:
         shutil.rmtree(target)
 
@@ -469,7 +326,7 @@ def _normalise_venv(venv: Path, epoch: int, log: Callable[[str], None]) -> None:
     log(f"normalised {venv}")
 
 
-def _compile(rootfs: Path, log: Callable[[str], None]) -> None:
+def _compile(rootfs: Path, log: Callable[[str], None], clock: Clock) -> None:
     """Compile timestamp pycs with the image's interpreter, in one process with a fixed (sorted) order.
 
     Measured: marshal output is identical across runs, hash seeds, and one-process-per-file compilation for
@@ -477,7 +334,14 @@ def _compile(rootfs: Path, log: Callable[[str], None]) -> None:
     """
     cmd = [VENV_PYTHON, "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp", SITE_PACKAGES]
     try:
-        _chroot(rootfs, cmd, log=log, what="compileall", env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+        _chroot(
+            rootfs,
+            cmd,
+            log=log,
+            what="compileall",
+            env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+            clock=clock,
+        )
     except ServimgError as exc:
         raise BytecodeError(
             exc.message, hint="a file in the wheels does not compile", problems=exc.problems
@@ -501,9 +365,29 @@ def _move_venv(rootfs: Path, layer: Path, epoch: int) -> None:
         os.utime(path, (epoch, epoch), follow_symlinks=False)
 
 
-def _check_untouched(rootfs: Path, since: float, allowed: set[str]) -> None:
-    """Raise if anything outside `allowed` changed after `since` (ctime cannot be reset, unlike mtime)."""
-    changed = [rel for rel, st in _walk_rel(rootfs) if st.st_ctime >= since and rel not in allowed]
+def _kernel_tick(directory: Path) -> int:
+    """A ctime (ns) that every later change has strictly above it and every earlier one at or below it.
+
+    Read from the file system, never from `time.time()`: under a shifted clock (libfaketime in the tests)
+    the process's clock and the kernel's file times disagree. Timestamps are coarse (a jiffy), so wait
+    until a fresh write lands in a later tick than the first one.
+    """
+    marker = directory / f".servimg-tick-{os.getpid()}"
+    try:
+        marker.write_bytes(b"")
+        first = marker.stat().st_ctime_ns
+        while True:
+            marker.write_bytes(b"")
+            now = marker.stat().st_ctime_ns
+            if now > first:
+                return first
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _check_untouched(rootfs: Path, since_ns: int, allowed: set[str]) -> None:
+    """Raise if anything outside `allowed` changed after `since_ns` (ctime cannot be reset, unlike mtime)."""
+    changed = [rel for rel, st in _walk_rel(rootfs) if st.st_ctime_ns > since_ns and rel not in allowed]
     if changed:
         raise ServimgError(
             "building the venv changed the Debian layer",
@@ -584,28 +468,15 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """Yield (path, lstat) for `root` and everything under it, never following symlinks."""
-    yield root, os.lstat(root)
-    stack = [root]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
-                st = entry.stat(follow_symlinks=False)
-                yield Path(entry.path), st
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(Path(entry.path))
-
-
 def _walk_rel(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """_walk with paths relative to `root` ("." for root itself)."""
-    for path, st in _walk(root):
+    """`debian.walk` with paths relative to `root` ("." for root itself)."""
+    for path, st in debian.walk(root):
         yield (path.relative_to(root).as_posix() if path != root else "."), st
 
 
 def _reset_mtimes(root: Path, epoch: int, newer_than: float | None = None) -> None:
     """Set mtime (and atime) of every entry to `epoch`, or only of those modified at/after `newer_than`."""
-    for path, st in _walk(root):
+    for path, st in debian.walk(root):
         if newer_than is None or st.st_mtime >= newer_than:
             os.utime(path, (epoch, epoch), follow_symlinks=False)
 
@@ -617,34 +488,23 @@ def _chroot(
     log: Callable[[str], None],
     what: str,
     env: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
 ) -> None:
-    """Run `cmd` in the rootfs with a minimal environment that never writes bytecode into Debian's tree."""
-    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "PYTHONHASHSEED": "0"}
-    full = {**base, **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
-    _run([_tool("chroot"), str(rootfs), *cmd], env=full, log=log, what=what, hint="see the output above")
+    """Run `cmd` in the rootfs with a minimal environment that never writes bytecode into Debian's tree.
 
-
-def _run(
-    cmd: Sequence[str], *, env: Mapping[str, str], log: Callable[[str], None], what: str, hint: str
-) -> None:
-    """Run a command with umask 022 (modes end up in the layers), streaming its output to `log`."""
-    lines: list[str] = []
-    with subprocess.Popen(
-        list(cmd),
-        env=dict(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        umask=_UMASK,
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            log(f"  {what}: {line.rstrip()}")
-    if proc.returncode != 0:
-        raise ServimgError(
-            f"{what} failed with exit status {proc.returncode}", hint=hint, problems=lines[-20:]
+    The clock's environment is set by `env` *inside* the chroot, with its library staged under /tmp there
+    (LD_PRELOAD does not follow into a chroot that lacks the library; /tmp is restored afterwards).
+    """
+    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C", "TZ": "UTC"}
+    full = {**base, "PYTHONHASHSEED": "0", **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+    with debian.chroot_clock(rootfs, clock or SystemClock()) as inside:
+        prefix = ["/usr/bin/env", *(f"{k}={v}" for k, v in sorted(inside.items()))] if inside else []
+        debian.run(
+            [debian.tool("chroot"), str(rootfs), *prefix, *cmd],
+            env=full,
+            log=log,
+            what=what,
+            hint="see the output above",
         )
 
 
@@ -655,36 +515,10 @@ def _tail(text: str, count: int = 20) -> list[str]:
 # ---------------------------------------------------------------------------------------------- mounts
 
 
-def _mounts_under(path: Path) -> list[str]:
-    """Mount points at or below `path`, deepest first (from /proc/self/mountinfo)."""
-    prefix = os.path.realpath(path)
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        for line in fh:
-            point = _unescape_mount(line.split()[4])
-            if point == prefix or point.startswith(prefix + "/"):
-                found.append(point)
-    return sorted(found, key=len, reverse=True)
-
-
-def _unescape_mount(field: str) -> str:
-    """Undo mountinfo's octal escapes (\\040 for space, …)."""
-    return field.encode("latin-1").decode("unicode_escape") if "\\" in field else field
-
-
-def _unmount_under(path: Path) -> None:
-    """Unmount whatever debootstrap may have left mounted below `path` (/proc, /sys, bind-mounted /dev)."""
-    if not path.exists():
-        return
-    for point in _mounts_under(path):
-        if subprocess.run([_tool("umount"), point], capture_output=True, check=False).returncode != 0:
-            subprocess.run([_tool("umount"), "-l", point], capture_output=True, check=False)
-
-
 def _safe_rmtree(path: Path) -> None:
     """Delete a build dir, but never through a mount (a bind-mounted /dev would take the host's nodes)."""
-    _unmount_under(path)
-    left = _mounts_under(path)
+    debian.unmount_under(path)
+    left = debian.mounts_under(path)
     if left:
         raise ServimgError(
             f"refusing to delete {path}: it still has mounts", hint=f"unmount them: umount {' '.join(left)}"

@@ -2,8 +2,8 @@
 
 The planted-defect suite (tests/test_planted.py) and the witness tests need real images on more than one
 interpreter (Debian 12 `bookworm`: python3.11, Debian 13 `trixie`: python3.13) without vLLM's weight. The
-base is built the way the demo base is (`demo_base.build_debian_layer`: debootstrap, scrubbed, build-time
-mtimes fixed) plus one more layer:
+Debian layer is built the way the demo base's is (`demo_base.build_debian_layer`: mmdebstrap from the
+packages pinned in ``verify/bases/test-<suite>.debian.txt``, neutralised) plus one more layer:
 
 ``venv`` layer
     Only ``opt/venv``: a venv made by the image's own ``python3 -m venv --without-pip``; ``tinypkg 1.0``
@@ -13,8 +13,9 @@ mtimes fixed) plus one more layer:
     compiled by the image's interpreter; every mtime ``source_date_epoch``.
 
 The image is cached in the BlobStore as an OCI layout keyed by the recipe (like `demo.demo_base_image`)
-and published to the engine as ``servimg/test-base:<suite>-<key12>``. Needs root, debootstrap and the
-Debian mirror on the first build of each suite.
+and published to the engine as ``servimg/test-base:<suite>-<key12>``; its digest is pinned in
+``verify/bases/test-<suite>.lock.json``. Needs root, mmdebstrap and the Debian archive on the first build of
+each suite (later builds read the pinned packages from the cache).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from servimg import canonical
-from servimg.demo import cached_base, image_from_trees, venv_base_config
+from servimg.debian import Clock, DebianPins, OnPinnedDebian, SystemClock, load_pins
+from servimg.demo import cached_base, debian_history, image_from_trees, venv_base_config
 from servimg.demo_base import (
     VENV,
     DemoRecipe,
@@ -55,7 +57,7 @@ from servimg.transport import Target, publish
 Log = Callable[[str], None]
 
 # Bump when the build procedure or the package changes the output for the same recipe.
-TINY_FORMAT = 1
+TINY_FORMAT = 2
 TEST_BASE_NAME = "servimg/test-base"
 PACKAGE = "tinypkg"
 VERSION = "1.0"
@@ -181,22 +183,19 @@ def install_wheel(wheel: Path, site: Path, *, installer: str = INSTALLER) -> lis
 
 
 @dataclass(frozen=True)
-class TinyBaseRecipe:
-    """Every input of a test base; equal recipes (and mirror state) give identical trees."""
+class TinyBaseRecipe(OnPinnedDebian):
+    """Every input of a test base, all pinned in the repository; equal recipes give identical trees."""
 
-    suite: str = "trixie"
-    mirror: str = "http://deb.debian.org/debian"
-    include: tuple[str, ...] = ("python3",)
+    debian_pins: DebianPins
     source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
 
+    @property
+    def base_name(self) -> str:
+        """The name of its pins and pinned digest in verify/bases (test-<suite>)."""
+        return f"test-{self.suite}"
+
     def debian(self) -> DemoRecipe:
-        return DemoRecipe(
-            suite=self.suite,
-            mirror=self.mirror,
-            include=self.include,
-            wheels=(),
-            source_date_epoch=self.source_date_epoch,
-        )
+        return DemoRecipe(debian_pins=self.debian_pins, wheels=(), source_date_epoch=self.source_date_epoch)
 
     def cache_key(self) -> str:
         doc = {
@@ -207,21 +206,24 @@ class TinyBaseRecipe:
         return sha256_hex(canonical.dumps(doc))
 
 
-BOOKWORM = TinyBaseRecipe(suite="bookworm")  # Debian 12: python3.11
-TRIXIE = TinyBaseRecipe(suite="trixie")  # Debian 13: python3.13
+BOOKWORM = TinyBaseRecipe(load_pins("test-bookworm"))  # Debian 12: python3.11
+TRIXIE = TinyBaseRecipe(load_pins("test-trixie"))  # Debian 13: python3.13
 RECIPES = {"bookworm": BOOKWORM, "trixie": TRIXIE}
 
 
-def build_tiny_rootfs(recipe: TinyBaseRecipe, workdir: Path, log: Log = print) -> tuple[Path, Path, str]:
+def build_tiny_rootfs(
+    recipe: TinyBaseRecipe, workdir: Path, log: Log = print, *, deb_cache: Path, clock: Clock | None = None
+) -> tuple[Path, Path, str]:
     """Build the test base into `(workdir/"debian", workdir/"venv", "3.X")`, replacing earlier ones."""
+    clock = clock or SystemClock()
     workdir.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=".test-base-", dir=workdir))
     started = time.monotonic()
     try:
         debian, venv = build / "debian", build / "venv"
-        build_debian_layer(recipe.debian(), debian, log)
+        build_debian_layer(recipe.debian(), debian, log, deb_cache=deb_cache, clock=clock)
         version = _python_version(debian)
-        _build_tiny_venv(recipe, debian, venv, version, log)
+        _build_tiny_venv(recipe, debian, venv, version, log, clock)
         result = _publish(build, workdir)
         log(f"test base ({recipe.suite}, python{version}) built in {time.monotonic() - started:.0f}s")
         return result[0], result[1], version
@@ -238,9 +240,17 @@ def _python_version(rootfs: Path) -> str:
     return name.removeprefix("python")
 
 
-def _build_tiny_venv(recipe: TinyBaseRecipe, rootfs: Path, layer: Path, version: str, log: Log) -> None:
+def _build_tiny_venv(
+    recipe: TinyBaseRecipe, rootfs: Path, layer: Path, version: str, log: Log, clock: Clock
+) -> None:
     with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv_dir:
-        _chroot(rootfs, ["python3", "-m", "venv", "--without-pip", VENV], log=log, what="python3 -m venv")
+        _chroot(
+            rootfs,
+            ["python3", "-m", "venv", "--without-pip", VENV],
+            log=log,
+            what="python3 -m venv",
+            clock=clock,
+        )
         site = f"{VENV}/lib/python{version}/site-packages"
         with tempfile.TemporaryDirectory(prefix="servimg-wheel-") as tmp:
             wheel = Path(tmp) / WHEEL_FILENAME
@@ -257,7 +267,14 @@ def _build_tiny_venv(recipe: TinyBaseRecipe, rootfs: Path, layer: Path, version:
             "--invalidation-mode",
             "timestamp",
         ]
-        _chroot(rootfs, [*compile_cmd, site], log=log, what="compileall", env={"PATH": "/usr/bin:/bin"})
+        _chroot(
+            rootfs,
+            [*compile_cmd, site],
+            log=log,
+            what="compileall",
+            env={"PATH": "/usr/bin:/bin"},
+            clock=clock,
+        )
 
 
 def tiny_base_tag(recipe: TinyBaseRecipe) -> str:
@@ -274,18 +291,28 @@ def tiny_base_config(recipe: TinyBaseRecipe, version: str, diff_ids: Sequence[st
             "io.servimg.test.python": version,
         },
         history=[
-            f"debootstrap --variant=minbase --include={','.join(recipe.include)} {recipe.suite}",
+            debian_history(recipe.debian_pins),
             f"python3 -m venv --without-pip {VENV} && install {WHEEL_FILENAME}",
         ],
     )
 
 
-def tiny_base_image(recipe: TinyBaseRecipe, store: BlobStore, log: Log, workdir: Path | None = None) -> Image:
+def tiny_base_image(
+    recipe: TinyBaseRecipe,
+    store: BlobStore,
+    log: Log,
+    workdir: Path | None = None,
+    *,
+    clock: Clock | None = None,
+    check_pin: bool = True,
+) -> Image:
     """Build (or reuse from the cache) the test base as an OCI layout keyed by the recipe."""
 
     def build(work: Path) -> Image:
-        log(f"test base {recipe.suite}: debootstrap + {WHEEL_FILENAME} (about a minute on first run)")
-        debian_dir, venv_dir, version = build_tiny_rootfs(recipe, work, log)
+        log(f"test base {recipe.suite}: mmdebstrap + {WHEEL_FILENAME} (under a minute on first run)")
+        debian_dir, venv_dir, version = build_tiny_rootfs(
+            recipe, work, log, deb_cache=store.root / "debs", clock=clock
+        )
         return image_from_trees(
             [("debian", debian_dir), ("venv", venv_dir)],
             store,
@@ -296,8 +323,16 @@ def tiny_base_image(recipe: TinyBaseRecipe, store: BlobStore, log: Log, workdir:
         )
 
     cache = store.root / "test-base" / recipe.cache_key()
+    pinned = (recipe.base_name, recipe.cache_key()) if check_pin else None
     return cached_base(
-        cache, store, log, f"test base {recipe.suite}", build, tag=recipe.suite, workdir=workdir
+        cache,
+        store,
+        log,
+        f"test base {recipe.suite}",
+        build,
+        tag=recipe.suite,
+        workdir=workdir,
+        pinned=pinned,
     )
 
 
