@@ -1,8 +1,8 @@
 """servimg build of the demo vs an equivalent hand-written Dockerfile on the same base.
 
-The Dockerfile does what people do by hand (DESIGN): COPY the patched files, `sha256sum -c`, `rm` the
-pycs, `py_compile` them. Each side builds N times from scratch (Dockerfile: `--no-cache`; servimg: the
-image removed from the engine first, so the thin load really happens, verification included). Reports
+The Dockerfile does what people do by hand (docs/design.md, "Why"): COPY the patched files, `sha256sum -c`,
+`rm` the pycs, `py_compile` them. Each side builds N times from scratch (Dockerfile: `--no-cache`; servimg:
+the image removed from the engine first, so the thin load really happens, verification included). Reports
 median wall times, their ratio, and whether each side produced one image ID or several.
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):

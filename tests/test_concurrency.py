@@ -1,4 +1,4 @@
-"""Concurrency and interruption (issue 7 §4): builds in parallel processes sharing one cache (and one
+"""Concurrency and interruption (docs/reliability.md): builds in parallel processes sharing one cache (and one
 output layout) never corrupt it or lose a tag; a build interrupted by SIGINT or SIGKILL at a chosen
 point leaves a cache the next build accepts, and a blob truncated under its valid name is repaired.
 

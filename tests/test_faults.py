@@ -1,5 +1,5 @@
-"""Registry faults (issue 7 §3) against the real docker-registry, through a small fault-injecting HTTP
-proxy on 127.0.0.1: 5xx, slowness, hangs, dropped connections, 429, rejected or misreported manifests,
+"""Registry faults (docs/reliability.md) against the real docker-registry, through a small fault-injecting
+HTTP proxy on 127.0.0.1: 5xx, slowness, hangs, dropped connections, 429, rejected or misreported manifests,
 corrupted or missing blobs on pull, hostile error bodies.
 
 Invariants checked every time: a push either completes or leaves no tag (asserted on the registry

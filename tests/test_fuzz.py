@@ -1,4 +1,4 @@
-"""Property/fuzz tests for every parser that reads untrusted bytes (issue 7 §2).
+"""Property/fuzz tests for every parser that reads untrusted bytes (docs/reliability.md).
 
 Complements the properties already in test_overlay.py (difflib round trip, parse never raises anything
 but OverlayError, created/renamed paths never leave the package), test_definition.py (any YAML value),

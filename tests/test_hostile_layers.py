@@ -1,5 +1,5 @@
-"""Malicious base layers (issue 7 §1): each refused or handled with a specific message; nothing written
-outside the work directory (a sentinel directory beside it is snapshotted before and compared after);
+"""Malicious base layers (docs/reliability.md): each refused or handled with a specific message; nothing
+written outside the work directory (a sentinel directory beside it is snapshotted before and compared after);
 no tag created (no output layout, no lock rewritten).
 
 Fixtures are built locally with `tarfile` (tests/fakebase.py), wrapped into images with `Image.create`

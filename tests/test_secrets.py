@@ -1,5 +1,5 @@
-"""Secrets never leak (issue 7 §5): registry credentials and signing keys do not appear in logs, receipts,
-attestations, image layers, caches, the registry's storage, or error messages.
+"""Secrets never leak (docs/reliability.md): registry credentials and signing keys do not appear in logs,
+receipts, attestations, image layers, caches, the registry's storage, or error messages.
 
 One full flow against an htpasswd registry (tests/registry_server.py), through the real CLI: generate a
 password-protected signing key, lock, build to an OCI layout and to the registry (basic auth), push with

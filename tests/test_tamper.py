@@ -1,4 +1,4 @@
-"""Provenance that travels with the digest, attacked: the tamper suite and the happy path (issue 4).
+"""Provenance that travels with the digest, attacked: the tamper suite and the happy path.
 
 Real parts only: the demo image built from the real demo base, Debian's dockerd, and Debian's
 docker-registry (distribution 2.8: no referrers API, so every attestation goes through the

@@ -1,5 +1,5 @@
 """Provenance that travels with the digest: push an image with its attestations, attach later results,
-promote by policy (issue 4).
+promote by policy.
 
 Order is the guarantee. `push`: blobs, the manifest by digest, every attestation (its subject is that
 manifest), and only then the tag. A tag therefore never exists without the attestations it was pushed

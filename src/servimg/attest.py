@@ -6,10 +6,10 @@
 - in-toto test-result v0.1 (`spec/predicates/test-result.md`) for `servimg verify` and each ladder.
 - SLSA Verification Summary v1 (slsa.dev `spec/v1.0/verification_summary`) for promotion.
 
-The subject of an image attestation is its manifest digest AND its config digest (DESIGN "attestation"):
-an image that went through `docker load` keeps only its config digest (the image ID), and must still be
-matchable. Builders validate their own output with the same checks that `parse_statement` applies to
-input, so what servimg signs is exactly what it would accept.
+The subject of an image attestation is its manifest digest AND its config digest (docs/design.md,
+"attestation"): an image that went through `docker load` keeps only its config digest (the image ID), and
+must still be matchable. Builders validate their own output with the same checks that `parse_statement`
+applies to input, so what servimg signs is exactly what it would accept.
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def _check_test_result(p: Mapping[str, Any], problems: list[str]) -> None:
 
 def _check_result_consistency(result: object, lists: Mapping[str, list[str]], problems: list[str]) -> None:
     # servimg's policy on top of the spec: a result may not be better than the tests it lists, and a run
-    # that exercised nothing is never PASSED (DESIGN: NOT_EXERCISED is never PASS).
+    # that exercised nothing is never PASSED (docs/design.md, "ladder": NOT_EXERCISED is never PASS).
     if result in ("PASSED", "WARNED") and lists["failedTests"]:
         problems.append(f"predicate.result: {result} but failedTests is not empty")
     if result == "PASSED" and lists["warnedTests"]:

@@ -5,8 +5,8 @@ pinned too: ``verify/bases/<base>.lock.json`` holds the recipe key it was built 
 config digests, the config itself and each layer's diffID; ``verify/bases/<base>.<layer>.files.gz`` holds
 each layer's file listing (`servimg.treediff`: path, kind, mode, owner, size, mtime, sha256).
 
-When a build of the same recipe gives another digest, "two digests" helps nobody (DESIGN: say which files
-differ). `check` compares the built image with the pin and raises `BaseDriftError` naming the layer, and
+When a build of the same recipe gives another digest, "two digests" helps nobody (docs/design.md: say which
+files differ). `check` compares the built image with the pin and raises `BaseDriftError` naming the layer, and
 in it each path that differs with size, mode and sha256 on each side.
 """
 

@@ -1,4 +1,4 @@
-"""lock and build: definition ─resolve─▶ lock ─plan─▶ layer ─▶ image ─▶ sink (DESIGN "Data flow").
+"""lock and build: definition ─resolve─▶ lock ─plan─▶ layer ─▶ image ─▶ sink (docs/design.md, "Data flow").
 
 `resolve` computes every fact the lock pins from the real inputs (base layers, overlay files, the
 image's interpreter). `lock` writes those facts; `build` resolves again, refuses any drift from the
@@ -73,7 +73,7 @@ class Resolution:
     lock: Lock
     changes: tuple[Change, ...]
     runner: Runner
-    # The bundled ladder's files by image path (definition `ladder:`; issue 5), verified against the lock.
+    # The bundled ladder's files by image path (definition `ladder:`), verified against the lock.
     ladder_files: Mapping[str, bytes] = field(default_factory=dict)
 
 
@@ -133,7 +133,7 @@ def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "au
 
 
 def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderLock | None, dict[str, bytes]]:
-    """The definition's `ladder:` (issue 5): validated with its sha256-pinned probe set, locked by hash,
+    """The definition's `ladder:`: validated with its sha256-pinned probe set, locked by hash,
     and carried under /opt/servimg/ladder/ so the tag carries its own smoke test. None without one."""
     if definition.ladder is None:
         return None, {}
@@ -579,7 +579,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
         for (source, opt), data in sorted(pycs.items()):
             path = pyc_path(source.lstrip("/"), interp.cache_tag, opt)
             files[path] = Entry(path, Kind.FILE, 0o644, data=data)
-    # The bundled ladder (issue 5; nothing without `ladder:`), listed in the changes manifest like every
+    # The bundled ladder (nothing without `ladder:`), listed in the changes manifest like every
     # other file the layer adds, so `servimg check` re-derives the same set from the layer.
     for path, data in resolution.ladder_files.items():
         files[path] = Entry(path, Kind.FILE, 0o644, data=data)

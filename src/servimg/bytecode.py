@@ -1,7 +1,7 @@
 """Fresh bytecode for patched sources, compiled by the image's own interpreter.
 
-DESIGN: never compare pyc bytes to decide freshness; write CHECKED_HASH pycs (PEP 552) for patched files
-at every optimisation level the base carried, and whiteout every legacy or stale pyc, because the
+docs/design.md: never compare pyc bytes to decide freshness; write CHECKED_HASH pycs (PEP 552) for patched
+files at every optimisation level the base carried, and whiteout every legacy or stale pyc, because the
 interpreter happily runs a stale timestamp pyc whose recorded mtime/size still match the patched source.
 
 Two runners produce identical bytes (same interpreter binary, PYTHONHASHSEED=0, one process per file,

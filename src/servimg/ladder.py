@@ -1,4 +1,5 @@
-"""The ladder runner: pre-register, run the arms one at a time, judge, write the receipt (DESIGN "ladder").
+"""The ladder runner: pre-register, run the arms one at a time, judge, write the receipt (docs/design.md,
+"ladder").
 
 An arm is a server (a container of the image under test via the docker SDK, a local command, or an
 existing endpoint) answering the frozen probe set greedily, one request at a time (concurrency 1, so

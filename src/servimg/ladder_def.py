@@ -1,8 +1,9 @@
 """Ladder definitions (`verify/ladders/<name>.yaml`) and probe sets (`verify/probes/<name>.json`).
 
-A ladder is written down BEFORE any arm runs (DESIGN "ladder"): arms that change one variable at a time, a
-frozen probe set pinned by sha256, thresholds, and exercise gates. This module only parses and validates;
-every problem is reported at once with its YAML path, like image definitions. Pure apart from `load_*`.
+A ladder is written down BEFORE any arm runs (docs/design.md, "ladder"): arms that change one variable at a
+time, a frozen probe set pinned by sha256, thresholds, and exercise gates. This module only parses and
+validates; every problem is reported at once with its YAML path, like image definitions. Pure apart from
+`load_*`.
 """
 
 from __future__ import annotations

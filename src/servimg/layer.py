@@ -2,7 +2,7 @@
 
 Why our own writer: Python's `tarfile` "w:gz" stamps the gzip header with the current time and file name,
 and a naive walk emits entries in directory order with real uids/mtimes, so two builds give two digests
-(DESIGN "Decisions already taken"). Here every entry is sorted by path, owned by uid/gid 0 with empty
+(docs/design.md, "Decisions already taken"). Here every entry is sorted by path, owned by uid/gid 0 with empty
 user/group names, stamped with one fixed mtime, has normalised modes, and carries no atime/ctime. gzip,
 when asked for, is written with mtime 0, no file name and a fixed compression level.
 """

@@ -86,7 +86,7 @@ class OverlayLock:
 
 @dataclass(frozen=True)
 class LadderLock:
-    """The smoke ladder the image carries (definition `ladder:`; issue 5): its YAML and its probe set, both
+    """The smoke ladder the image carries (definition `ladder:`): its YAML and its probe set, both
     by repository path and sha256, and the directory the image holds them in."""
 
     __pydantic_config__ = _STRICT
@@ -111,7 +111,7 @@ class Lock:
     source_date_epoch: int
     tool: Mapping[str, str] = field(default_factory=lambda: {"name": "servimg", "version": __version__})
     lock_version: int = LOCK_VERSION
-    # The bundled ladder (issue 5). Left out of the JSON when absent, so locks of definitions without a
+    # The bundled ladder. Left out of the JSON when absent, so locks of definitions without a
     # `ladder:` (images/demo.lock.json) keep their exact bytes and digest.
     ladder: LadderLock | None = None
 

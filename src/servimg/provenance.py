@@ -1,4 +1,4 @@
-"""What a build states about an image, as in-toto statements (DESIGN "attestation").
+"""What a build states about an image, as in-toto statements (docs/design.md, "attestation").
 
 Everything here is derived from the image itself: a servimg image carries its lock, definition,
 changed-files manifest, probe and probe spec under `/opt/servimg/` in its overlay layer (build.plan_layer),
@@ -365,7 +365,7 @@ def verify_predicate(report: Any, facts: ImageFacts) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LadderReceipt:
-    """The parts of a ladder receipt (issue 5) a test-result needs; the receipt itself is hashed."""
+    """The parts of a ladder receipt a test-result needs; the receipt itself is hashed."""
 
     name: str
     verdict: str
@@ -435,7 +435,7 @@ def _receipt_digests(doc: Mapping[str, Any]) -> list[str]:
 
 
 def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -> dict[str, Any]:
-    """A test-result for a ladder receipt about this image. NOT_EXERCISED is never PASS (DESIGN)."""
+    """A test-result for a ladder receipt about this image. NOT_EXERCISED is never PASS (docs/design.md)."""
     if receipt.image_digests and not {str(manifest), str(config)} & set(receipt.image_digests):
         raise ProvenanceError(
             f"the ladder receipt is about {', '.join(receipt.image_digests)}, not this image ({manifest})",

@@ -3,7 +3,7 @@
 No model hub is reachable, so the model is made here (`_tinymodel_gen.py`, run by the image's own python
 with torch/transformers/tokenizers): a 2-layer Llama (head_dim 64, hidden 256) whose weights implement an
 induction head, and a WordLevel tokenizer trained with `tokenizers`. Greedy decoding copies from the
-context, so a stale KV block shows as a WRONG ANSWER, not only as a logprob delta (DESIGN "What runs
+context, so a stale KV block shows as a WRONG ANSWER, not only as a logprob delta (docs/design.md, "What runs
 where"). Deterministic: fixed seed, no training loop; the cache key covers the recipe, the generator's
 source and the image it ran in (transformers writes the config). Tokenisation is a pure function of the
 recipe (`encode`), so probe sets are generated on the host (scripts/make-cpu-probes.py).

@@ -1,5 +1,5 @@
-"""Host side of the probe (DESIGN "probe"): the spec derived from the lock, the base's sentinel verdicts,
-running the probe inside an image, and the report.
+"""Host side of the probe (docs/design.md, "probe"): the spec derived from the lock, the base's sentinel
+verdicts, running the probe inside an image, and the report.
 
 The probe itself (`servimg/probe.py`, standard library only) is shipped into every image with its spec
 as `/opt/servimg/probe.py` and `/opt/servimg/probe-spec.json` (`probe_files`); it is run there by the

@@ -1,5 +1,5 @@
-"""Host side of the witness (DESIGN "witness"): what a `witness: true` build ships, and collecting the
-records from a container.
+"""Host side of the witness (docs/design.md, "witness"): what a `witness: true` build ships, and collecting
+the records from a container.
 
 The hook itself is `servimg/witness_hook.py` (standard library only), shipped as `servimg_witness.py`
 into the site-packages of every overlay package, with a `servimg-witness.pth` there that installs it at

@@ -1,6 +1,6 @@
 """docker-archive tarballs (`docker save` / `docker load` format: manifest.json + config + layer tars).
 
-`docker load` needs `manifest.json` (DESIGN "Decisions already taken"); an OCI layout alone is not
+`docker load` needs `manifest.json` (docs/design.md, "Decisions already taken"); an OCI layout alone is not
 enough for Docker Engine 20.10. A thin archive omits the files of layers the engine already holds:
 the engine looks each layer chain up by diffID before it opens the file (moby image/tarexport/load.go).
 """
