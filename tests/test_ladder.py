@@ -314,7 +314,7 @@ def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) ->
     tampered = json.loads(path.read_bytes())
     tampered["verdict"] = "PASS"
     path.write_text(json.dumps(tampered))
-    with pytest.raises(Exception, match="does not match"):
+    with pytest.raises(receipt.ReceiptError, match="does not match"):
         receipt.load(path)
 
 

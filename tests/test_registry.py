@@ -504,8 +504,12 @@ def image(client: RegistryClient, repo: str) -> tuple[bytes, Digest]:
 
 
 @pytest.mark.registry
-def test_ping(client: RegistryClient) -> None:
-    client.ping()
+def test_ping(client: RegistryClient, tmp_path: Path) -> None:
+    assert client.ping() is None  # answered 200 on /v2/
+    dead = RegistryClient("127.0.0.1:9", docker_config=tmp_path / "none.json", backoff=0.01, retries=0)
+    with dead, pytest.raises(RegistryError) as info:
+        dead.ping()
+    assert "127.0.0.1:9" in str(info.value) and info.value.hint
 
 
 @pytest.mark.registry

@@ -11,7 +11,6 @@ reviewer's diff shows what moved.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ from typing import Any
 import yaml
 
 from servimg import basepin, cpu_vllm, debian, demo, testbase
+from servimg.atomic import atomic_write
 from servimg.build import lock as lock_definition
 from servimg.debian import DebianError, DebianPins
 from servimg.demo_base import DemoRecipe
@@ -235,14 +235,4 @@ def _relock(
 
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, data, 0o644)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servimg import canonical
+from servimg.atomic import atomic_write
 from servimg.bytecode import (
     ChrootRunner,
     CompileJob,
@@ -299,9 +300,7 @@ def _interpreter_facts(
     log(f"asking {path} for its version ({runner.name} runner)")
     facts, _ = compile_sources(runner, path, [])
     cached.parent.mkdir(exist_ok=True)
-    tmp = cached.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(dataclasses.asdict(facts)))
-    os.replace(tmp, cached)
+    atomic_write(cached, json.dumps(dataclasses.asdict(facts)).encode(), 0o644)
     return facts
 
 

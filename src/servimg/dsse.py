@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from servimg import canonical
+from servimg.atomic import atomic_write
 from servimg.errors import ServimgError
 
 # Envelopes are small (a statement plus signatures); refusing more keeps hostile input from filling memory.
@@ -172,22 +170,11 @@ def _signatures(value: object, problems: list[str]) -> tuple[Signature, ...]:
 
 
 def _write_atomically(path: Path, data: bytes, mode: int) -> None:
-    """Temp file beside `path` (created 0600 by mkstemp), chmod, fsync, rename: never a partial key file."""
+    """Never a partial key file (`atomic_write`); the temp file is created 0600 before the chmod."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        atomic_write(path, data, mode)
     except OSError as exc:
         raise DsseError(f"cannot write {path}: {exc.strerror or 'failed'}") from None
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _read_key_file(path: Path, what: str) -> bytes:

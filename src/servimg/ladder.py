@@ -634,12 +634,16 @@ def _remove_run_containers(run_id: str) -> None:
 
 
 def _has_file(container: Any, path: str) -> bool:
+    """Whether `path` exists in the container. Only "not found" means no; any other engine error is
+    raised, never read as "no witness" (which would silently skip the witness check)."""
+    import docker.errors
+
     try:
         chunks, _ = container.get_archive(path)
         for _ in chunks:
             pass
         return True
-    except Exception:
+    except docker.errors.NotFound:
         return False
 
 

@@ -7,8 +7,6 @@ drifted field. The default tag is derived from the lock digest, so a tag names e
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from servimg import __version__, canonical
+from servimg.atomic import atomic_write
 from servimg.digest import Digest
 from servimg.errors import LockError
 
@@ -169,15 +168,7 @@ class Lock:
 
     def write(self, path: Path) -> None:
         """Atomically replace `path` (a failed write never leaves a truncated lock)."""
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(canonical.dumps_pretty(self.to_json()))
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a lock is meant to be read by everyone
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, canonical.dumps_pretty(self.to_json()), 0o644)
 
 
 _ADAPTER: TypeAdapter[Lock] = TypeAdapter(Lock)

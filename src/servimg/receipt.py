@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from servimg import canonical
+from servimg.atomic import atomic_write
 from servimg.digest import sha256_hex
 from servimg.errors import ServimgError
+
+
+class ReceiptError(ServimgError):
+    """A ladder receipt is unreadable, malformed, or does not match its seal."""
+
 
 RECEIPT_VERSION = 1
 
@@ -41,9 +45,9 @@ def load(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
-        raise ServimgError(f"cannot read receipt {path}: {exc}") from None
+        raise ReceiptError(f"cannot read receipt {path}: {exc}") from None
     if not isinstance(doc, dict) or not check_seal(doc):
-        raise ServimgError(f"{path}: the receipt's sha256 does not match its content (edited or truncated)")
+        raise ReceiptError(f"{path}: the receipt's sha256 does not match its content (edited or truncated)")
     return doc
 
 
@@ -58,15 +62,7 @@ def write(out: Path, doc: Mapping[str, Any]) -> Path:
 
 
 def _atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # a receipt is for reading (mkstemp makes 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, data, 0o644)  # a receipt is for reading
 
 
 # ------------------------------------------------------------------------------------------- plot

@@ -20,20 +20,18 @@ registry with the referrers API removes the race.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
-import os
 import random
 import re
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from servimg import canonical, dsse
+from servimg.atomic import atomic_write
 from servimg.attest import ENVELOPE_MEDIA_TYPE, timestamp
 from servimg.backends.registry import DEFAULT_ACCEPT, OCI_INDEX, OCI_MANIFEST, RegistryClient
 from servimg.digest import Digest
@@ -411,16 +409,7 @@ def _write_blob(path: Path, data: bytes, *, replace: bool = False) -> None:
     """Write via a temp file and rename; a content-addressed blob that exists is already right."""
     if path.exists() and not replace:
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, data, 0o644)
 
 
 def layout_referrers(layout_dir: Path, subject: Digest) -> list[dict[str, Any]]:

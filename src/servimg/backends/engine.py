@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from servimg.atomic import atomic_write
 from servimg.backends.archive import read_archive, write_archive
 from servimg.digest import Digest
 from servimg.errors import BackendError, ServimgError
@@ -108,13 +108,7 @@ def _remember(image: Image, store: BlobStore) -> None:
     path = _index_path(image.config_digest, store)
     path.parent.mkdir(exist_ok=True)
     # A unique temp name: two builds reading the same base concurrently must not share one.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(str(image.digest))
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    atomic_write(path, str(image.digest).encode(), 0o644)
 
 
 def image_id(ref: str) -> Digest | None:

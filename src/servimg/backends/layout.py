@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from servimg import canonical
+from servimg.atomic import atomic_write
 from servimg.digest import Digest
 from servimg.errors import BackendError
 from servimg.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor, Image
@@ -216,9 +217,4 @@ def _write_blob(dest: Path, data: bytes) -> None:
 
 def _write_file(dest: Path, data: bytes) -> None:
     """Atomically replace `dest` (unique temp name: concurrent writers never share a temp file)."""
-    tmp = _unique_tmp(dest)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(dest, data, 0o644)

@@ -1,0 +1,40 @@
+"""One way to replace a file: a reader (or a crash) sees the old bytes or the new ones, never a part.
+
+Locks, keys, receipts, pins and index files are all written here: a unique temp file in the same
+directory (concurrent writers never share one), chmod, write, fsync, rename over the target, then fsync the
+directory so that the rename itself survives a power loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Atomically replace `path` with `data` (file mode `mode`; the parent directory must exist)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    sync_dir(path.parent)
+
+
+def sync_dir(directory: Path) -> None:
+    """fsync a directory (its entries: a rename into it); a file system that refuses is not an error."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
