@@ -5,21 +5,20 @@
 
 Everything that decides the image (resolution, drift check, overlay application, bytecode, the layer,
 the probe, the archive) is `servimg build` / `servimg verify`, called through `servimg.cli.main`. This
-file only adapts the environment, with three stopgaps that each disappear once servimg has the feature
-(docs/nix.md, "Changes wanted in servimg"):
+file only adapts the environment:
 
 1. The base is read from the OCI layout in $SERVIMG_BASE_LAYOUT (a store path assembled from
-   fixed-output blobs) instead of the definition's `base.ref` (e.g. `docker-daemon:`, unreachable here).
+   fixed-output blobs) instead of the definition's `base.ref` (e.g. `docker-daemon:`, unreachable here),
+   through servimg's base-source seam (`servimg.seams.FromRef`, the same as `servimg build --base-from`).
    servimg still selects the manifest by the definition's pinned digest and verifies every blob; the
    definition, the lock and the image labels keep `base.ref`. When the pin names a multi-platform
    index, the platform manifest is the one the lock recorded ($SERVIMG_BASE_MANIFEST; nix/base.nix
    checked that the pinned index lists it) instead of asking the registry.
-   Wanted: `servimg build --base-from REF` (an OCI layout holding the index, or the manifest).
-2. `unshare`/`chroot` are looked up on $PATH first (a Nix build has no /usr/bin). Wanted: servimg's
-   `bytecode.tool` searching $PATH before its fixed directories.
+2. `unshare`/`chroot` come from $PATH (a Nix build has no /usr/bin): servimg's `bytecode.tool` searches
+   $PATH first, so nothing needs adapting.
 3. When not root (a sandboxed Nix build runs as uid 1000), the whole run is re-executed once inside
-   `unshare --user --map-root-user`, so the chroot runner and the probe's chroot may chroot. Wanted:
-   the probe's chroot using the same user-namespace prefix as the chroot runner.
+   `unshare --user --map-root-user`, so the chroot runner and the probe's chroot may chroot (a stopgap:
+   docs/nix.md, "Changes wanted in servimg").
 
 Environment (set by the derivation; nothing else is read):
   build-image:  SERVIMG_SRC (repository: images/, overlays/), SERVIMG_DEFINITION (images/<name>.yaml),
@@ -38,7 +37,6 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,60 +63,25 @@ def _become_root() -> None:
     os.execve(unshare, [unshare, "--user", "--map-root-user", sys.executable, *sys.argv], env)
 
 
-def _path_first(original: Callable[[str], str]) -> Callable[[str], str]:
-    def tool(name: str) -> str:
-        return shutil.which(name) or original(name)
+def _seams(base_layout: str) -> Any:
+    """The build's base source (a seam servimg takes, nothing patched): the OCI layout in the store.
 
-    return tool
+    servimg still selects the manifest by the definition's pinned digest and verifies every blob; the
+    lock and the labels keep `base.ref`. For a pin that names a multi-platform index, the platform
+    manifest is the one the lock recorded (nix/base.nix checked that the pinned index lists it)."""
+    from servimg.seams import FromRef, Seams
 
-
-def _adapt(base_layout: str | None) -> None:
-    """Stopgaps 1 and 2 (module attributes replaced in this process only)."""
-    import importlib
-
-    for module_name in ("servimg.bytecode", "servimg.verify"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        for attr in ("tool", "_tool"):
-            original = getattr(module, attr, None)
-            if callable(original):
-                setattr(module, attr, _path_first(original))
-    if base_layout is not None:
-        import servimg.build
-        from servimg import transport
-        from servimg.digest import Digest
-
-        if not callable(getattr(servimg.build, "fetch", None)):
-            sys.exit("servimg-sandboxed: servimg.build.fetch is gone; update stopgap 1 in this file")
-
-        def fetch_base(ref: str, store: Any, log: Callable[[str], None], *args: Any, **kwargs: Any) -> Any:
-            log(f"base {ref}: reading the OCI layout {base_layout} (a Nix input)")
-            return transport.fetch(f"oci:{base_layout}", store, log, *args, **kwargs)
-
-        servimg.build.fetch = fetch_base  # type: ignore[attr-defined]
-
-        if callable(getattr(servimg.build, "platform_manifest", None)):
-            # A pin naming a multi-platform index: the lock recorded which platform manifest it stands
-            # for (nix/base.nix checked that the pinned index lists it); no registry to ask here.
-            manifest = os.environ.get("SERVIMG_BASE_MANIFEST", "")
-            index = os.environ.get("SERVIMG_BASE_INDEX", "")
-
-            def platform_manifest(ref_text: str, pinned: Any, *args: Any, **kwargs: Any) -> Any:
-                if index and str(pinned) == index:
-                    return Digest.parse(manifest)
-                return pinned
-
-            servimg.build.platform_manifest = platform_manifest  # type: ignore[attr-defined]
+    index, manifest = os.environ.get("SERVIMG_BASE_INDEX", ""), os.environ.get("SERVIMG_BASE_MANIFEST", "")
+    manifests = {index: manifest} if index and manifest else {}
+    return Seams(base_source=FromRef(f"oci:{base_layout}", manifests=manifests))
 
 
-def _run_cli(argv: list[str]) -> list[dict[str, Any]]:
+def _run_cli(argv: list[str], seams: Any = None) -> list[dict[str, Any]]:
     from servimg.cli import main
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        rc = main(argv)
+        rc = main(argv, seams=seams)
     text = buffer.getvalue()
     sys.stderr.write(text)
     results = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
@@ -133,10 +96,9 @@ def build_image() -> None:
     base_layout = _env("SERVIMG_BASE_LAYOUT")
     out = Path(_env("out"))
     cache = Path(_env("TMPDIR")) / "servimg-cache"
-    _adapt(base_layout)
     os.chdir(src)
     argv = ["build", definition, "--runner", "chroot", "--to", f"docker-archive:{out}/image.tar"]
-    (result,) = _run_cli([*argv, "--json", "--cache", str(cache)])
+    (result,) = _run_cli([*argv, "--json", "--cache", str(cache)], _seams(base_layout))
     expected = os.environ.get("SERVIMG_LOCK_DIGEST")
     if expected and result.get("lock_digest") != expected:
         sys.exit(
@@ -151,7 +113,6 @@ def verify_image() -> None:
     archive = _env("SERVIMG_IMAGE_ARCHIVE")
     out = Path(_env("out"))
     cache = Path(_env("TMPDIR")) / "servimg-cache"
-    _adapt(None)
     (result,) = _run_cli(["verify", f"docker-archive:{archive}", "--json", "--cache", str(cache)])
     out.mkdir()
     (out / "verify.json").write_text(json.dumps(result, sort_keys=True, indent=2) + "\n")

@@ -28,7 +28,9 @@ from typing import Any
 from servimg.bytecode import WORK_IN_IMAGE, InterpreterFacts, _read_result
 from servimg.digest import Digest
 from servimg.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
+from servimg.seams import Seams
 from servimg.store import BlobStore
+from servimg.verify import VerifyReport
 
 SITE = "usr/lib/python3/dist-packages"
 MOD = b"def answer():\n    return 41\n"
@@ -219,23 +221,29 @@ class FakeRunner:
         return _read_result(jobs_dir, self.name)
 
 
-def install_fake_runner(monkeypatch: Any = None) -> None:
-    """Route servimg's runner choice to FakeRunner and skip the in-image probe (the fake base has no
-    interpreter to run it). With `monkeypatch` (pytest) the change is undone after the test."""
-    from servimg import build
+class HostRunners:
+    """RunnerChoice seam: every build compiles with `FakeRunner` (the fake base has no interpreter)."""
 
-    def runner(name: str, base: Image, fs: Any) -> FakeRunner:
+    def choose(self, name: str, base: Image, fs: Any) -> FakeRunner:
         return FakeRunner()
 
-    def no_probe(*args: Any, **kwargs: Any) -> None:
-        return None
 
-    if monkeypatch is not None:
-        monkeypatch.setattr(build, "_runner", runner)
-        monkeypatch.setattr(build, "_verify_or_refuse", no_probe)
-    else:
-        build._runner = runner  # type: ignore[assignment]
-        build._verify_or_refuse = no_probe  # type: ignore[assignment]
+class NoProbe:
+    """Verifier seam: the fake base has no interpreter to run the in-image probe, so nothing is checked
+    (an empty report); the real probe runs in every test on a real base."""
+
+    def report(self, image: Image, store: Any, log: Any, *, base_config: Any) -> VerifyReport:
+        return VerifyReport(checks=())
+
+
+FAKE_SEAMS = Seams(runners=HostRunners(), verifier=NoProbe())
+
+
+def main(argv: list[str]) -> int:
+    """The real CLI with the fake base's seams (passed in; nothing in servimg is patched)."""
+    from servimg.cli import main as cli_main
+
+    return cli_main(argv, seams=FAKE_SEAMS)
 
 
 # ------------------------------------------------------------------------------------------ assertions
@@ -338,9 +346,6 @@ def install_stall(spec: str, marker: Path) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(TESTS))
-    install_fake_runner()
     if os.environ.get("FAKEBASE_STALL"):
         install_stall(os.environ["FAKEBASE_STALL"], Path(os.environ["FAKEBASE_MARKER"]))
-    from servimg.cli import main
-
     sys.exit(main(sys.argv[1:]))

@@ -32,7 +32,6 @@ import fakebase as fb
 from servimg import transport
 from servimg.backends import registry as registry_module
 from servimg.backends.registry import RegistryClient
-from servimg.cli import main
 from servimg.digest import Digest
 from servimg.errors import RegistryError, ServimgError
 from servimg.image import OCI_LAYER, Descriptor, Image, Layer
@@ -463,21 +462,20 @@ def test_build_to_a_failing_registry_leaves_no_tag_then_the_rerun_reuses_blobs(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    fb.install_fake_runner(monkeypatch)
     base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members())])
     definition = fb.make_repo(tmp_path / "repo", base)
     cache = str(tmp_path / "cache")
-    assert main(["lock", str(definition), "--cache", cache, "--quiet"]) == 0
+    assert fb.main(["lock", str(definition), "--cache", cache, "--quiet"]) == 0
     proxy.add("PUT", r"/manifests/", "status", status=503)
     target = f"{proxy.host}/{repo}"
     capsys.readouterr()
-    assert main(["build", str(definition), "--to", target, "--cache", cache]) == 1
+    assert fb.main(["build", str(definition), "--to", target, "--cache", cache]) == 1
     printed = capsys.readouterr().out
     assert printed.startswith("FAIL: ") and "gave up after" in printed and "hint:" in printed
     assert tags(registry, repo) == []
     proxy.rules.clear()
     uploads = proxy.count("POST", UPLOAD_START)
-    assert main(["build", str(definition), "--to", target, "--cache", cache, "--quiet"]) == 0
+    assert fb.main(["build", str(definition), "--to", target, "--cache", cache, "--quiet"]) == 0
     assert proxy.count("POST", UPLOAD_START) == uploads, "every blob was already uploaded"
     assert len(tags(registry, repo)) == 1
 

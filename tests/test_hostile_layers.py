@@ -27,7 +27,6 @@ from fakebase import D, F, H, M, S
 from servimg.backends.archive import read_archive
 from servimg.backends.layout import read_layout
 from servimg.bytecode import ChrootRunner, extract_runtime
-from servimg.cli import main
 from servimg.digest import Digest
 from servimg.errors import BytecodeError, LayerError, ServimgError
 from servimg.filesystem import LayeredFS
@@ -512,9 +511,8 @@ BUILD_FAILURES: dict[str, tuple[Mutation, str]] = {
 @pytest.fixture
 def repo(work: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A repository over the honest tiny base, locked; its definition is then pointed at a hostile one."""
-    fb.install_fake_runner(monkeypatch)
     definition = fb.make_repo(work / "repo", _honest(work))
-    assert main(["lock", str(definition), "--cache", str(work / "cache"), "--quiet"]) == 0
+    assert fb.main(["lock", str(definition), "--cache", str(work / "cache"), "--quiet"]) == 0
     return definition
 
 
@@ -530,7 +528,7 @@ def test_build_over_a_hostile_base_fails_clearly_and_leaves_nothing(
     out = work / "out" / "tiny"
     capsys.readouterr()
     for command in (["lock", str(repo)], ["build", str(repo), "--to", f"oci:{out}"]):
-        code = main([*command, "--cache", str(work / "cache")])
+        code = fb.main([*command, "--cache", str(work / "cache")])
         printed = capsys.readouterr().out
         assert code == 1, printed
         assert printed.startswith("FAIL: "), printed
@@ -563,9 +561,9 @@ def test_build_over_a_base_with_odd_but_legal_content_succeeds(
     base = _on_top(extra)(work)
     repo.write_text(fb.definition_text(base))
     cache = work / "cache"
-    assert main(["lock", str(repo), "--cache", str(cache), "--quiet"]) == 0
+    assert fb.main(["lock", str(repo), "--cache", str(cache), "--quiet"]) == 0
     out = work / "out" / "tiny"
-    assert main(["build", str(repo), "--to", f"oci:{out}", "--cache", str(cache), "--json"]) == 0, (
+    assert fb.main(["build", str(repo), "--to", f"oci:{out}", "--cache", str(cache), "--json"]) == 0, (
         capsys.readouterr()
     )
     index = fb.read_json(out / "index.json")

@@ -26,7 +26,6 @@ import fakebase as fb
 from conftest import _require
 from registry_server import RegistryServer, registry_available, write_htpasswd
 from servimg.backends import registry as registry_module
-from servimg.cli import main
 
 pytestmark = pytest.mark.registry
 
@@ -101,7 +100,6 @@ def test_no_secret_appears_in_any_artifact_of_a_full_flow(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level("DEBUG")
-    fb.install_fake_runner(monkeypatch)
     fast = functools.partial(registry_module.RegistryClient, retries=1, backoff=0.01)
     monkeypatch.setattr(registry_module, "RegistryClient", fast)
     host = auth_registry.host
@@ -123,7 +121,7 @@ def test_no_secret_appears_in_any_artifact_of_a_full_flow(
     def run(*argv: str, config: Path = good, key_password: str = KEY_PASSWORD) -> int:
         monkeypatch.setenv("DOCKER_CONFIG", str(config))
         monkeypatch.setenv("SERVIMG_KEY_PASSWORD", key_password)
-        code = main([*argv, *cache])
+        code = fb.main([*argv, *cache])
         captured = capsys.readouterr()
         said.extend([captured.out, captured.err])
         return code

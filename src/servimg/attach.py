@@ -29,6 +29,7 @@ from servimg.errors import BuildError, ServimgError
 from servimg.image import Descriptor, Image
 from servimg.progress import NULL, Progress
 from servimg.provenance import ImageFacts, Invocation
+from servimg.seams import DEFAULT, Seams
 from servimg.store import BlobStore
 
 Log = Callable[[str], None]
@@ -330,12 +331,12 @@ def build_and_push(
     tag: str | None = None,
     builder: str | None = None,
     progress: Progress = NULL,
+    seams: Seams = DEFAULT,
 ) -> dict[str, Any]:
     """`servimg build DEF --to REPO|oci:DIR --sign KEY`: build, verify once, then push with the signed
     provenance of this very build (its invocation times and id) and the verify result."""
     from servimg.build import build
     from servimg.transport import Target, check_reachable
-    from servimg.verify import verify_image_value
 
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
@@ -351,11 +352,18 @@ def build_and_push(
     staging = Path(tempfile.mkdtemp(prefix="sign-", dir=store.root / "tmp"))
     try:
         result = build(
-            definition_path, store, log, to=f"oci:{staging / 'image'}", runner=runner, tag=tag, verify=False
+            definition_path,
+            store,
+            log,
+            to=f"oci:{staging / 'image'}",
+            runner=runner,
+            tag=tag,
+            verify=False,
+            seams=seams,
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    report = verify_image_value(result.image, store, log)
+    report = seams.verifier.report(result.image, store, log, base_config=None)
     if not report.ok:
         raise BuildError(
             f"the built image {result.image.digest.short} failed verification; nothing was published",

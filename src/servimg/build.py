@@ -20,9 +20,7 @@ from pathlib import Path
 from servimg import canonical
 from servimg.atomic import atomic_write
 from servimg.bytecode import (
-    ChrootRunner,
     CompileJob,
-    DockerRunner,
     InterpreterFacts,
     Runner,
     base_opt_levels,
@@ -49,8 +47,9 @@ from servimg.lock import (
 )
 from servimg.overlay import Patch, apply_patch
 from servimg.progress import NULL, Progress
+from servimg.seams import DEFAULT, BaseSource, Seams, Verifier
 from servimg.store import BlobStore
-from servimg.transport import Target, check_reachable, fetch, platform_manifest, publish
+from servimg.transport import Target, check_reachable, publish
 
 Log = Callable[[str], None]
 SERVIMG_DIR = "opt/servimg"
@@ -100,15 +99,18 @@ class BuildResult:
 
 
 # -- resolve --------------------------------------------------------------------------------------
-def resolve(definition_path: Path, store: BlobStore, log: Log, runner: str = "auto") -> Resolution:
+def resolve(
+    definition_path: Path, store: BlobStore, log: Log, runner: str = "auto", seams: Seams = DEFAULT
+) -> Resolution:
+    """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock."""
     definition = ImageDefinition.load(definition_path)
-    base, index = _fetch_base(definition, store, log)
+    base, index = _fetch_base(definition, store, log, seams.base_source)
     fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in base.layers])
     packages = tuple(
         _find_package(fs, name, spec.distribution, spec.version)
         for name, spec in sorted(definition.packages.items())
     )
-    chosen = _runner(runner, base, fs)
+    chosen = seams.runners.choose(runner, base, fs)
     interpreter = _interpreter(definition, fs, base, packages, chosen, log, store)
     overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
     lock = Lock(
@@ -181,15 +183,17 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) 
     return replace(lock, overlays=tuple(overlays))
 
 
-def _fetch_base(definition: ImageDefinition, store: BlobStore, log: Log) -> tuple[Image, Digest | None]:
+def _fetch_base(
+    definition: ImageDefinition, store: BlobStore, log: Log, source: BaseSource
+) -> tuple[Image, Digest | None]:
     """The base image, and the index digest when the pin names a multi-platform index."""
     pinned = definition.base.manifest_digest
     index: Digest | None = None
     try:
         if definition.base.transport == "registry":
-            platform = platform_manifest(definition.base.ref, pinned, definition.base.platform)
+            platform = source.platform_manifest(definition.base.ref, pinned, definition.base.platform)
             index, pinned = (pinned, platform) if platform != pinned else (None, pinned)
-        base = fetch(definition.base.ref, store, log, expected=pinned)
+        base = source.fetch(definition.base.ref, store, log, expected=pinned)
     except ServimgError as exc:
         raise exc.context(f"fetching base {definition.base.ref}") from None
     if base.digest != pinned:
@@ -240,20 +244,6 @@ def _find_package(fs: LayeredFS, import_name: str, distribution: str, version: s
 
 def _site_dirs(fs: LayeredFS) -> list[str]:
     return [n.path for n in fs.walk("") if n.is_dir and n.path.rpartition("/")[2] in _SITE_DIRS]
-
-
-def _runner(name: str, base: Image, fs: LayeredFS) -> Runner:
-    if name == "chroot":
-        return ChrootRunner(fs)
-    from servimg.backends import engine
-
-    if name == "docker" or (
-        name == "auto" and engine.engine_available() and engine.has_image(base.config_digest)
-    ):
-        return DockerRunner(str(base.config_digest))
-    if name != "auto":
-        raise BuildError(f"unknown runner {name!r}", hint="use auto, docker or chroot")
-    return ChrootRunner(fs)
 
 
 def _interpreter(
@@ -406,9 +396,11 @@ def _apply_one(
 
 
 # -- lock -----------------------------------------------------------------------------------------
-def lock(definition_path: Path, store: BlobStore, log: Log, runner: str = "auto") -> tuple[Lock, bool]:
+def lock(
+    definition_path: Path, store: BlobStore, log: Log, runner: str = "auto", seams: Seams = DEFAULT
+) -> tuple[Lock, bool]:
     """Resolve and write the lock. Returns (lock, changed?). Nothing is written if resolution fails."""
-    resolution = resolve(definition_path, store, log, runner)
+    resolution = resolve(definition_path, store, log, runner, seams)
     path = lock_path_for(definition_path)
     previous = path.read_bytes() if path.exists() else None
     resolution.lock.write(path)
@@ -426,15 +418,16 @@ def build(
     tag: str | None = None,
     verify: bool = True,
     progress: Progress = NULL,
+    seams: Seams = DEFAULT,
 ) -> BuildResult:
     target = Target.parse(to) if to else _default_target(definition_path)
     check_reachable(target)
     locked = Lock.load(lock_path_for(definition_path))
-    resolution = resolve(definition_path, store, log, runner)
+    resolution = resolve(definition_path, store, log, runner, seams)
     check_drift(locked, resolution.lock, definition_path)
     image, layer = assemble(resolution, locked, store, log)
     if verify:
-        _verify_or_refuse(image, store, log, resolution.base.config_digest)
+        _verify_or_refuse(image, store, log, resolution.base.config_digest, seams.verifier)
     chosen_tag = tag or derive_tag(resolution.definition, locked)
     full_tag = _full_tag(resolution.definition, target, chosen_tag)
     destination = publish(
@@ -443,11 +436,11 @@ def build(
     return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
 
 
-def _verify_or_refuse(image: Image, store: BlobStore, log: Log, base_config: Digest) -> None:
-    """Run the in-image probe on the image just built; an image that fails is never tagged."""
-    from servimg.verify import verify_image_value
-
-    report = verify_image_value(image, store, log, base_config=base_config)
+def _verify_or_refuse(
+    image: Image, store: BlobStore, log: Log, base_config: Digest, verifier: Verifier
+) -> None:
+    """Stage 3: verify the image just built (the probe, by default); an image that fails is never tagged."""
+    report = verifier.report(image, store, log, base_config=base_config)
     if not report.ok:
         raise BuildError(
             f"the built image {image.digest.short} failed verification; nothing was tagged",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 from servimg import __version__
 from servimg.errors import ServimgError
 from servimg.report import Reporter
+from servimg.seams import FromRef, Seams
 from servimg.store import BlobStore
 
 
@@ -30,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("lock", help="resolve every input of a definition and write its lock")
     p.add_argument("definitions", nargs="+", type=Path)
     p.add_argument("--runner", default="auto", choices=["auto", "docker", "chroot"])
+    _base_from(p)
     _common(p)
 
     p = sub.add_parser("build", help="build an image exactly as locked and publish it")
@@ -46,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["auto", "docker", "chroot"],
         help="who runs the image's interpreter to compile bytecode",
     )
+    _base_from(p)
     p.add_argument("--tag", default=None, help="override the lock-derived tag")
     p.add_argument(
         "--sign",
@@ -113,13 +117,26 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _base_from(p: Any) -> None:
+    p.add_argument(
+        "--base-from",
+        default=None,
+        metavar="REF",
+        help="read the base from REF (e.g. oci:DIR) instead of the definition's base.ref; it must have the "
+        "pinned digest (the lock and labels keep base.ref)",
+    )
+
+
+def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> int:
+    """The CLI. `seams` (base source, runner choice, verifier) are chosen once here: from the arguments
+    (`--base-from`), or given by an embedding caller (the Nix builder, tests' fake base)."""
     args = parser().parse_args(argv)
     reporter = Reporter(quiet=args.quiet, as_json=args.json)
     store = BlobStore(args.cache)
+    chosen = seams_from(args, seams or Seams())
     handler: Callable[[Any, Reporter, BlobStore], int] = {
-        "lock": _lock,
-        "build": _build,
+        "lock": lambda a, r, s: _lock(a, r, s, chosen),
+        "build": lambda a, r, s: _build(a, r, s, chosen),
         "verify": _verify,
         "witness": _witness,
         "base": _base,
@@ -131,6 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("FAIL: interrupted; nothing was published", file=sys.stderr)
         return 130
+
+
+def seams_from(args: Any, given: Seams) -> Seams:
+    """The build's seams as the arguments ask: `given` (the defaults, or a caller's), with the base read
+    from `--base-from` when that is set."""
+    base_from = getattr(args, "base_from", None)
+    return dataclasses.replace(given, base_source=FromRef(base_from)) if base_from else given
 
 
 def _each(targets: Sequence[Path], reporter: Reporter, run: Callable[[Path], dict[str, Any]]) -> int:
@@ -152,25 +176,32 @@ def _each(targets: Sequence[Path], reporter: Reporter, run: Callable[[Path], dic
     return 1 if failures else 0
 
 
-def _lock(args: Any, reporter: Reporter, store: BlobStore) -> int:
+def _lock(args: Any, reporter: Reporter, store: BlobStore, seams: Seams) -> int:
     from servimg.build import lock
     from servimg.lock import lock_path_for
 
     def run(path: Path) -> dict[str, Any]:
-        locked, changed = lock(path, store, reporter.log, args.runner)
+        locked, changed = lock(path, store, reporter.log, args.runner, seams)
         return {"lock": str(lock_path_for(path)), "lock_digest": str(locked.digest), "changed": changed}
 
     return _each(args.definitions, reporter, run)
 
 
-def _build(args: Any, reporter: Reporter, store: BlobStore) -> int:
+def _build(args: Any, reporter: Reporter, store: BlobStore, seams: Seams) -> int:
     from servimg.build import build
 
     def run(path: Path) -> dict[str, Any]:
         if args.sign is not None:
-            return _build_signed(path, args, reporter, store)
+            return _build_signed(path, args, reporter, store, seams)
         result = build(
-            path, store, reporter.log, to=args.to, runner=args.runner, tag=args.tag, progress=reporter
+            path,
+            store,
+            reporter.log,
+            to=args.to,
+            runner=args.runner,
+            tag=args.tag,
+            progress=reporter,
+            seams=seams,
         )
         return result.as_dict()
 
@@ -288,7 +319,9 @@ def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 # -- provenance: keys, push, attest, check, promote, show, diff ----------------------------
-def _build_signed(path: Path, args: Any, reporter: Reporter, store: BlobStore) -> dict[str, Any]:
+def _build_signed(
+    path: Path, args: Any, reporter: Reporter, store: BlobStore, seams: Seams
+) -> dict[str, Any]:
     from servimg.attach import build_and_push
 
     return build_and_push(
@@ -301,6 +334,7 @@ def _build_signed(path: Path, args: Any, reporter: Reporter, store: BlobStore) -
         tag=args.tag,
         builder=args.builder_id,
         progress=reporter,
+        seams=seams,
     )
 
 

@@ -1,0 +1,73 @@
+"""The build's seams are objects passed in: `--base-from` (the base-source seam from the command line),
+and the fake base's runner and verifier given to the real CLI (tests/fakebase.py), nothing patched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fakebase as fb
+from servimg import seams
+from servimg.cli import parser, seams_from
+from servimg.lock import Lock
+
+
+def _repo(tmp_path: Path) -> tuple[Path, fb.Base]:
+    base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members())])
+    definition = fb.make_repo(tmp_path / "repo", base)
+    # The definition names a base this host cannot reach; --base-from says where the same bytes are.
+    text = definition.read_text().replace(f"ref: {base.ref}", "ref: docker-daemon:servimg/unreachable:1")
+    definition.write_text(text)
+    return definition, base
+
+
+def test_base_from_reads_the_base_elsewhere_and_the_lock_keeps_base_ref(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    definition, base = _repo(tmp_path)
+    cache = ["--cache", str(tmp_path / "cache")]
+    assert fb.main(["lock", str(definition), "--base-from", base.ref, *cache, "--quiet"]) == 0
+    locked = Lock.load(definition.with_name("tiny.lock.json"))
+    assert locked.base.ref == "docker-daemon:servimg/unreachable:1"
+    assert locked.base.manifest_digest == str(base.image.digest)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    code = fb.main(
+        ["build", str(definition), "--base-from", base.ref, "--to", f"oci:{out}", *cache, "--json"]
+    )
+    assert code == 0, capsys.readouterr()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "OK"
+
+
+def test_base_from_must_still_hold_the_pinned_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    definition, _ = _repo(tmp_path)
+    other = fb.make_base(tmp_path / "other", [fb.tar([*fb.package_members(), fb.M("etc/extra", data=b"x")])])
+    capsys.readouterr()
+    code = fb.main(["lock", str(definition), "--base-from", other.ref, "--cache", str(tmp_path / "cache")])
+    printed = capsys.readouterr().out
+    assert code == 1 and printed.startswith("FAIL: ") and "unreachable" in printed
+    assert not definition.with_name("tiny.lock.json").exists(), "no lock written"
+
+
+def test_seams_are_chosen_once_from_the_arguments() -> None:
+    args = parser().parse_args(["build", "images/demo.yaml", "--base-from", "oci:/x"])
+    chosen = seams_from(args, seams.Seams())
+    assert chosen.base_source == seams.FromRef("oci:/x")
+    assert isinstance(chosen.runners, seams.DefaultRunners) and isinstance(
+        chosen.verifier, seams.ProbeVerifier
+    )
+    assert seams_from(parser().parse_args(["lock", "images/demo.yaml"]), seams.Seams()) == seams.Seams()
+    assert seams_from(args, fb.FAKE_SEAMS).runners is fb.FAKE_SEAMS.runners
+
+
+def test_from_ref_answers_a_pinned_index_offline() -> None:
+    index, manifest = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    source = seams.FromRef("oci:/x", manifests={index: manifest})
+    from servimg.digest import Digest
+
+    assert str(source.platform_manifest("r", Digest.parse(index), "linux/amd64")) == manifest
+    assert str(source.platform_manifest("r", Digest.parse(manifest), "linux/amd64")) == manifest
