@@ -17,7 +17,7 @@ import json
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,10 @@ from servimg.check import CheckFailed, CheckReport, Located, Policy, collect, ev
 from servimg.digest import Digest
 from servimg.errors import BuildError, ServimgError
 from servimg.image import Descriptor, Image
-from servimg.progress import NULL, Progress
+from servimg.progress import NULL, Log, Progress
 from servimg.provenance import ImageFacts, Invocation
 from servimg.seams import DEFAULT, Seams
 from servimg.store import BlobStore
-
-Log = Callable[[str], None]
 
 
 class AttachError(ServimgError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from servimg.debian import PIN_DIR
 from servimg.digest import Digest
 from servimg.errors import ServimgError
 from servimg.image import Image
+from servimg.progress import Log
 from servimg.store import BlobStore
 from servimg.treediff import (
     LayerListing,
@@ -35,7 +35,6 @@ from servimg.treediff import (
     render_listing,
 )
 
-Log = Callable[[str], None]
 LAYER_NAMES = ("debian", "venv")
 
 

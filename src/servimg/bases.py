@@ -27,9 +27,9 @@ from servimg.build import lock as lock_definition
 from servimg.debian import DebianError, DebianPins
 from servimg.demo_base import DemoRecipe
 from servimg.image import Image
+from servimg.progress import Log
 from servimg.store import BlobStore
 
-Log = Callable[[str], None]
 MIRROR = "http://deb.debian.org/debian"
 PY_VENV = ("python3", "python3-venv")
 

@@ -13,7 +13,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,12 +46,11 @@ from servimg.lock import (
     lock_path_for,
 )
 from servimg.overlay import Patch, apply_patch
-from servimg.progress import NULL, Progress
+from servimg.progress import NULL, Log, Progress
 from servimg.seams import DEFAULT, BaseSource, Seams, Verifier
 from servimg.store import BlobStore
 from servimg.transport import Target, check_reachable, publish
 
-Log = Callable[[str], None]
 SERVIMG_DIR = "opt/servimg"
 
 

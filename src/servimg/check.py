@@ -30,10 +30,10 @@ from servimg import attest, dsse, provenance, referrers
 from servimg.digest import Digest
 from servimg.errors import ServimgError
 from servimg.image import DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Image
+from servimg.progress import Log
 from servimg.provenance import ChangedFile, ImageFacts
 from servimg.store import BlobStore
 
-Log = Callable[[str], None]
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 # Asked for explicitly, every time: a registry that falls back to another manifest type would otherwise
 # hand us a different document (and digest) than the one the tag names.

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from servimg import __version__
-from servimg.errors import ServimgError
+from servimg.errors import ServimgError, UsageError, WitnessError
+from servimg.ladder_def import LadderError
 from servimg.report import Reporter
 from servimg.seams import FromRef, Seams
 from servimg.store import BlobStore
@@ -250,12 +251,12 @@ def _witness(args: Any, reporter: Reporter, store: BlobStore) -> int:
         name = str(container)
         result = collect(name, args.out or Path("witness") / name)
         if not result.records():
-            raise ServimgError(
+            raise WitnessError(
                 f"no witness records in {result.directory}: no process imported an overlay module",
                 hint="exercise the service first; a module never imported proves nothing",
             )
         if result.problems():
-            raise ServimgError("a process ran code that is not the patched code", problems=result.problems())
+            raise WitnessError("a process ran code that is not the patched code", problems=result.problems())
         return result.as_dict()
 
     return _each([Path(c) for c in args.containers], reporter, run)
@@ -269,7 +270,7 @@ def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
     def run(_: Path) -> dict[str, Any]:
         variables = dict(v.split("=", 1) for v in args.var if "=" in v)
         if len(variables) != len(args.var):
-            raise ServimgError("--var takes NAME=VALUE", hint="e.g. --var model_dir=/models/tiny")
+            raise UsageError("--var takes NAME=VALUE", hint="e.g. --var model_dir=/models/tiny")
         out = args.out
         path = args.ladder
         if path is None:
@@ -297,7 +298,7 @@ def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
             )
             result["attestation"] = attached.as_dict()
         if doc["verdict"] != "PASS":
-            raise ServimgError(
+            raise LadderError(
                 f"ladder {loaded.definition.name}: {doc['verdict']}",
                 problems=list(doc["verdict_reasons"])[:20],
                 hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,11 +63,10 @@ from servimg.demo_base import (
     verify_wheel,
 )
 from servimg.digest import sha256_hex
-from servimg.errors import ServimgError
+from servimg.errors import BaseBuildError, ServimgError
 from servimg.image import Image
+from servimg.progress import Log
 from servimg.store import BlobStore
-
-Log = Callable[[str], None]
 
 # Bump when the build procedure changes its output for the same recipe.
 CPU_VLLM_FORMAT = 2
@@ -99,7 +98,7 @@ def parse_pins(text: str, origin: str = "<pins>") -> tuple[PinnedWheel, ...]:
         f"{origin}: {n} is pinned more than once" for n in sorted({n for n in names if names.count(n) > 1})
     ]
     if problems or not wheels:
-        raise ServimgError(
+        raise BaseBuildError(
             f"{origin}: malformed wheel pin list",
             problems=problems or ["no pins"],
             hint="regenerate it with scripts/pin-cpu-vllm-wheels.py",
@@ -111,7 +110,7 @@ def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ServimgError(
+        raise BaseBuildError(
             f"cannot read the wheel pins {path}: {exc.strerror}",
             hint="run from a servimg checkout (verify/cpu-vllm-wheels.txt), or pass the pin file",
         ) from None
@@ -144,7 +143,7 @@ class CpuVllmRecipe(OnPinnedDebian):
         for wheel in self.wheels:
             if wheel.name == name:
                 return wheel
-        raise ServimgError(f"{name} is not pinned in the CPU vLLM recipe")
+        raise BaseBuildError(f"{name} is not pinned in the CPU vLLM recipe")
 
 
 # ---------------------------------------------------------------------------------------------- wheels
@@ -199,7 +198,7 @@ def _download(wheels: Sequence[PinnedWheel], cache_dir: Path, find_links: str) -
             cmd += ["--platform", platform]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise ServimgError(
+            raise BaseBuildError(
                 f"pip download of {len(wheels)} pinned wheel(s) failed",
                 hint=f"check that PyPI is reachable and that torch's +cpu wheel lies in {find_links}",
                 problems=_tail(proc.stdout + proc.stderr),
@@ -207,7 +206,7 @@ def _download(wheels: Sequence[PinnedWheel], cache_dir: Path, find_links: str) -
         for wheel in wheels:
             got = Path(tmp) / "out" / wheel.filename
             if not got.exists():
-                raise ServimgError(
+                raise BaseBuildError(
                     f"pip download did not produce {wheel.filename}", problems=_tail(proc.stdout)
                 )
             verify_wheel(wheel, got)

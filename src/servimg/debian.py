@@ -53,15 +53,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from servimg.digest import Digest, sha256_hex
-from servimg.errors import ServimgError
-
-Log = Callable[[str], None]
+from servimg.errors import BaseBuildError
+from servimg.progress import Log
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PIN_DIR = REPO_ROOT / "verify" / "bases"
@@ -77,7 +76,7 @@ _LINE = re.compile(
 _HEADER_KEYS = ("suite", "mirror", "variant", "include", "release")
 
 
-class DebianError(ServimgError):
+class DebianError(BaseBuildError):
     """A Debian base could not be built from its pins (tool missing, pins malformed, build failed)."""
 
 

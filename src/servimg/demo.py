@@ -22,10 +22,10 @@ from servimg.debian import Clock, DebianPins
 from servimg.demo_base import DemoRecipe, build_rootfs
 from servimg.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.layer import entries_from_dir, write_layer
+from servimg.progress import Log
 from servimg.store import BlobStore
 from servimg.transport import Target, publish
 
-Log = Callable[[str], None]
 DEMO_BASE_NAME = "servimg/demo-base"
 VENV = "/opt/venv"
 

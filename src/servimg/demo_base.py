@@ -38,14 +38,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from servimg import canonical, debian
 from servimg.debian import Clock, DebianPins, OnPinnedDebian, SystemClock, load_pins
 from servimg.digest import Digest, sha256_hex
-from servimg.errors import BytecodeError, ServimgError
+from servimg.errors import BaseBuildError, BytecodeError, ServimgError
+from servimg.progress import Log
 
 # Bump when the build procedure changes in a way that changes its output for the same recipe.
 RECIPE_FORMAT = 2
@@ -125,7 +126,7 @@ def verify_wheel(wheel: PinnedWheel, path: Path) -> None:
     """Raise unless `path` hashes to the wheel's pinned sha256."""
     actual = Digest.of_file(str(path)).hex
     if actual != wheel.sha256:
-        raise ServimgError(
+        raise BaseBuildError(
             f"{path}: sha256 {actual} does not match the pin {wheel.sha256} of {wheel.name}=={wheel.version}",
             hint=f"delete {path} and run again; if it recurs, the pin in the recipe or the index is wrong",
         )
@@ -163,7 +164,7 @@ def _download_wheel(wheel: PinnedWheel, cache_dir: Path) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         got = Path(tmp) / wheel.filename
         if proc.returncode != 0 or not got.exists():
-            raise ServimgError(
+            raise BaseBuildError(
                 f"pip download of {wheel.name}=={wheel.version} ({wheel.filename}) failed",
                 hint="check that PyPI is reachable (proxy, pip config) and that the pinned file exists there",
                 problems=_tail(proc.stdout + proc.stderr),
@@ -191,7 +192,7 @@ def build_rootfs(
     recipe: DemoRecipe,
     workdir: Path,
     cache_dir: Path,
-    log: Callable[[str], None] = print,
+    log: Log = print,
     *,
     deb_cache: Path,
     clock: Clock | None = None,
@@ -223,7 +224,7 @@ def build_rootfs(
 def build_debian_layer(
     recipe: DemoRecipe,
     rootfs: Path,
-    log: Callable[[str], None] = print,
+    log: Log = print,
     *,
     deb_cache: Path,
     clock: Clock | None = None,
@@ -275,7 +276,7 @@ def _build_venv(
     rootfs: Path,
     layer: Path,
     wheels: Sequence[Path],
-    log: Callable[[str], None],
+    log: Log,
     clock: Clock,
 ) -> None:
     """Create /opt/venv in the rootfs, install and compile, then move it to `layer`/opt/venv."""
@@ -293,7 +294,7 @@ def _install_wheels(
     rootfs: Path,
     wheels: Sequence[Path],
     recipe: DemoRecipe,
-    log: Callable[[str], None],
+    log: Log,
     clock: Clock,
 ) -> None:
     """Install the verified wheels offline with the venv's pip, from a temp dir inside the chroot.
@@ -315,18 +316,18 @@ def _install_wheels(
         shutil.rmtree(target)
 
 
-def _normalise_venv(venv: Path, epoch: int, log: Callable[[str], None]) -> None:
+def _normalise_venv(venv: Path, epoch: int, log: Log) -> None:
     """Drop every __pycache__ (ensurepip compiled pip's) and set all mtimes: pycs record source mtimes."""
     for cache in sorted(venv.rglob("__pycache__"), reverse=True):
         shutil.rmtree(cache)
     leaks = [str(p) for p in venv.glob(f"lib/python{IMAGE_PYTHON}/site-packages/*.dist-info/direct_url.json")]
     if leaks:
-        raise ServimgError("pip recorded a direct URL (the temp wheel path) in the venv", problems=leaks)
+        raise BaseBuildError("pip recorded a direct URL (the temp wheel path) in the venv", problems=leaks)
     _reset_mtimes(venv, epoch)
     log(f"normalised {venv}")
 
 
-def _compile(rootfs: Path, log: Callable[[str], None], clock: Clock) -> None:
+def _compile(rootfs: Path, log: Log, clock: Clock) -> None:
     """Compile timestamp pycs with the image's interpreter, in one process with a fixed (sorted) order.
 
     Measured: marshal output is identical across runs, hash seeds, and one-process-per-file compilation for
@@ -389,7 +390,7 @@ def _check_untouched(rootfs: Path, since_ns: int, allowed: set[str]) -> None:
     """Raise if anything outside `allowed` changed after `since_ns` (ctime cannot be reset, unlike mtime)."""
     changed = [rel for rel, st in _walk_rel(rootfs) if st.st_ctime_ns > since_ns and rel not in allowed]
     if changed:
-        raise ServimgError(
+        raise BaseBuildError(
             "building the venv changed the Debian layer",
             hint="a chroot step wrote outside /opt/venv",
             problems=changed[:20],
@@ -416,7 +417,7 @@ def resolve_in_root(root: Path, path: str, max_links: int = 40) -> str:
             continue
         hops += 1
         if hops > max_links:
-            raise ServimgError(f"too many symlinks resolving {path} in {root}")
+            raise BaseBuildError(f"too many symlinks resolving {path} in {root}")
         target = os.readlink(host)
         parts = [p for p in target.split("/") if p] + parts
         resolved = "" if target.startswith("/") else resolved
@@ -485,7 +486,7 @@ def _chroot(
     rootfs: Path,
     cmd: Sequence[str],
     *,
-    log: Callable[[str], None],
+    log: Log,
     what: str,
     env: Mapping[str, str] | None = None,
     clock: Clock | None = None,
@@ -520,7 +521,7 @@ def _safe_rmtree(path: Path) -> None:
     debian.unmount_under(path)
     left = debian.mounts_under(path)
     if left:
-        raise ServimgError(
+        raise BaseBuildError(
             f"refusing to delete {path}: it still has mounts", hint=f"unmount them: umount {' '.join(left)}"
         )
     shutil.rmtree(path)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from servimg.errors import ServimgError
+from servimg.errors import DigestError
 
 _HEX_LEN = {"sha256": 64, "sha512": 128}
 _ENCODED = {"sha256": re.compile(r"^[a-f0-9]{64}$"), "sha512": re.compile(r"^[a-f0-9]{128}$")}
@@ -22,15 +22,15 @@ class Digest:
     def parse(cls, text: str) -> Digest:
         """Parse `sha256:<64 lowercase hex>`; raise a ServimgError that shows the expected form."""
         if not isinstance(text, str) or ":" not in text:
-            raise ServimgError(
+            raise DigestError(
                 f"not a digest: {text!r}", hint="a digest looks like sha256:<64 lowercase hex characters>"
             )
         algorithm, _, encoded = text.partition(":")
         pattern = _ENCODED.get(algorithm)
         if pattern is None:
-            raise ServimgError(f"unsupported digest algorithm {algorithm!r} in {text!r}", hint="use sha256")
+            raise DigestError(f"unsupported digest algorithm {algorithm!r} in {text!r}", hint="use sha256")
         if not pattern.fullmatch(encoded):  # `$` would accept a trailing newline
-            raise ServimgError(
+            raise DigestError(
                 f"malformed {algorithm} digest {text!r}",
                 hint=f"a {algorithm} digest is {_HEX_LEN[algorithm]} lowercase hex characters",
             )
@@ -68,7 +68,7 @@ class Digest:
         if actual is None:
             actual = Digest(self.algorithm, hashlib.new(self.algorithm, data).hexdigest())
         if actual != self:
-            raise ServimgError(
+            raise DigestError(
                 f"{what} digest mismatch: expected {self}, got {actual}",
                 hint="the content was altered in transit or at rest; fetch it again from a trusted source",
             )

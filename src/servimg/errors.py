@@ -83,3 +83,31 @@ def collect(problems: Sequence[str], error: type[ServimgError], message: str, hi
 
 class BuildError(ServimgError):
     """The build could not proceed (runner, interpreter, target)."""
+
+
+class BaseBuildError(ServimgError):
+    """A locally built base (demo, CPU vLLM, test bases) could not be built from its pins."""
+
+
+class DigestError(ServimgError):
+    """A digest string is malformed or uses an unsupported algorithm."""
+
+
+class ReferenceParseError(ServimgError):
+    """An image reference (HOST/REPO:TAG@DIGEST, docker-daemon:, oci:, docker-archive:) is malformed."""
+
+
+class StoreError(ServimgError):
+    """The local blob cache is missing a blob or holds one that does not match its digest."""
+
+
+class UsageError(ServimgError):
+    """The command line asks for something inconsistent."""
+
+
+class ModelError(ServimgError):
+    """The tiny model servimg builds for the CPU ladder could not be built or used."""
+
+
+class WitnessError(ServimgError):
+    """A serving process ran code that is not the patched code, or its witness records are unusable."""

@@ -28,7 +28,7 @@ import subprocess
 import tarfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,9 @@ from servimg.ladder_eval import (
     judge,
     parse_prometheus,
 )
+from servimg.progress import Log
 from servimg.store import BlobStore
 
-Log = Callable[[str], None]
 BUNDLE_DIR = "/opt/servimg/ladder"
 WITNESS_SPEC = "/opt/servimg/witness-spec.json"
 HARNESS_MODULES = ("ladder", "ladder_def", "ladder_eval", "receipt", "tinymodel", "_tinymodel_gen")

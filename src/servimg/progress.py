@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO, Protocol
 
 Advance = Callable[[int], None]
+# What every stage reports its steps to (the CLI's reporter, `print`, or a test's list.append).
+Log = Callable[[str], None]
 
 
 class Progress(Protocol):

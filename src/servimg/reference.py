@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from servimg.digest import Digest
-from servimg.errors import ServimgError
+from servimg.errors import ReferenceParseError, ServimgError
 
 DEFAULT_REGISTRY = "registry-1.docker.io"
 # Hostnames that mean Docker Hub; they are normalised so that one image has one spelling.
@@ -122,7 +122,7 @@ class Reference:
     def __post_init__(self) -> None:
         problems = _problems(self.registry, self.repository, self.tag)
         if problems:
-            raise ServimgError(
+            raise ReferenceParseError(
                 f"invalid image reference {self.registry}/{self.repository}",
                 hint="an image reference looks like host[:port]/path/name[:tag][@sha256:<hex>]",
                 problems=problems,
@@ -142,7 +142,7 @@ class Reference:
             tag = None
         problems = _problems(registry, repository, tag) + problems
         if problems:
-            raise ServimgError(
+            raise ReferenceParseError(
                 f"invalid image reference {text!r}",
                 hint="an image reference looks like host[:port]/path/name[:tag][@sha256:<hex>]",
                 problems=problems,

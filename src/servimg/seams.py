@@ -11,7 +11,7 @@ the Nix builder); never by patching a module's private names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,11 +21,10 @@ from servimg.digest import Digest
 from servimg.errors import BuildError
 from servimg.filesystem import LayeredFS
 from servimg.image import Image
+from servimg.progress import Log
 from servimg.store import BlobStore
 from servimg.transport import fetch, platform_manifest
 from servimg.verify import VerifyReport, verify_image_value
-
-Log = Callable[[str], None]
 
 
 class BaseSource(Protocol):

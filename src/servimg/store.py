@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, BinaryIO
 
 from servimg.digest import Digest
-from servimg.errors import LayerError, ServimgError
+from servimg.errors import LayerError, StoreError
 from servimg.layer import open_uncompressed
 
 
@@ -58,7 +58,7 @@ class BlobStore:
         try:
             data = self.path(digest).read_bytes()
         except FileNotFoundError as exc:
-            raise ServimgError(f"blob {digest} is not in the cache {self.root}") from exc
+            raise StoreError(f"blob {digest} is not in the cache {self.root}") from exc
         digest.verify(data, f"cached blob {digest.short}")
         return data
 
@@ -82,7 +82,7 @@ class BlobStore:
         digest = Digest("sha256", sha.hexdigest())
         if expected is not None and digest != expected:
             tmp.unlink(missing_ok=True)
-            raise ServimgError(
+            raise StoreError(
                 f"blob digest mismatch: expected {expected}, got {digest}",
                 hint="the source altered the content; fetch it again from a trusted source",
             )

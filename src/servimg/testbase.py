@@ -29,7 +29,7 @@ import posixpath
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,12 +49,11 @@ from servimg.demo_base import (
     venv_layer,
 )
 from servimg.digest import sha256_hex
-from servimg.errors import ServimgError
+from servimg.errors import BaseBuildError
 from servimg.image import Image
+from servimg.progress import Log
 from servimg.store import BlobStore
 from servimg.transport import Target, publish
-
-Log = Callable[[str], None]
 
 # Bump when the build procedure or the package changes the output for the same recipe.
 TINY_FORMAT = 2
@@ -146,7 +145,7 @@ def install_wheel(wheel: Path, site: Path, *, installer: str = INSTALLER) -> lis
         names = [n for n in archive.namelist() if not n.endswith("/")]
         records = sorted({n.split("/", 1)[0] for n in names if n.endswith(".dist-info/RECORD")})
         if len(records) != 1:
-            raise ServimgError(f"{wheel.name}: expected one .dist-info with a RECORD, found {records}")
+            raise BaseBuildError(f"{wheel.name}: expected one .dist-info with a RECORD, found {records}")
         dist_info = records[0]
         record_name = f"{dist_info}/RECORD"
         rows = [r for r in csv.reader(io.StringIO(archive.read(record_name).decode())) if r]
@@ -162,7 +161,7 @@ def install_wheel(wheel: Path, site: Path, *, installer: str = INSTALLER) -> lis
             elif name != record_name and recorded[name] != record_hash(data):
                 problems.append(f"{name}: hash differs from RECORD")
         if problems:
-            raise ServimgError(f"{wheel.name} is not installable", problems=problems)
+            raise BaseBuildError(f"{wheel.name} is not installable", problems=problems)
         for name in names:
             if name == record_name:
                 continue
@@ -236,7 +235,7 @@ def _python_version(rootfs: Path) -> str:
     resolved = resolve_in_root(rootfs, "/usr/bin/python3")
     name = posixpath.basename(resolved)
     if not name.startswith("python3."):
-        raise ServimgError(f"/usr/bin/python3 resolves to {resolved}, not a python3.X binary")
+        raise BaseBuildError(f"/usr/bin/python3 resolves to {resolved}, not a python3.X binary")
     return name.removeprefix("python")
 
 

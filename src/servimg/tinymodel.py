@@ -16,17 +16,17 @@ import dataclasses
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from servimg import _tinymodel_gen as gen
 from servimg import canonical
 from servimg.digest import sha256_hex
-from servimg.errors import ServimgError
+from servimg.errors import ModelError
+from servimg.progress import Log
 from servimg.store import BlobStore
 
-Log = Callable[[str], None]
 TINY_FORMAT = 1
 GENERATOR = Path(gen.__file__)
 SPECIALS: tuple[str, ...] = tuple(gen.SPECIALS)
@@ -75,7 +75,7 @@ def encode(recipe: TinyModelRecipe, text: str) -> list[int]:
     try:
         return [ids[w] for w in text.split()]
     except KeyError as exc:
-        raise ServimgError(f"{exc.args[0]!r} is not in the tiny model's vocabulary") from None
+        raise ModelError(f"{exc.args[0]!r} is not in the tiny model's vocabulary") from None
 
 
 def decode(recipe: TinyModelRecipe, token_ids: Sequence[int]) -> str:
@@ -123,7 +123,7 @@ def ensure_model(
         status = container.wait(timeout=timeout_s)
         logs = container.logs().decode("utf-8", "replace")
         if status.get("StatusCode") != 0:
-            raise ServimgError(
+            raise ModelError(
                 f"generating the tiny model failed (exit {status.get('StatusCode')})",
                 problems=logs.strip().splitlines()[-15:],
                 hint="the image needs torch, transformers, tokenizers and safetensors (the CPU vLLM base)",

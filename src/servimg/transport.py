@@ -18,10 +18,8 @@ from servimg.backends import archive, engine, layout
 from servimg.digest import Digest
 from servimg.errors import BackendError, ServimgError
 from servimg.image import INDEX_TYPES, Descriptor, Image
-from servimg.progress import NULL, Advance, CountingReader, Progress
+from servimg.progress import NULL, Advance, CountingReader, Log, Progress
 from servimg.store import BlobStore
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal
 
 from servimg.digest import Digest
-from servimg.errors import LayerError, ServimgError
+from servimg.errors import LayerError, ServimgError, StoreError
 from servimg.image import Image, Layer
 from servimg.layer import normalize_path
 from servimg.store import BlobStore
@@ -617,7 +617,7 @@ def store_listing(store: BlobStore) -> Callable[[Layer], LayerListing]:
     def listing_of(layer: Layer) -> LayerListing:
         digest = layer.descriptor.digest
         if not store.has(digest):
-            raise ServimgError(
+            raise StoreError(
                 f"layer blob {digest} is not in the cache {store.root}",
                 hint="fetch the image first (servimg diff --files fetches both references)",
             )

@@ -34,6 +34,7 @@ from servimg.errors import ServimgError
 from servimg.filesystem import LayeredFS
 from servimg.image import Image
 from servimg.lock import Lock
+from servimg.progress import Log
 from servimg.store import BlobStore
 
 SPEC_VERSION = 1
@@ -591,7 +592,7 @@ class VerifyReport:
 def verify_image_value(
     image: Image,
     store: BlobStore,
-    log: Callable[[str], None],
+    log: Log,
     *,
     audit: bool = False,
     base_config: Digest | None = None,
@@ -625,9 +626,7 @@ def verify_image_value(
     return report
 
 
-def verify_ref(
-    ref: str, store: BlobStore, log: Callable[[str], None], *, audit: bool = False
-) -> VerifyReport:
+def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> VerifyReport:
     """`servimg verify IMAGE`: an engine name/ID, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG."""
     from servimg.backends import engine
     from servimg.transport import fetch, is_engine_ref
