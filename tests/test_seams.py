@@ -71,3 +71,43 @@ def test_from_ref_answers_a_pinned_index_offline() -> None:
 
     assert str(source.platform_manifest("r", Digest.parse(index), "linux/amd64")) == manifest
     assert str(source.platform_manifest("r", Digest.parse(manifest), "linux/amd64")) == manifest
+
+
+def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) -> None:
+    """Stage 4 (publish) goes through `Seams.sink`: a recording sink sees exactly the built image, and
+    StoreOnly leaves it in the blob store without publishing anywhere."""
+    import dataclasses
+
+    from servimg.build import build, lock
+    from servimg.image import Image
+    from servimg.store import BlobStore
+    from servimg.transport import Target
+
+    seen: list[tuple[Image, str, str | None]] = []
+
+    class Recording(seams.StoreOnly):
+        def publish(self, image: Image, target: Target, store: BlobStore, log: object, **kw: object) -> str:
+            seen.append((image, target.kind, kw.get("tag")))  # type: ignore[arg-type]
+            return "recorded"
+
+    definition, base = _repo(tmp_path)
+    store = BlobStore(tmp_path / "cache")
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
+    lock(definition, store, lambda _: None, seams=given)
+    out = tmp_path / "never"
+    result = build(
+        definition, store, lambda _: None, to=f"oci:{out}", seams=dataclasses.replace(given, sink=Recording())
+    )
+    assert result.destination == "recorded" and not out.exists()
+    assert seen == [(result.image, "oci", result.tag)]
+    kept = build(
+        definition,
+        store,
+        lambda _: None,
+        to=f"oci:{out}",
+        seams=dataclasses.replace(given, sink=seams.StoreOnly()),
+    )
+    assert kept.image == result.image and not out.exists()
+    assert store.has(kept.image.config_digest) and all(
+        store.has(d.digest) for d in kept.image.layer_descriptors
+    )

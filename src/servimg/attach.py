@@ -13,9 +13,8 @@ and a different answer (digest or size) stops everything with an error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from servimg.errors import BuildError, ServimgError
 from servimg.image import Descriptor, Image
 from servimg.progress import NULL, Log, Progress
 from servimg.provenance import ImageFacts, Invocation
-from servimg.seams import DEFAULT, Seams
+from servimg.seams import DEFAULT, Seams, StoreOnly
 from servimg.store import BlobStore
 
 
@@ -346,21 +345,17 @@ def build_and_push(
         )
     check_reachable(target)
     started = provenance.now()
-    (store.root / "tmp").mkdir(exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="sign-", dir=store.root / "tmp"))
-    try:
-        result = build(
-            definition_path,
-            store,
-            log,
-            to=f"oci:{staging / 'image'}",
-            runner=runner,
-            tag=tag,
-            verify=False,
-            seams=seams,
-        )
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # Build the image value only (StoreOnly sink): it is published below, with its attestations.
+    result = build(
+        definition_path,
+        store,
+        log,
+        to=to,
+        runner=runner,
+        tag=tag,
+        verify=False,
+        seams=dataclasses.replace(seams, sink=StoreOnly()),
+    )
     report = seams.verifier.report(result.image, store, log, base_config=None)
     if not report.ok:
         raise BuildError(

@@ -49,7 +49,7 @@ from servimg.overlay import Patch, apply_patch
 from servimg.progress import NULL, Log, Progress
 from servimg.seams import DEFAULT, BaseSource, Seams, Verifier
 from servimg.store import BlobStore
-from servimg.transport import Target, check_reachable, publish
+from servimg.transport import Target
 
 SERVIMG_DIR = "opt/servimg"
 
@@ -420,7 +420,7 @@ def build(
     seams: Seams = DEFAULT,
 ) -> BuildResult:
     target = Target.parse(to) if to else _default_target(definition_path)
-    check_reachable(target)
+    seams.sink.check(target)
     locked = Lock.load(lock_path_for(definition_path))
     resolution = resolve(definition_path, store, log, runner, seams)
     check_drift(locked, resolution.lock, definition_path)
@@ -429,8 +429,14 @@ def build(
         _verify_or_refuse(image, store, log, resolution.base.config_digest, seams.verifier)
     chosen_tag = tag or derive_tag(resolution.definition, locked)
     full_tag = _full_tag(resolution.definition, target, chosen_tag)
-    destination = publish(
-        image, target, store, log, tag=full_tag, base_config=resolution.base.config_digest, progress=progress
+    destination = seams.sink.publish(
+        image,
+        target,
+        store,
+        log,
+        tag=full_tag,
+        base_config=resolution.base.config_digest,
+        progress=progress,
     )
     return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
 

@@ -7,6 +7,8 @@ the Nix builder); never by patching a module's private names.
   Nix derivation does with the base assembled from fixed-output blobs).
 - `RunnerChoice`: which runner compiles with the image's own interpreter (docker, chroot, auto).
 - `Verifier`: the in-image probe run on every built image before anything is published.
+- `Sink`: where the image goes (the target the user named, or `StoreOnly`: the value stays in the blob
+  store, for the signed build that pushes it itself with its attestations).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from servimg.digest import Digest
 from servimg.errors import BuildError
 from servimg.filesystem import LayeredFS
 from servimg.image import Image
-from servimg.progress import Log
+from servimg.progress import NULL, Log, Progress
 from servimg.store import BlobStore
-from servimg.transport import fetch, platform_manifest
+from servimg.transport import Target, check_reachable, fetch, platform_manifest, publish
 from servimg.verify import VerifyReport, verify_image_value
 
 
@@ -107,6 +109,70 @@ class ProbeVerifier:
         return verify_image_value(image, store, log, base_config=base_config)
 
 
+class Sink(Protocol):
+    """Where a built image goes (stage 4: publish). `check` runs before any work."""
+
+    def check(self, target: Target) -> None: ...
+
+    def publish(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        base_config: Digest | None,
+        progress: Progress = NULL,
+    ) -> str:
+        """Write the image; return a human description of where it went."""
+        ...
+
+
+@dataclass(frozen=True)
+class TargetSink:
+    """The target the user named: engine, OCI layout, docker-archive or registry (`servimg.transport`)."""
+
+    def check(self, target: Target) -> None:
+        check_reachable(target)
+
+    def publish(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        base_config: Digest | None,
+        progress: Progress = NULL,
+    ) -> str:
+        return publish(image, target, store, log, tag=tag, base_config=base_config, progress=progress)
+
+
+@dataclass(frozen=True)
+class StoreOnly:
+    """Publish nowhere: the image value stays in the blob store (its layer is there already, its config
+    is added), for a caller that publishes it itself later (the signed build pushes with attestations)."""
+
+    def check(self, target: Target) -> None:
+        return None
+
+    def publish(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        base_config: Digest | None,
+        progress: Progress = NULL,
+    ) -> str:
+        store.put_bytes(image.config_bytes)
+        return f"the blob store ({image.digest}; not published)"
+
+
 @dataclass(frozen=True)
 class Seams:
     """Every seam of a build; the defaults are what `servimg` does on a real host."""
@@ -114,6 +180,7 @@ class Seams:
     base_source: BaseSource = field(default_factory=ByReference)
     runners: RunnerChoice = field(default_factory=DefaultRunners)
     verifier: Verifier = field(default_factory=ProbeVerifier)
+    sink: Sink = field(default_factory=TargetSink)
 
 
 DEFAULT = Seams()
