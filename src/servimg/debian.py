@@ -262,6 +262,12 @@ class FaketimeClock:
 
     NO_FAKE_STAT: a host on another day reads the same file times from stat(); with faked stat results,
     dpkg would copy shifted times onto symlinks, a difference no real clock can cause.
+
+    FAKETIME_SHARED: libfaketime keeps a semaphore and shared memory per process tree; the process that
+    created them removes them at exit, and so does every fork of it (perl's, mmdebstrap's), after which
+    processes started later fail to start (measured once: dpkg-deb during extraction). When this process
+    runs under libfaketime itself, its segment (which lives as long as the build) is handed to every
+    build process, so that nothing else creates one on the host.
     """
 
     spec: str
@@ -270,12 +276,16 @@ class FaketimeClock:
     def env(self, preload: str | None = None) -> Mapping[str, str]:
         if not Path(self.path).is_file():
             raise DebianError(f"{self.path} is missing", hint="apt-get install faketime")
-        return {
+        env = {
             "LD_PRELOAD": preload or self.path,
             "FAKETIME": self.spec,
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "NO_FAKE_STAT": "1",
         }
+        shared = os.environ.get("FAKETIME_SHARED")
+        if shared and preload is None:
+            env["FAKETIME_SHARED"] = shared
+        return env
 
     def library(self) -> str | None:
         return self.path
