@@ -157,7 +157,7 @@ def repin(
         recipe = base.recipe(pins)
         image = base.image(recipe, store, log, work, check_pin=False)
         pin = basepin.BasePin.of(name, recipe.cache_key(), image)
-        files: dict[Path, bytes] = {pin_dir / f"{name}.debian.txt": pins.render().encode()}
+        files: dict[Path, bytes] = {debian.pin_path(name, pin_dir): pins.render().encode()}
         files.update({pin_dir / n: data for n, data in basepin.pin_files(pin, image, store).items()})
         tag = base.tag(recipe)
         dependents = _dependents(repo, base.engine_name)

@@ -214,12 +214,12 @@ class OnPinnedDebian:
         return self.debian_pins.variant
 
 
-def pin_path(base: str) -> Path:
-    return PIN_DIR / f"{base}.debian.txt"
+def pin_path(base: str, directory: Path | None = None) -> Path:
+    return (directory or PIN_DIR) / f"{base}.debian.txt"
 
 
 def load_pins(base: str, directory: Path | None = None) -> DebianPins:
-    path = (directory or PIN_DIR) / f"{base}.debian.txt"
+    path = pin_path(base, directory)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -885,23 +885,19 @@ def resolve_pins(request: DebianPins, workdir: Path, cache_dir: Path, log: Log) 
             release = f"Debian {version} ({codename}), {fields.get('Date', '?')}"
         packages: list[DebPin] = []
         problems: list[str] = []
-        for (name, arch), installed_version in sorted(installed(root).items()):
-            found = index.get((name, installed_version, arch))
-            if found is None:
-                problems.append(
-                    f"{name}:{arch}={installed_version} is installed but not in the archive's index"
-                )
+        for (name, arch), version in sorted(installed(root).items()):
+            entry = index.get((name, version, arch))
+            if entry is None:
+                problems.append(f"{name}:{arch}={version} is installed but not in the archive's index")
                 continue
-            stanza = found
-            version = installed_version
             pin = DebPin(
                 name,
                 version,
                 arch,
-                stanza.get("Priority", "optional"),
-                int(stanza["Size"]),
-                stanza["SHA256"],
-                stanza["Filename"],
+                entry.get("Priority", "optional"),
+                int(entry["Size"]),
+                entry["SHA256"],
+                entry["Filename"],
             )
             packages.append(pin)
             _harvest(pin, root / "var/cache/apt/archives", cache_dir)
