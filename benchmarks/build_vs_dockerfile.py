@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from servimg.build import resolve  # noqa: E402
-from servimg.definition import ImageDefinition  # noqa: E402
-from servimg.store import BlobStore  # noqa: E402
+from servimg.build.definition import ImageDefinition  # noqa: E402
+from servimg.build.pipeline import resolve  # noqa: E402
+from servimg.oci.store import BlobStore  # noqa: E402
 
 BENCH_REPOSITORY = "servimg-bench/vllm"  # its own repository: the benchmark removes its images
 DOCKER = ["docker"]

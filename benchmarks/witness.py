@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 from servimg import testbase  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
-from servimg.build import build, lock  # noqa: E402
-from servimg.store import BlobStore  # noqa: E402
+from servimg.build.pipeline import build, lock  # noqa: E402
+from servimg.oci.store import BlobStore  # noqa: E402
 
 STDLIB = (
     "import asyncio, argparse, concurrent.futures, csv, dataclasses, decimal, email.mime.multipart, "

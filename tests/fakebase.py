@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg.bytecode import WORK_IN_IMAGE, InterpreterFacts, _read_result
-from servimg.digest import Digest
-from servimg.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
-from servimg.seams import Seams
-from servimg.store import BlobStore
-from servimg.verify import VerifyReport
+from servimg.build.bytecode import WORK_IN_IMAGE, InterpreterFacts, _read_result
+from servimg.build.seams import Seams
+from servimg.build.verify import VerifyReport
+from servimg.core.digest import Digest
+from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
+from servimg.oci.store import BlobStore
 
 SITE = "usr/lib/python3/dist-packages"
 MOD = b"def answer():\n    return 41\n"
@@ -284,7 +284,7 @@ def cache_is_sound(cache: Path) -> list[str]:
 
 
 def layer_members(path: Path) -> dict[str, tarfile.TarInfo]:
-    from servimg.layer import open_uncompressed
+    from servimg.oci.layer import open_uncompressed
 
     with open_uncompressed(path) as stream, tarfile.open(fileobj=stream, mode="r|") as t:
         return {m.name: m for m in t}
@@ -311,7 +311,7 @@ def install_stall(spec: str, marker: Path) -> None:
 
     kind, _, where = spec.partition(":")
     if kind == "writer":
-        from servimg.store import BlobStore
+        from servimg.oci.store import BlobStore
 
         original = BlobStore._writer
 

@@ -23,11 +23,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servimg import attest, canonical, dsse
-from servimg.attest import AttestationError
-from servimg.digest import Digest
-from servimg.dsse import DsseError, Envelope, Signature, SigningKey, VerifyKey, pae, sign, verify
-from servimg.image import OCI_MANIFEST
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.oci.image import OCI_MANIFEST
+from servimg.provenance import attest, dsse
+from servimg.provenance.attest import AttestationError
+from servimg.provenance.dsse import DsseError, Envelope, Signature, SigningKey, VerifyKey, pae, sign, verify
 
 MANIFEST = Digest.of_bytes(b"manifest")
 CONFIG = Digest.of_bytes(b"config")

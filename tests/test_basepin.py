@@ -1,4 +1,4 @@
-"""servimg.basepin: a base that differs from its pin is explained file by file (fast, no root)."""
+"""servimg.bases.pinned: a base that differs from its pin is explained file by file (fast, no root)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from servimg import basepin
-from servimg.basepin import BaseDriftError, BasePin
-from servimg.demo import image_from_trees, venv_base_config
-from servimg.image import Image
-from servimg.store import BlobStore
-from servimg.treediff import parse_listing
+from servimg.bases import pinned as basepin
+from servimg.bases.assemble import image_from_trees, venv_base_config
+from servimg.bases.pinned import BaseDriftError, BasePin
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+from servimg.oci.treediff import parse_listing
 
 EPOCH = 1767225600
 

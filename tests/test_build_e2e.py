@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from conftest import REPO, docker
-from servimg import basepin
 from servimg.backends.layout import read_layout
+from servimg.bases import pinned as basepin
+from servimg.build.definition import ImageDefinition
+from servimg.build.lock import Lock
 from servimg.cli import main
-from servimg.definition import ImageDefinition
-from servimg.digest import Digest
-from servimg.filesystem import LayeredFS
-from servimg.lock import Lock
+from servimg.core.digest import Digest
+from servimg.oci.filesystem import LayeredFS
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
 
@@ -40,8 +40,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     root = tmp_path_factory.mktemp("first") / "repo"
     shutil.copytree(REPO / "images", root / "images")
     shutil.copytree(REPO / "overlays", root / "overlays")
-    from servimg.build import build, lock
-    from servimg.store import BlobStore
+    from servimg.build.pipeline import build, lock
+    from servimg.oci.store import BlobStore
 
     store = BlobStore()
     lock(root / DEMO, store, print, runner="docker")
@@ -51,7 +51,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
 
 def test_demo_base_is_reproducible_and_matches_the_pin(demo_base: dict[str, Any]) -> None:
     """The base built here has the digest pinned in images/demo.yaml and verify/bases/demo.lock.json
-    (a drift would already have failed the fixture with the file-level report of servimg.basepin)."""
+    (a drift would already have failed the fixture with the file-level report of servimg.bases.pinned)."""
     definition = ImageDefinition.load(REPO / DEMO)
     pinned = basepin.load("demo")
     assert pinned is not None
@@ -123,7 +123,7 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     root = tmp_path / "elsewhere" / "checkout"
     shutil.copytree(built["root"] / "images", root / "images")
     shutil.copytree(REPO / "overlays", root / "overlays")
-    from servimg.build import build
+    from servimg.build.pipeline import build
 
     again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner="chroot")
     assert again.image.digest == built["result"].image.digest
@@ -175,7 +175,7 @@ def test_build_to_docker_tags_only_the_verified_image(
 def test_verify_passes_on_the_built_image_with_both_runners(
     built: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from servimg.verify import VerifyReport, run_probe_in_chroot
+    from servimg.build.verify import VerifyReport, run_probe_in_chroot
 
     code, out = run_cli("verify", str(built["result"].image.config_digest), capsys=capsys)
     assert code == 0, out
@@ -201,12 +201,12 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
     demo_base: dict[str, Any], registry: Any, tmp_path: Path
 ) -> None:
     """Official images are pinned by index digest; the lock records the index and the platform manifest."""
-    from servimg import canonical
     from servimg.backends.registry import RegistryClient
-    from servimg.build import lock
-    from servimg.image import OCI_INDEX
-    from servimg.store import BlobStore
-    from servimg.transport import fetch, push
+    from servimg.backends.transport import fetch, push
+    from servimg.build.pipeline import lock
+    from servimg.core import canonical
+    from servimg.oci.image import OCI_INDEX
+    from servimg.oci.store import BlobStore
 
     store = BlobStore()
     base = fetch(demo_base["ref"], store, print)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO, docker
+from servimg.build.definition import ImageDefinition
 from servimg.cli import main
-from servimg.definition import ImageDefinition
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
 

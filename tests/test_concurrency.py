@@ -114,7 +114,7 @@ def test_parallel_builds_share_one_cache_and_one_layout(repos: dict[str, Path], 
 STALLS = {
     "blob-write": "writer:blobs",
     "diff-write": "writer:diffs",
-    "layer-write": "call:servimg.layer:write_tar",
+    "layer-write": "call:servimg.oci.layer:write_tar",
     "layout-publish": "call:servimg.backends.layout:_write_file",
 }
 

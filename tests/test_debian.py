@@ -1,6 +1,6 @@
-"""servimg.debian: pin files, the pinned-only download, the archive-moved report, the local mirror and the
-neutralisation steps. Fast: a real .deb made by dpkg-deb and a real HTTP server on 127.0.0.1 stand in for
-the archive; the real bootstrap runs in tests/test_reproducible.py."""
+"""servimg.bases.debian: pin files, the pinned-only download, the archive-moved report, the local mirror
+and the neutralisation steps. Fast: a real .deb made by dpkg-deb and a real HTTP server on 127.0.0.1
+stand in for the archive; the real bootstrap runs in tests/test_reproducible.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from servimg import bases, debian
-from servimg.debian import ArchiveMovedError, DebianError, DebianPins, DebPin
+from servimg.bases import catalog as bases
+from servimg.bases import debian
+from servimg.bases.debian import ArchiveMovedError, DebianError, DebianPins, DebPin
 
 SHA = "a" * 64
 

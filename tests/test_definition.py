@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servimg.definition import ImageDefinition
-from servimg.errors import DefinitionError
+from servimg.build.definition import ImageDefinition
+from servimg.core.errors import DefinitionError
 
 GOOD = """
 name: demo

@@ -1,4 +1,4 @@
-"""Tests for servimg.demo_base: fast unit tests, plus the slow real build (demo + root markers)."""
+"""Tests for servimg.bases.demo: fast unit tests, plus the slow real build (demo + root markers)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from servimg import debian, demo_base
-from servimg.demo_base import (
+from servimg.bases import debian
+from servimg.bases import demo as demo_base
+from servimg.bases.demo import (
     DEFAULT_WHEELS,
     DemoRecipe,
     PinnedWheel,
@@ -23,8 +24,8 @@ from servimg.demo_base import (
     resolve_in_root,
     tree_manifest,
 )
-from servimg.errors import ServimgError
-from servimg.store import BlobStore
+from servimg.core.errors import ServimgError
+from servimg.oci.store import BlobStore
 
 # Changing this value means every pinned demo image digest changes: bump it only on purpose.
 EXPECTED_DEFAULT_KEY = "d9cfba30a85c0d09e3ef0358c955d3788129af9cb634bc9e6ec545116bf27739"

@@ -29,13 +29,13 @@ from typing import Any
 import pytest
 
 import fakebase as fb
-from servimg import transport
 from servimg.backends import registry as registry_module
+from servimg.backends import transport
 from servimg.backends.registry import RegistryClient
-from servimg.digest import Digest
-from servimg.errors import RegistryError, ServimgError
-from servimg.image import OCI_LAYER, Descriptor, Image, Layer
-from servimg.store import BlobStore
+from servimg.core.digest import Digest
+from servimg.core.errors import RegistryError, ServimgError
+from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.oci.store import BlobStore
 
 pytestmark = pytest.mark.registry
 

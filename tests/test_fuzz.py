@@ -32,19 +32,21 @@ from hypothesis import strategies as st
 
 import fakebase as fb
 from conftest import REPO
-from servimg import attest, build, canonical
-from servimg.attest import AttestationError
 from servimg.backends.layout import read_layout
-from servimg.definition import ImageDefinition
-from servimg.digest import Digest
-from servimg.dsse import DsseError, Envelope, SigningKey, sign, verify
-from servimg.errors import DefinitionError, ImageError, LayerError, LockError, ServimgError
-from servimg.filesystem import LayeredFS
-from servimg.image import OCI_LAYER, Descriptor, Image, Layer
-from servimg.layer import Entry, Kind, write_layer
-from servimg.lock import Lock, PackageLock
-from servimg.overlay import Patch, apply_patch
-from servimg.store import BlobStore
+from servimg.build import pipeline as build
+from servimg.build.definition import ImageDefinition
+from servimg.build.lock import Lock, PackageLock
+from servimg.build.overlay import Patch, apply_patch
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.core.errors import DefinitionError, ImageError, LayerError, LockError, ServimgError
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.oci.layer import Entry, Kind, write_layer
+from servimg.oci.store import BlobStore
+from servimg.provenance import attest
+from servimg.provenance.attest import AttestationError
+from servimg.provenance.dsse import DsseError, Envelope, SigningKey, sign, verify
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

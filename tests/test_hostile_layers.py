@@ -26,11 +26,11 @@ import fakebase as fb
 from fakebase import D, F, H, M, S
 from servimg.backends.archive import read_archive
 from servimg.backends.layout import read_layout
-from servimg.bytecode import ChrootRunner, extract_runtime
-from servimg.digest import Digest
-from servimg.errors import BytecodeError, LayerError, ServimgError
-from servimg.filesystem import LayeredFS
-from servimg.store import BlobStore
+from servimg.build.bytecode import ChrootRunner, extract_runtime
+from servimg.core.digest import Digest
+from servimg.core.errors import BytecodeError, LayerError, ServimgError
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.store import BlobStore
 
 SITE = fb.SITE
 
@@ -363,7 +363,7 @@ def test_layout_blob_that_does_not_hash_to_its_name(work: Path) -> None:
 
 
 def test_layout_descriptor_that_lies_about_size(work: Path) -> None:
-    from servimg.image import Descriptor, Image, Layer
+    from servimg.oci.image import Descriptor, Image, Layer
 
     good = _honest(work)
     layer = good.image.layers[0]

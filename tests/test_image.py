@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from servimg.digest import Digest
-from servimg.errors import ImageError, ServimgError
-from servimg.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.core.digest import Digest
+from servimg.core.errors import ImageError, ServimgError
+from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 
 CONFIG = {
     "architecture": "amd64",

@@ -10,9 +10,16 @@ import pytest
 import yaml
 
 from conftest import REPO
-from servimg import receipt
-from servimg.ladder_def import LadderDefinition, LadderError, ProbeSet, load, probe_problems, substitute
-from servimg.ladder_eval import (
+from servimg.ladder import receipt
+from servimg.ladder.definition import (
+    LadderDefinition,
+    LadderError,
+    ProbeSet,
+    load,
+    probe_problems,
+    substitute,
+)
+from servimg.ladder.evaluation import (
     ADAPTERS,
     FAIL,
     NOT_EXERCISED,
@@ -319,8 +326,8 @@ def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) ->
 
 
 def test_the_receipt_shape_is_what_servimg_attest_reads() -> None:
-    from servimg.digest import Digest
-    from servimg.provenance import LadderReceipt, ladder_predicate
+    from servimg.core.digest import Digest
+    from servimg.provenance.statements import LadderReceipt, ladder_predicate
 
     doc = receipt.seal(
         {
@@ -344,7 +351,7 @@ def test_the_receipt_shape_is_what_servimg_attest_reads() -> None:
 def test_a_lock_without_a_ladder_keeps_its_exact_bytes_and_one_with_a_ladder_round_trips() -> None:
     from dataclasses import replace
 
-    from servimg.lock import LadderLock, Lock
+    from servimg.build.lock import LadderLock, Lock
 
     path = REPO / "images" / "demo.lock.json"
     demo = Lock.load(path)
@@ -362,7 +369,7 @@ def test_a_lock_without_a_ladder_keeps_its_exact_bytes_and_one_with_a_ladder_rou
 
 
 def test_completions_are_parsed_with_or_without_token_ids() -> None:
-    from servimg.ladder import device_requests, parse_completion
+    from servimg.ladder.runner import device_requests, parse_completion
 
     logprobs = {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-0.5, None]}
     with_ids = parse_completion({"choices": [{"text": " a b", "token_ids": [7, 9], "logprobs": logprobs}]})
@@ -391,7 +398,7 @@ def test_text_probes_are_judged_on_text_and_checked_on_characters() -> None:
 
 
 def test_pre_registration_sees_an_input_changed_mid_run(tmp_path: Path) -> None:
-    from servimg.ladder import capture_inputs
+    from servimg.ladder.runner import capture_inputs
 
     (tmp_path / "verify" / "ladders").mkdir(parents=True)
     (tmp_path / "verify" / "probes").mkdir()
@@ -401,6 +408,7 @@ def test_pre_registration_sees_an_input_changed_mid_run(tmp_path: Path) -> None:
     loaded = load(ladder_path)
     before = capture_inputs(loaded, {"model_dir": "/m"}, None)
     assert before.sha256 == capture_inputs(loaded, {"model_dir": "/m"}, None).sha256
-    assert set(before.harness) >= {"servimg/ladder.py", "servimg/ladder_eval.py", "servimg/receipt.py"}
+    harness = {"servimg/ladder/runner.py", "servimg/ladder/evaluation.py", "servimg/ladder/receipt.py"}
+    assert set(before.harness) >= harness
     ladder_path.write_text(ladder_path.read_text().replace("flip_margin: 0", "flip_margin: 9"))
     assert capture_inputs(loaded, {"model_dir": "/m"}, None).sha256 != before.sha256

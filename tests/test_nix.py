@@ -21,8 +21,16 @@ from typing import Any
 import pytest
 
 from conftest import REPO, _require, docker
-from servimg.digest import Digest
-from servimg.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock, lock_path_for
+from servimg.build.lock import (
+    BaseLock,
+    FileLock,
+    InterpreterLock,
+    Lock,
+    OverlayLock,
+    PackageLock,
+    lock_path_for,
+)
+from servimg.core.digest import Digest
 
 pytestmark = pytest.mark.nix
 
@@ -245,7 +253,7 @@ def test_a_definition_that_no_longer_pins_the_lock_throws(nix: dict[str, str], t
 
 
 def test_a_malformed_lock_is_refused_by_both_readers(nix: dict[str, str], tmp_path: Path) -> None:
-    from servimg.errors import LockError
+    from servimg.core.errors import LockError
 
     repo = copy_repo(tmp_path)
     path = repo / "images/demo.lock.json"

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from servimg.errors import OverlayError
-from servimg.overlay import (
+from servimg.build.overlay import (
     APPLY_HINT,
     AppliedFile,
     FilePatch,
@@ -25,6 +24,7 @@ from servimg.overlay import (
     check_path,
     validate_paths,
 )
+from servimg.core.errors import OverlayError
 
 BASE = b"".join(b"line %d\n" % n for n in range(1, 21))
 

@@ -26,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from servimg import probe, verify
-from servimg.definition import ImageDefinition, Sentinel
-from servimg.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
+from servimg.build import verify
+from servimg.build.definition import ImageDefinition, Sentinel
+from servimg.build.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
+from servimg.inimage import probe
 
 PROBE = Path(probe.__file__)
 

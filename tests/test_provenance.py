@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from servimg import attest, check, dsse, keys, provenance
-from servimg.card import card, diff
-from servimg.check import FAIL, PASS, WARN, Evidence, Located, Policy, evaluate, found_from
-from servimg.definition import ImageDefinition
-from servimg.digest import Digest, sha256_hex
-from servimg.image import OCI_LAYER, Descriptor, Image, Layer
-from servimg.layer import Entry, Kind, write_layer
-from servimg.lock import Lock
-from servimg.provenance import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
+from servimg.build.definition import ImageDefinition
+from servimg.build.lock import Lock
+from servimg.core.digest import Digest, sha256_hex
+from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.oci.layer import Entry, Kind, write_layer
+from servimg.provenance import attest, check, dsse, keys
+from servimg.provenance import statements as provenance
+from servimg.provenance.card import card, diff
+from servimg.provenance.check import FAIL, PASS, WARN, Evidence, Located, Policy, evaluate, found_from
+from servimg.provenance.statements import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
 
 SCHEDULER = "/opt/venv/lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
 
@@ -64,7 +65,7 @@ class _Report:
     """The fields of a VerifyReport the test-result needs."""
 
     def __init__(self, facts: ImageFacts, statuses: tuple[str, ...] = ("PASS", "PASS", "WARN")) -> None:
-        from servimg.verify import Check
+        from servimg.build.verify import Check
 
         self.checks = tuple(Check("SOURCE_SHA", s, f"m{i}", "ok") for i, s in enumerate(statuses))
         self.lock_digest = str(facts.lock.digest)

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from servimg import attest, canonical, referrers
 from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
-from servimg.digest import Digest
-from servimg.dsse import Envelope, SigningKey
-from servimg.image import Descriptor, Image
-from servimg.referrers import ReferrersError
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.oci.image import Descriptor, Image
+from servimg.provenance import attest, referrers
+from servimg.provenance.dsse import Envelope, SigningKey
+from servimg.provenance.referrers import ReferrersError
 
 TEST_RESULT = attest.artifact_type("test-result")
 PROVENANCE = attest.artifact_type("provenance")

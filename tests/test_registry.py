@@ -25,12 +25,12 @@ import pytest
 import requests
 
 from registry_server import RegistryServer, registry_available, write_htpasswd
-from servimg import canonical
 from servimg.backends import registry as registry_module
 from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
-from servimg.digest import Digest
-from servimg.errors import RegistryError, ServimgError
-from servimg.reference import DEFAULT_REGISTRY, Reference
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.reference import DEFAULT_REGISTRY, Reference
 
 HEX = "a" * 64
 DIGEST = f"sha256:{HEX}"

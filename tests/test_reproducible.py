@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from servimg import basepin, bases, debian
-from servimg.definition import ImageDefinition
-from servimg.demo_base import tree_manifest
-from servimg.store import BlobStore
+from servimg.bases import catalog as bases
+from servimg.bases import debian
+from servimg.bases import pinned as basepin
+from servimg.bases.demo import tree_manifest
+from servimg.build.definition import ImageDefinition
+from servimg.oci.store import BlobStore
 
 pytestmark = [pytest.mark.demo, pytest.mark.root]
 
@@ -37,8 +39,9 @@ needs_build = pytest.mark.skipif(
 
 BUILD = """
 import json, sys
-from servimg import bases, debian
-from servimg.store import BlobStore
+from servimg.bases import catalog as bases
+from servimg.bases import debian
+from servimg.oci.store import BlobStore
 clock = debian.FaketimeClock(sys.argv[2]) if sys.argv[2] != "-" else debian.SystemClock()
 result = bases.build_base(sys.argv[1], BlobStore(), print, targets=[], clock=clock)
 print("RESULT " + json.dumps(result))
@@ -145,7 +148,7 @@ def test_without_the_clamps_the_shifted_clock_reaches_the_tree(tmp_path: Path) -
 
 @needs_build
 def test_test_bases_have_their_pinned_digests() -> None:
-    from servimg import testbase
+    from servimg.bases import tiny as testbase
 
     store = BlobStore()
     for suite in ("bookworm", "trixie"):

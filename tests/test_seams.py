@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import fakebase as fb
-from servimg import seams
+from servimg.build import seams
+from servimg.build.lock import Lock
 from servimg.cli import parser, seams_from
-from servimg.lock import Lock
 
 
 def _repo(tmp_path: Path) -> tuple[Path, fb.Base]:
@@ -67,7 +67,7 @@ def test_seams_are_chosen_once_from_the_arguments() -> None:
 def test_from_ref_answers_a_pinned_index_offline() -> None:
     index, manifest = "sha256:" + "1" * 64, "sha256:" + "2" * 64
     source = seams.FromRef("oci:/x", manifests={index: manifest})
-    from servimg.digest import Digest
+    from servimg.core.digest import Digest
 
     assert str(source.platform_manifest("r", Digest.parse(index), "linux/amd64")) == manifest
     assert str(source.platform_manifest("r", Digest.parse(manifest), "linux/amd64")) == manifest
@@ -78,10 +78,10 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     StoreOnly leaves it in the blob store without publishing anywhere."""
     import dataclasses
 
-    from servimg.build import build, lock
-    from servimg.image import Image
-    from servimg.store import BlobStore
-    from servimg.transport import Target
+    from servimg.backends.transport import Target
+    from servimg.build.pipeline import build, lock
+    from servimg.oci.image import Image
+    from servimg.oci.store import BlobStore
 
     seen: list[tuple[Image, str, str | None]] = []
 

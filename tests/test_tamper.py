@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 
 from conftest import REPO, docker
-from servimg import attest, check, dsse, keys, referrers
-from servimg.attach import build_statements, image_facts, push_image
 from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from servimg.cli import main
-from servimg.digest import Digest
-from servimg.errors import ServimgError
-from servimg.filesystem import LayeredFS
-from servimg.image import Descriptor, Image, Layer
-from servimg.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
-from servimg.provenance import Invocation
+from servimg.core.digest import Digest
+from servimg.core.errors import ServimgError
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Descriptor, Image, Layer
+from servimg.oci.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
+from servimg.provenance import attest, check, dsse, keys, referrers
+from servimg.provenance.attach import build_statements, image_facts, push_image
+from servimg.provenance.statements import Invocation
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root, pytest.mark.registry]
 
@@ -86,9 +86,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     root = tmp_path_factory.mktemp("tamper") / "repo"
     shutil.copytree(REPO / "images", root / "images")
     shutil.copytree(REPO / "overlays", root / "overlays")
-    from servimg.build import build
-    from servimg.store import BlobStore
-    from servimg.verify import verify_image_value
+    from servimg.build.pipeline import build
+    from servimg.build.verify import verify_image_value
+    from servimg.oci.store import BlobStore
 
     store = BlobStore()
     result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")
@@ -275,7 +275,7 @@ def test_attestation_for_another_digest(
     keyring: dict[str, Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from servimg.transport import push as push_plain
+    from servimg.backends.transport import push as push_plain
 
     variant = relabeled(built, **{"io.servimg.test.variant": "another-digest"})
     push_plain(variant, f"{registry.host}/{REPO_NAME}", built["store"], print, tag="another")

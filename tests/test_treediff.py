@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from servimg import cli
 from servimg.backends.layout import write_layout
-from servimg.errors import LayerError
-from servimg.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
-from servimg.layer import Entry, Kind, write_layer
-from servimg.store import BlobStore
-from servimg.treediff import (
+from servimg.core.errors import LayerError
+from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
+from servimg.oci.layer import Entry, Kind, write_layer
+from servimg.oci.store import BlobStore
+from servimg.oci.treediff import (
     Change,
     FileEntry,
     LayerListing,

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from servimg import witness_hook
-from servimg.witness import HOOK_MODULE, PTH_NAME, pth_line, witness_files, witness_spec
+from servimg.build.witness import HOOK_MODULE, PTH_NAME, pth_line, witness_files, witness_spec
+from servimg.inimage import witness_hook
 
 HOOK = Path(witness_hook.__file__)
-PROBE = Path(__file__).resolve().parent.parent / "src" / "servimg" / "probe.py"
+PROBE = Path(__file__).resolve().parent.parent / "src" / "servimg" / "inimage" / "probe.py"
 
 BASE = """LIMIT = 3
 
@@ -360,7 +360,7 @@ def test_qualnames_match_the_probe(python: str, tmp_path: Path) -> None:
 @pytest.fixture(scope="module", params=["bookworm", "trixie"], ids=["py3.11", "py3.13"])
 def witnessed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from conftest import _require, docker_available
-    from servimg.store import BlobStore
+    from servimg.oci.store import BlobStore
     from tinyimage import build_tiny, cleanup
 
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
@@ -403,8 +403,8 @@ def _remove(container: str) -> None:
 def test_witness_image_records_the_patched_code(
     witnessed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from servimg.store import BlobStore
-    from servimg.verify import verify_ref
+    from servimg.build.verify import verify_ref
+    from servimg.oci.store import BlobStore
 
     report = verify_ref(witnessed.tag, BlobStore(), lambda _: None)
     assert report.ok and report.counts()["WARN"] == 0, "the hook does not disturb the probe"

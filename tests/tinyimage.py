@@ -1,9 +1,9 @@
 """The tiny test image on two interpreters, and defects planted into it layer by layer.
 
 `build_tiny` locks and builds tests/fixtures/images/tiny.yaml (one overlay on `tinypkg`) against the local
-test base of one Debian release (src/servimg/testbase.py: bookworm = python3.11, trixie = python3.13),
+test base of one Debian release (src/servimg/bases/tiny.py: bookworm = python3.11, trixie = python3.13),
 exactly as a user would with `servimg lock` + `servimg build`. `plant` then adds ONE small layer on top
-of that clean image, written with `servimg.layer.write_layer` and appended with `Image.with_layer`, as a
+of that clean image, written with `servimg.oci.layer.write_layer` and appended with `Image.with_layer`, as a
 broken Dockerfile step would leave it (a COPY of a stale pyc, a vendored copy of the package, an ENV or
 CMD line), and loads it into the engine (thin: only the new layer travels).
 
@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servimg import testbase
 from servimg.backends import engine
-from servimg.build import build, lock
-from servimg.definition import ImageDefinition
-from servimg.filesystem import LayeredFS
-from servimg.image import Descriptor, Image, Layer
-from servimg.layer import Entry, Kind, write_layer
-from servimg.lock import Lock
-from servimg.store import BlobStore
+from servimg.bases import tiny as testbase
+from servimg.build.definition import ImageDefinition
+from servimg.build.lock import Lock
+from servimg.build.pipeline import build, lock
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Descriptor, Image, Layer
+from servimg.oci.layer import Entry, Kind, write_layer
+from servimg.oci.store import BlobStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from servimg import __version__
-from servimg.errors import ServimgError, UsageError, WitnessError
-from servimg.ladder_def import LadderError
-from servimg.report import Reporter
-from servimg.seams import FromRef, Seams
-from servimg.store import BlobStore
+from servimg.build.seams import FromRef, Seams
+from servimg.core.errors import ServimgError, UsageError, WitnessError
+from servimg.ladder.definition import LadderError
+from servimg.oci.store import BlobStore
+from servimg.render import Reporter
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -178,8 +178,8 @@ def _each(targets: Sequence[Path], reporter: Reporter, run: Callable[[Path], dic
 
 
 def _lock(args: Any, reporter: Reporter, store: BlobStore, seams: Seams) -> int:
-    from servimg.build import lock
-    from servimg.lock import lock_path_for
+    from servimg.build.lock import lock_path_for
+    from servimg.build.pipeline import lock
 
     def run(path: Path) -> dict[str, Any]:
         locked, changed = lock(path, store, reporter.log, args.runner, seams)
@@ -189,7 +189,7 @@ def _lock(args: Any, reporter: Reporter, store: BlobStore, seams: Seams) -> int:
 
 
 def _build(args: Any, reporter: Reporter, store: BlobStore, seams: Seams) -> int:
-    from servimg.build import build
+    from servimg.build.pipeline import build
 
     def run(path: Path) -> dict[str, Any]:
         if args.sign is not None:
@@ -210,7 +210,7 @@ def _build(args: Any, reporter: Reporter, store: BlobStore, seams: Seams) -> int
 
 
 def _verify(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.verify import verify_ref
+    from servimg.build.verify import verify_ref
 
     failures = 0
     for image in args.images:
@@ -245,7 +245,7 @@ class VerifyFailed(ServimgError):
 
 
 def _witness(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.witness import collect
+    from servimg.build.witness import collect
 
     def run(container: Path) -> dict[str, Any]:
         name = str(container)
@@ -264,8 +264,8 @@ def _witness(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
     """`servimg ladder IMAGE`: OK only on PASS; FAIL and NOT_EXERCISED exit 1 (never a pass)."""
-    from servimg import ladder as runner
-    from servimg.ladder_def import load
+    from servimg.ladder import runner
+    from servimg.ladder.definition import load
 
     def run(_: Path) -> dict[str, Any]:
         variables = dict(v.split("=", 1) for v in args.var if "=" in v)
@@ -284,8 +284,8 @@ def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
         doc = runner.run(loaded, config, reporter.log)
         result: dict[str, Any] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
         if args.attach:
-            from servimg.attach import attest_file
-            from servimg.attest import TEST_RESULT_V01
+            from servimg.provenance.attach import attest_file
+            from servimg.provenance.attest import TEST_RESULT_V01
 
             attached = attest_file(
                 args.image,
@@ -309,7 +309,7 @@ def _ladder(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg import bases
+    from servimg.bases import catalog as bases
 
     def run(_: Path) -> dict[str, Any]:
         if args.repin:
@@ -323,7 +323,7 @@ def _base(args: Any, reporter: Reporter, store: BlobStore) -> int:
 def _build_signed(
     path: Path, args: Any, reporter: Reporter, store: BlobStore, seams: Seams
 ) -> dict[str, Any]:
-    from servimg.attach import build_and_push
+    from servimg.provenance.attach import build_and_push
 
     return build_and_push(
         path,
@@ -434,13 +434,13 @@ def _guarded(
 
 
 def _signing_key(path: Path | None) -> Any:
-    from servimg.keys import load_signing
+    from servimg.provenance.keys import load_signing
 
     return load_signing(path) if path is not None else None
 
 
 def _policy(args: Any) -> Any:
-    from servimg.check import Policy
+    from servimg.provenance.check import Policy
 
     base = Policy.load(args.policy) if args.policy is not None else Policy()
     return base.merged(
@@ -453,7 +453,7 @@ def _policy(args: Any) -> Any:
 
 
 def _key(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.keys import generate
+    from servimg.provenance.keys import generate
 
     def run() -> dict[str, Any]:
         return generate(args.out, args.name, force=args.force).as_dict()
@@ -462,8 +462,8 @@ def _key(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _push(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.attach import push
-    from servimg.verify import VerifyReport
+    from servimg.build.verify import VerifyReport
+    from servimg.provenance.attach import push
 
     def run() -> dict[str, Any]:
         report = None
@@ -485,8 +485,8 @@ def _push(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _attest(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.attach import attest_file
-    from servimg.check import predicate_type
+    from servimg.provenance.attach import attest_file
+    from servimg.provenance.check import predicate_type
 
     def run() -> dict[str, Any]:
         kind = predicate_type(args.predicate_type)
@@ -500,7 +500,7 @@ def _attest(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _check(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.check import CheckFailed, check
+    from servimg.provenance.check import CheckFailed, check
 
     def run() -> dict[str, Any]:
         policy = _policy(args)
@@ -517,7 +517,7 @@ def _check(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _promote(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.attach import promote
+    from servimg.provenance.attach import promote
 
     def run() -> dict[str, Any]:
         promoted = promote(
@@ -540,15 +540,15 @@ def _promote(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _evidence(ref: str, args: Any, store: BlobStore, reporter: Reporter) -> Any:
-    from servimg.check import collect, locate
-    from servimg.keys import load_trusted
+    from servimg.provenance.check import collect, locate
+    from servimg.provenance.keys import load_trusted
 
     located = locate(ref, store, reporter.log, repo=args.repo, remote=args.remote)
     return collect(located, store, reporter.log, trusted=load_trusted(args.key))
 
 
 def _show(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.card import card
+    from servimg.provenance.card import card
 
     def run() -> dict[str, Any]:
         shown = card(_evidence(args.ref, args, store, reporter))
@@ -562,11 +562,11 @@ def _show(args: Any, reporter: Reporter, store: BlobStore) -> int:
 
 
 def _diff(args: Any, reporter: Reporter, store: BlobStore) -> int:
-    from servimg.card import card, diff
+    from servimg.provenance.card import card, diff
 
     if args.files:
-        from servimg.transport import fetch
-        from servimg.treediff import ImagesDiffer, diff_images, explain
+        from servimg.backends.transport import fetch
+        from servimg.oci.treediff import ImagesDiffer, diff_images, explain
 
         def files() -> dict[str, Any]:
             a = fetch(args.a, store, reporter.log)

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from servimg import canonical
-from servimg.digest import Digest
-from servimg.errors import BackendError
-from servimg.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
-from servimg.store import BlobStore
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.core.errors import BackendError
+from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
+from servimg.oci.store import BlobStore
 
 
 def write_archive(

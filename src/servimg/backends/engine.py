@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from servimg.atomic import atomic_write
 from servimg.backends.archive import read_archive, write_archive
-from servimg.digest import Digest
-from servimg.errors import BackendError, ServimgError
-from servimg.image import Image
-from servimg.store import BlobStore
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
+from servimg.core.errors import BackendError, ServimgError
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
 
 
 def client() -> Any:

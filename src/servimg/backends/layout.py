@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from servimg import canonical
-from servimg.atomic import atomic_write
-from servimg.digest import Digest
-from servimg.errors import BackendError
-from servimg.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor, Image
-from servimg.store import BlobStore
+from servimg.core import canonical
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
+from servimg.core.errors import BackendError
+from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor, Image
+from servimg.oci.store import BlobStore
 
 REF_NAME = "org.opencontainers.image.ref.name"
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'

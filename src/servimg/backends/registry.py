@@ -29,9 +29,9 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from servimg.digest import Digest
-from servimg.errors import RegistryError, ServimgError
-from servimg.reference import is_valid_repository, is_valid_tag
+from servimg.core.digest import Digest
+from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.reference import is_valid_repository, is_valid_tag
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

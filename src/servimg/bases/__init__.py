@@ -1,0 +1,1 @@
+"""Locally built bases as pure functions of pinned inputs: Debian pins, recipes, committed digests."""

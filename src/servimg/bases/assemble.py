@@ -1,0 +1,210 @@
+"""The embedded default: the demo base image, built locally and bit-for-bit reproducibly.
+
+No public container registry is reachable from CI, so the base every test and the README job use is
+made here: the rootfs trees from `demo_base` become two deterministic, uncompressed layers (Debian; the
+venv with vllm + lmcache) under a canonical config. Uncompressed layers keep the manifest digest
+independent of zlib, and they are exactly what `docker save` gives back, so reading the base from the
+engine reconstructs the same manifest digest the definition pins.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from servimg.backends import layout
+from servimg.backends.transport import Target, publish
+from servimg.bases import pinned as basepin
+from servimg.bases.debian import Clock, DebianPins
+from servimg.bases.demo import DemoRecipe, build_rootfs
+from servimg.core.progress import Log
+from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
+from servimg.oci.layer import entries_from_dir, write_layer
+from servimg.oci.store import BlobStore
+
+DEMO_BASE_NAME = "servimg/demo-base"
+VENV = "/opt/venv"
+
+
+def demo_base_tag(recipe: DemoRecipe) -> str:
+    return f"{DEMO_BASE_NAME}:{recipe.suite}-{recipe.cache_key()[:12]}"
+
+
+def venv_base_config(
+    *, source_date_epoch: int, diff_ids: Sequence[str], labels: Mapping[str, str], history: Sequence[str]
+) -> dict[str, Any]:
+    """The config every locally built base shares: /opt/venv first on PATH, its python as Cmd, `created`
+    and each history entry at SOURCE_DATE_EPOCH (never the build's clock)."""
+    created = dt.datetime.fromtimestamp(source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Env": [
+                f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG=C.UTF-8",
+                f"VIRTUAL_ENV={VENV}",
+            ],
+            "Cmd": [f"{VENV}/bin/python"],
+            "WorkingDir": "/",
+            "Labels": dict(labels),
+        },
+        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
+        "history": [{"created": created, "created_by": step} for step in history],
+    }
+
+
+def debian_history(pins: DebianPins) -> str:
+    """The history line of a Debian layer: what was bootstrapped, from which pinned closure."""
+    return (
+        f"mmdebstrap --variant={pins.variant} --include={','.join(pins.include)} {pins.suite} "
+        f"({len(pins.packages)} pinned packages, pins sha256 {pins.key()})"
+    )
+
+
+def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
+    wheels = " ".join(f"{w.name}=={w.version}" for w in recipe.wheels)
+    return venv_base_config(
+        source_date_epoch=recipe.source_date_epoch,
+        diff_ids=diff_ids,
+        labels={
+            "org.opencontainers.image.title": "servimg demo base",
+            "io.servimg.demo.recipe": recipe.cache_key(),
+        },
+        history=[
+            debian_history(recipe.debian_pins),
+            f"python3 -m venv {VENV} && pip install --no-deps {wheels}",
+        ],
+    )
+
+
+def image_from_trees(
+    trees: Sequence[tuple[str, Path]],
+    store: BlobStore,
+    log: Log,
+    *,
+    mtime: int,
+    prefix: str,
+    config: Callable[[list[str]], Mapping[str, Any]],
+) -> Image:
+    """One deterministic uncompressed layer per rootfs tree (in order), adopted into the store, under
+    the config `config(diff_ids)` returns."""
+    layers = []
+    for name, tree in trees:
+        log(f"{prefix}: writing the {name} layer")
+        dest = store.root / "tmp" / f"{prefix}-{name}"
+        dest.parent.mkdir(exist_ok=True)
+        blob = write_layer(entries_from_dir(tree), dest, mtime=mtime)
+        store.adopt(dest, blob.digest)
+        layers.append(Layer(Descriptor(OCI_LAYER, blob.digest, blob.size), blob.diff_id))
+        log(f"{prefix}: {name} layer {blob.size / 1e9:.2f} GB")
+    return Image.create(config([str(layer.diff_id) for layer in layers]), layers)
+
+
+def cached_base(
+    cache: Path,
+    store: BlobStore,
+    log: Log,
+    what: str,
+    build: Callable[[Path], Image],
+    *,
+    tag: str,
+    workdir: Path | None,
+    pinned: tuple[str, str] | None = None,
+) -> Image:
+    """The base cached as an OCI layout at `cache` (keyed by its recipe), or `build(workdir)` it once:
+    in a temp work dir that is always removed, and written to the cache only when complete.
+
+    `pinned` is (base name, recipe key): the image, cached or new, must have the digest committed for
+    that recipe in verify/bases (`basepin.check` explains a drift file by file); a drifted build is not
+    cached.
+    """
+    if (cache / "index.json").is_file():
+        log(f"{what}: cached at {cache}")
+        image = layout.read_layout(cache, store)
+        if pinned is not None:
+            basepin.check(*pinned, image, store, log)
+        return image
+    work = Path(tempfile.mkdtemp(prefix="servimg-base-", dir=workdir))
+    try:
+        image = build(work)
+        if pinned is not None:
+            basepin.check(*pinned, image, store, log)
+        layout.write_layout(image, cache, store, tag=tag)
+        return image
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def publish_base(
+    image: Image, tag: str, targets: Sequence[str] | None, store: BlobStore, log: Log
+) -> list[str]:
+    """Publish a base to each target (default: the engine when one runs), tagged in the engine."""
+    from servimg.backends import engine
+
+    chosen = list(targets if targets is not None else (["docker"] if engine.engine_available() else []))
+    published = []
+    for text in chosen:
+        target = Target.parse(text)
+        published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
+    return published
+
+
+def demo_base_image(
+    recipe: DemoRecipe,
+    store: BlobStore,
+    log: Log,
+    workdir: Path | None = None,
+    *,
+    clock: Clock | None = None,
+    check_pin: bool = True,
+) -> Image:
+    """Build (or reuse from the cache) the demo base as an OCI layout keyed by the recipe."""
+
+    def build(work: Path) -> Image:
+        log("demo base: mmdebstrap from pinned packages + wheels (a minute or two on first run)")
+        trees = build_rootfs(
+            recipe, work, store.root / "wheels", log, deb_cache=store.root / "debs", clock=clock
+        )
+        return image_from_trees(
+            list(zip(("debian", "venv"), trees, strict=True)),
+            store,
+            log,
+            mtime=recipe.source_date_epoch,
+            prefix=f"demo-{recipe.cache_key()[:12]}",
+            config=lambda diff_ids: demo_base_config(recipe, diff_ids),
+        )
+
+    cache = store.root / "demo-base" / recipe.cache_key()
+    pinned = ("demo", recipe.cache_key()) if check_pin else None
+    return cached_base(
+        cache, store, log, "demo base", build, tag=recipe.suite, workdir=workdir, pinned=pinned
+    )
+
+
+def build_demo_base(
+    store: BlobStore,
+    log: Log,
+    *,
+    targets: Sequence[str] | None = None,
+    workdir: Path | None = None,
+    recipe: DemoRecipe | None = None,
+    clock: Clock | None = None,
+) -> dict[str, Any]:
+    recipe = recipe or DemoRecipe()
+    image = demo_base_image(recipe, store, log, workdir, clock=clock)
+    tag = demo_base_tag(recipe)
+    published = publish_base(image, tag, targets, store, log)
+    return {
+        "digest": str(image.digest),
+        "config_digest": str(image.config_digest),
+        "tag": tag,
+        "ref": f"docker-daemon:{tag}",
+        "published": published,
+        "layout": str(store.root / "demo-base" / recipe.cache_key()),
+    }

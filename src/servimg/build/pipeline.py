@@ -1,0 +1,630 @@
+"""lock and build: definition ─resolve─▶ lock ─plan─▶ layer ─▶ image ─▶ sink (docs/design.md, "Data flow").
+
+`resolve` computes every fact the lock pins from the real inputs (base layers, overlay files, the
+image's interpreter). `lock` writes those facts; `build` resolves again, refuses any drift from the
+written lock, then plans one deterministic overlay layer and publishes the image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from servimg.backends.transport import Target
+from servimg.build.bytecode import (
+    CompileJob,
+    InterpreterFacts,
+    Runner,
+    base_opt_levels,
+    compile_sources,
+    pyc_path,
+    stale_pycs,
+)
+from servimg.build.definition import ImageDefinition, OverlaySpec, repo_root_for
+from servimg.build.lock import (
+    BaseLock,
+    FileLock,
+    InterpreterLock,
+    LadderLock,
+    Lock,
+    OverlayLock,
+    PackageLock,
+    check_drift,
+    lock_path_for,
+)
+from servimg.build.overlay import Patch, apply_patch
+from servimg.build.seams import DEFAULT, BaseSource, Seams, Verifier
+from servimg.core import canonical
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
+from servimg.core.progress import NULL, Log, Progress
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
+from servimg.oci.layer import Entry, Kind, write_layer
+from servimg.oci.store import BlobStore
+
+SERVIMG_DIR = "opt/servimg"
+
+
+@dataclass(frozen=True)
+class Change:
+    """The final state of one file the overlays touched (content None = deleted)."""
+
+    path: str
+    content: bytes | None
+    mode: int
+
+
+@dataclass(frozen=True)
+class Resolution:
+    definition: ImageDefinition
+    definition_path: Path
+    base: Image
+    fs: LayeredFS
+    lock: Lock
+    changes: tuple[Change, ...]
+    runner: Runner
+    # The bundled ladder's files by image path (definition `ladder:`), verified against the lock.
+    ladder_files: Mapping[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: Image
+    tag: str
+    lock_digest: Digest
+    destination: str
+    changed_files: int
+    layer: Descriptor
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "digest": str(self.image.digest),
+            "config_digest": str(self.image.config_digest),
+            "tag": self.tag,
+            "lock_digest": str(self.lock_digest),
+            "destination": self.destination,
+            "changed_files": self.changed_files,
+            "layer": self.layer.to_json(),
+        }
+
+
+# -- resolve --------------------------------------------------------------------------------------
+def resolve(
+    definition_path: Path, store: BlobStore, log: Log, runner: str = "auto", seams: Seams = DEFAULT
+) -> Resolution:
+    """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock."""
+    definition = ImageDefinition.load(definition_path)
+    base, index = _fetch_base(definition, store, log, seams.base_source)
+    fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in base.layers])
+    packages = tuple(
+        _find_package(fs, name, spec.distribution, spec.version)
+        for name, spec in sorted(definition.packages.items())
+    )
+    chosen = seams.runners.choose(runner, base, fs)
+    interpreter = _interpreter(definition, fs, base, packages, chosen, log, store)
+    overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
+    lock = Lock(
+        name=definition.name,
+        definition_sha256=definition.digest.hex,
+        base=BaseLock(
+            definition.base.ref,
+            str(base.digest),
+            str(base.config_digest),
+            tuple(str(d) for d in base.diff_ids),
+            str(base.config.get("created", "")),
+            None if index is None else str(index),
+        ),
+        interpreter=interpreter,
+        packages=packages,
+        overlays=overlays,
+        source_date_epoch=_source_date_epoch(definition, base),
+    )
+    lock = _with_base_verdicts(lock, definition, fs)
+    ladder_lock, ladder_files = _ladder(definition, definition_path)
+    lock = replace(lock, ladder=ladder_lock)
+    return Resolution(definition, definition_path, base, fs, lock, changes, chosen, ladder_files)
+
+
+def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderLock | None, dict[str, bytes]]:
+    """The definition's `ladder:`: validated with its sha256-pinned probe set, locked by hash,
+    and carried under /opt/servimg/ladder/ so the tag carries its own smoke test. None without one."""
+    if definition.ladder is None:
+        return None, {}
+    from servimg.ladder.definition import load as load_ladder
+
+    repo_root = repo_root_for(definition_path)
+    try:
+        loaded = load_ladder(repo_root / definition.ladder, root=repo_root)
+    except ServimgError as exc:
+        raise exc.context(f"ladder {definition.ladder}") from None
+    locked = LadderLock(
+        definition.ladder,
+        loaded.ladder_sha256,
+        loaded.definition.probes.path,
+        loaded.probes_sha256,
+    )
+    image_dir = locked.image_dir.strip("/")
+    files = {
+        f"{image_dir}/{loaded.ladder_path.name}": loaded.ladder_bytes,
+        f"{image_dir}/{loaded.probes_path.name}": loaded.probes_bytes,
+    }
+    return locked, files
+
+
+def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) -> Lock:
+    """Record, per overlay, the `absent_in_base` sentinels verified missing from the BASE's code. A sentinel
+    the base already has does not discriminate (vLLM 0.33.0 adopted `supports_divergent_local_hybrid_hits`):
+    a grep or co_names check would pass on an unpatched image, so refuse to lock it."""
+    from servimg.build.verify import base_sentinel_verdicts, base_sources
+
+    overlays = []
+    for spec, locked in zip(definition.overlays, lock.overlays, strict=True):
+        wanted = [s for s in spec.sentinels if s.absent_in_base]
+        sources = base_sources(lock, wanted, lambda p: fs.read_or_none(p.lstrip("/")))
+        verdicts = base_sentinel_verdicts(sources, wanted)
+        present = sorted(key for key, has in verdicts.items() if has)
+        if present:
+            raise DefinitionError(
+                f"overlay {spec.id}: sentinel(s) already present in the base: {', '.join(present)}",
+                hint="upstream adopted the name, so it proves nothing; choose a sentinel the base lacks, "
+                "or set absent_in_base: false",
+            )
+        overlays.append(replace(locked, sentinels_absent_in_base=tuple(sorted(verdicts))))
+    return replace(lock, overlays=tuple(overlays))
+
+
+def _fetch_base(
+    definition: ImageDefinition, store: BlobStore, log: Log, source: BaseSource
+) -> tuple[Image, Digest | None]:
+    """The base image, and the index digest when the pin names a multi-platform index."""
+    pinned = definition.base.manifest_digest
+    index: Digest | None = None
+    try:
+        if definition.base.transport == "registry":
+            platform = source.platform_manifest(definition.base.ref, pinned, definition.base.platform)
+            index, pinned = (pinned, platform) if platform != pinned else (None, pinned)
+        base = source.fetch(definition.base.ref, store, log, expected=pinned)
+    except ServimgError as exc:
+        raise exc.context(f"fetching base {definition.base.ref}") from None
+    if base.digest != pinned:
+        raise DefinitionError(
+            f"base {definition.base.ref} has manifest digest {base.digest}, the definition pins {pinned}",
+            hint="the base changed under its name; pin the new digest in base.digest deliberately "
+            "(then `servimg lock`), or restore the pinned base",
+        )
+    return base, index
+
+
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _find_package(fs: LayeredFS, import_name: str, distribution: str, version: str) -> PackageLock:
+    """Locate `<site>/<dist>-<version>.dist-info` that provides `import_name` (PEP 376/427 layout)."""
+    hits: list[tuple[str, str]] = []
+    others: list[str] = []
+    for site in _site_dirs(fs):
+        for entry in fs.listdir(site):
+            if not entry.endswith(".dist-info") or "-" not in entry.removesuffix(".dist-info"):
+                continue
+            name, found_version = entry.removesuffix(".dist-info").rsplit("-", 1)
+            if _normalize(name) != _normalize(distribution):
+                continue
+            if found_version == version:
+                if fs.exists(f"{site}/{import_name}") or fs.exists(f"{site}/{import_name}.py"):
+                    hits.append((site, entry))
+            else:
+                others.append(f"/{site}/{entry}")
+    if len(hits) != 1:
+        found = ", ".join(f"/{s}/{e}" for s, e in hits) or ", ".join(others) or "nothing"
+        raise DefinitionError(
+            f"package {import_name!r}: expected exactly one {distribution}=={version} providing it, "
+            f"found {found}",
+            hint="fix packages.<name>.distribution/version to match what the base installs",
+        )
+    site, dist_info = hits[0]
+    record = fs.read_or_none(f"{site}/{dist_info}/RECORD") or b""
+    return PackageLock(
+        import_name, distribution, version, "/" + site, f"/{site}/{dist_info}", sha256_hex(record)
+    )
+
+
+def _site_dirs(fs: LayeredFS) -> list[str]:
+    return [n.path for n in fs.walk("") if n.is_dir and n.path.rpartition("/")[2] in _SITE_DIRS]
+
+
+def _interpreter(
+    definition: ImageDefinition,
+    fs: LayeredFS,
+    base: Image,
+    packages: tuple[PackageLock, ...],
+    runner: Runner,
+    log: Log,
+    store: BlobStore,
+) -> InterpreterLock:
+    path = definition.python or _guess_interpreter(fs, packages)
+    node = fs.lstat(fs.resolve(path))
+    if node is None or not (node.is_file or node.is_hardlink):
+        raise BuildError(
+            f"interpreter {path} not found in the base image",
+            hint="set `python:` in the definition to the service's interpreter, e.g. /opt/venv/bin/python",
+        )
+    facts = _interpreter_facts(store, base, path, runner, log)
+    prefix = base.env.get("PYTHONPYCACHEPREFIX") or None
+    dirs = [p.site_packages.lstrip("/") + "/" + p.import_name for p in packages]
+    return InterpreterLock(
+        path,
+        "/" + fs.resolve(path),
+        facts.version,
+        facts.magic,
+        facts.cache_tag,
+        base_opt_levels(fs, dirs, facts.cache_tag),
+        prefix,
+    )
+
+
+def _interpreter_facts(
+    store: BlobStore, base: Image, path: str, runner: Runner, log: Log
+) -> InterpreterFacts:
+    """Ask the image's interpreter for its version/magic/cache tag, once per (base layers, path): the
+    layers are content-addressed, so the same diffIDs cannot hold a different interpreter."""
+    key = Digest.of_bytes(canonical.dumps({"diff_ids": [str(d) for d in base.diff_ids], "path": path}))
+    cached = store.root / "interpreters" / f"{key.hex}.json"
+    try:
+        return InterpreterFacts(**json.loads(cached.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    log(f"asking {path} for its version ({runner.name} runner)")
+    facts, _ = compile_sources(runner, path, [])
+    cached.parent.mkdir(exist_ok=True)
+    atomic_write(cached, json.dumps(dataclasses.asdict(facts)).encode(), 0o644)
+    return facts
+
+
+def _guess_interpreter(fs: LayeredFS, packages: tuple[PackageLock, ...]) -> str:
+    """The interpreter that owns the packages' site dir: a venv's bin/python, else <prefix>/bin/pythonX.Y."""
+    site = packages[0].site_packages if packages else "/usr/lib/python3/dist-packages"
+    match = re.match(r"^(.*)/lib/(python3\.\d+)/(site|dist)-packages$", site)
+    if match:
+        prefix, version = match.group(1), match.group(2)
+        if fs.exists(f"{prefix}/pyvenv.cfg"):
+            return f"{prefix}/bin/python"
+        return f"{prefix or '/usr'}/bin/{version}"
+    return "/usr/bin/python3"
+
+
+def _source_date_epoch(definition: ImageDefinition, base: Image) -> int:
+    if isinstance(definition.source_date_epoch, int):
+        return definition.source_date_epoch
+    created = str(base.config.get("created") or "")
+    try:
+        return int(dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        raise DefinitionError(
+            f"source_date_epoch: base: the base config has no usable `created` ({created!r})",
+            hint="set source_date_epoch to an integer in the definition",
+        ) from None
+
+
+# -- overlays -------------------------------------------------------------------------------------
+def _apply_overlays(
+    definition: ImageDefinition, repo_root: Path, fs: LayeredFS, packages: tuple[PackageLock, ...]
+) -> tuple[tuple[OverlayLock, ...], tuple[Change, ...]]:
+    state: dict[str, bytes | None] = {}
+    modes: dict[str, int] = {}
+    locks = []
+    sites = {p.import_name: p.site_packages.lstrip("/") for p in packages}
+    for index, spec in enumerate(definition.overlays):
+        try:
+            locks.append(_apply_one(spec, repo_root, fs, sites[spec.package], state, modes))
+        except ServimgError as exc:
+            raise exc.context(f"applying overlay {spec.id} (overlays[{index}])") from None
+    changes = tuple(Change(p, state[p], modes[p]) for p in sorted(state))
+    return tuple(locks), changes
+
+
+def _apply_one(
+    spec: OverlaySpec,
+    repo_root: Path,
+    fs: LayeredFS,
+    site: str,
+    state: dict[str, bytes | None],
+    modes: dict[str, int],
+) -> OverlayLock:
+    patch_path = (repo_root / spec.patch).resolve()
+    try:
+        data = patch_path.read_bytes()
+    except OSError as exc:
+        raise OverlayError(
+            f"cannot read {spec.patch}: {exc.strerror}",
+            hint="patch paths are relative to the repository root (overlays/<package>/<id>.patch)",
+        ) from None
+    actual = sha256_hex(data)
+    if actual != spec.sha256:
+        raise OverlayError(
+            f"{spec.patch} has sha256 {actual}, the definition pins {spec.sha256}",
+            hint=f"if you changed the patch on purpose, set sha256: {actual} and run `servimg lock`",
+        )
+    patch = Patch.parse(data, strip=spec.strip)
+    package_root = fs.resolve(f"{site}/{spec.package}")
+
+    def image_path(rel: str) -> str:
+        resolved = fs.resolve(f"{site}/{rel}")
+        if not (resolved + "/").startswith(package_root + "/"):
+            raise OverlayError(
+                f"{rel} resolves to /{resolved}, outside the package root /{package_root}",
+                hint="a symlink in the base redirects this path; refusing to write through it",
+            )
+        return resolved
+
+    def read(rel: str) -> bytes | None:
+        path = image_path(rel)
+        return state[path] if path in state else fs.read_or_none(path)
+
+    touched = sorted({p for f in patch.files for p in (f.old_path, f.new_path) if p})
+    before = {image_path(rel): read(rel) for rel in touched}
+    applied = apply_patch(patch, read, spec.package)
+    files = []
+    for result in applied:
+        path = image_path(result.path)
+        node = fs.lstat(path)
+        modes.setdefault(path, (node.mode & 0o777) if node is not None and node.is_file else 0o644)
+        state[path] = result.content
+        pre = before.get(path, fs.read_or_none(path))
+        files.append(
+            FileLock(
+                "/" + path,
+                None if pre is None else sha256_hex(pre),
+                None if result.content is None else sha256_hex(result.content),
+                modes[path],
+            )
+        )
+    return OverlayLock(spec.id, spec.package, spec.patch, actual, tuple(sorted(files, key=lambda f: f.path)))
+
+
+# -- lock -----------------------------------------------------------------------------------------
+def lock(
+    definition_path: Path, store: BlobStore, log: Log, runner: str = "auto", seams: Seams = DEFAULT
+) -> tuple[Lock, bool]:
+    """Resolve and write the lock. Returns (lock, changed?). Nothing is written if resolution fails."""
+    resolution = resolve(definition_path, store, log, runner, seams)
+    path = lock_path_for(definition_path)
+    previous = path.read_bytes() if path.exists() else None
+    resolution.lock.write(path)
+    return resolution.lock, previous != path.read_bytes()
+
+
+# -- build ----------------------------------------------------------------------------------------
+def build(
+    definition_path: Path,
+    store: BlobStore,
+    log: Log,
+    *,
+    to: str | None = None,
+    runner: str = "auto",
+    tag: str | None = None,
+    verify: bool = True,
+    progress: Progress = NULL,
+    seams: Seams = DEFAULT,
+) -> BuildResult:
+    target = Target.parse(to) if to else _default_target(definition_path)
+    seams.sink.check(target)
+    locked = Lock.load(lock_path_for(definition_path))
+    resolution = resolve(definition_path, store, log, runner, seams)
+    check_drift(locked, resolution.lock, definition_path)
+    image, layer = assemble(resolution, locked, store, log)
+    if verify:
+        _verify_or_refuse(image, store, log, resolution.base.config_digest, seams.verifier)
+    chosen_tag = tag or derive_tag(resolution.definition, locked)
+    full_tag = _full_tag(resolution.definition, target, chosen_tag)
+    destination = seams.sink.publish(
+        image,
+        target,
+        store,
+        log,
+        tag=full_tag,
+        base_config=resolution.base.config_digest,
+        progress=progress,
+    )
+    return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
+
+
+def _verify_or_refuse(
+    image: Image, store: BlobStore, log: Log, base_config: Digest, verifier: Verifier
+) -> None:
+    """Stage 3: verify the image just built (the probe, by default); an image that fails is never tagged."""
+    report = verifier.report(image, store, log, base_config=base_config)
+    if not report.ok:
+        raise BuildError(
+            f"the built image {image.digest.short} failed verification; nothing was tagged",
+            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
+            hint="run `servimg verify` on it for the full table; fix the overlay or the base",
+        )
+    counts = report.counts()
+    log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
+
+
+def _default_target(definition_path: Path) -> Target:
+    from servimg.backends import engine
+
+    if engine.engine_available():
+        return Target("engine", "")
+    return Target("oci", str(Path("out") / definition_path.stem.removesuffix(".lock")))
+
+
+def _full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
+    if target.kind in ("engine", "archive"):  # docker load refuses a bare tag in RepoTags
+        return f"{definition.repository}:{tag}"
+    return tag
+
+
+def derive_tag(definition: ImageDefinition, locked: Lock) -> str:
+    """`<name>-<vllm version>-<lock sha256[:12]>` by default: one tag names one set of inputs."""
+    fields: dict[str, str] = {
+        "name": definition.name,
+        "lock12": locked.digest.hex[:12],
+        "lock": locked.digest.hex,
+    }
+    for pkg in locked.packages:
+        fields[pkg.import_name] = pkg.version
+    fields.setdefault("version", fields.get("vllm", "0"))
+    try:
+        tag = definition.tag.format(**fields)
+    except KeyError as exc:
+        raise DefinitionError(
+            f"tag: template field {exc} has no value for this image",
+            hint="declare that package under `packages`",
+        ) from None
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
+        raise DefinitionError(
+            f"tag: {tag!r} is not a valid image tag",
+            hint="tags use [A-Za-z0-9_.-] and at most 128 characters",
+        )
+    return tag
+
+
+def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -> tuple[Image, Descriptor]:
+    """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
+    new image (a value: the base is unchanged)."""
+    entries = plan_layer(resolution, locked, log)
+    tmp = store.root / "tmp"
+    tmp.mkdir(exist_ok=True)
+    # One name per process: concurrent builds of the same lock must not move each other's layer file.
+    written = tmp / f"layer-{locked.digest.hex}-{os.getpid()}"
+    try:
+        blob = write_layer(entries, written, mtime=locked.source_date_epoch)
+        store.adopt(written, blob.digest)
+    finally:
+        written.unlink(missing_ok=True)
+    docker_media = resolution.base.media_type == DOCKER_MANIFEST
+    descriptor = Descriptor(DOCKER_LAYER if docker_media else blob.media_type, blob.digest, blob.size)
+    created = dt.datetime.fromtimestamp(locked.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    tag = derive_tag(resolution.definition, locked)
+    image = resolution.base.with_layer(
+        Layer(descriptor, blob.diff_id),
+        labels=labels(resolution.definition, locked, tag, created),
+        created=created,
+        history=f"servimg build {resolution.definition.name} "
+        f"overlays={','.join(o.id for o in locked.overlays) or '-'}",
+    )
+    return image, descriptor
+
+
+def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) -> dict[str, str]:
+    base_name = definition.base.location if definition.base.transport == "registry" else definition.base.ref
+    return {
+        "org.opencontainers.image.base.name": base_name,
+        "org.opencontainers.image.base.digest": locked.base.manifest_digest,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.version": tag,
+        "org.opencontainers.image.source": definition.source,
+        "io.servimg.definition": definition.name,
+        "io.servimg.lock.digest": str(locked.digest),
+        "io.servimg.overlays": ",".join(o.id for o in locked.overlays),
+    }
+
+
+def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
+    """Every entry of the overlay layer: patched files, fresh CHECKED_HASH pycs at each optimisation level
+    the base carried, whiteouts for deleted files and every stale pyc, the lock and a changes manifest."""
+    fs, interp = resolution.fs, locked.interpreter
+    files: dict[str, Entry] = {}
+    jobs = []
+    for change in resolution.changes:
+        if change.content is None:
+            files[change.path] = Entry(change.path, Kind.WHITEOUT)
+        else:
+            files[change.path] = Entry(change.path, Kind.FILE, change.mode, data=change.content)
+        if change.path.endswith(".py"):
+            for stale in stale_pycs(fs, change.path, interp.pycache_prefix):
+                files[stale] = Entry(stale, Kind.WHITEOUT)
+            if change.content is not None:
+                jobs.append(CompileJob("/" + change.path, change.content, interp.opt_levels))
+    # Witness (opt-in, `witness: true`): the hook module (compiled like a patched source), its .pth and
+    # spec (servimg.build.witness), and a world-writable witness dir for the serving processes' records.
+    if resolution.definition.witness:
+        from servimg.build.verify import probe_spec as _probe_spec
+        from servimg.build.witness import WITNESS_DIR, witness_files
+
+        for path, data in witness_files(_probe_spec(locked, resolution.definition)).items():
+            files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+            if path.endswith(".py"):
+                files.update(
+                    {s: Entry(s, Kind.WHITEOUT) for s in stale_pycs(fs, path, interp.pycache_prefix)}
+                )
+                jobs.append(CompileJob("/" + path, data, interp.opt_levels))
+        files[WITNESS_DIR.lstrip("/")] = Entry(WITNESS_DIR.lstrip("/"), Kind.DIR, 0o1777)
+    if jobs:
+        log(
+            f"compiling {len(jobs)} file(s) × {len(interp.opt_levels)} opt level(s) with {interp.path} "
+            f"({resolution.runner.name} runner)"
+        )
+        facts, pycs = compile_sources(resolution.runner, interp.path, jobs)
+        _check_interpreter(facts, locked)
+        for (source, opt), data in sorted(pycs.items()):
+            path = pyc_path(source.lstrip("/"), interp.cache_tag, opt)
+            files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+    # The bundled ladder (nothing without `ladder:`), listed in the changes manifest like every
+    # other file the layer adds, so `servimg check` re-derives the same set from the layer.
+    for path, data in resolution.ladder_files.items():
+        files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+    manifest = [
+        {
+            "path": "/" + e.path,
+            "kind": e.kind.value,
+            "mode": e.mode,
+            "sha256": sha256_hex(e.data) if e.data is not None else None,
+        }
+        for e in files.values()
+    ]
+    servimg_files = {
+        f"{SERVIMG_DIR}/lock.json": locked.canonical_bytes(),
+        f"{SERVIMG_DIR}/definition.json": resolution.definition.canonical_bytes(),
+        f"{SERVIMG_DIR}/changes.json": canonical.dumps(sorted(manifest, key=lambda m: str(m["path"]))),
+    }
+    from servimg.build.verify import probe_files, probe_spec
+
+    servimg_files.update(probe_files(probe_spec(locked, resolution.definition)))
+    for path, data in servimg_files.items():
+        files[path] = Entry(path, Kind.FILE, 0o644, data=data)
+    return [*files.values(), *_parents(fs, files)]
+
+
+def _check_interpreter(facts: InterpreterFacts, locked: Lock) -> None:
+    if (facts.magic, facts.cache_tag, facts.version) != (
+        locked.interpreter.magic,
+        locked.interpreter.cache_tag,
+        locked.interpreter.version,
+    ):
+        raise LockError(
+            f"the image's interpreter is {facts.version} (magic {facts.magic}), the lock says "
+            f"{locked.interpreter.version} (magic {locked.interpreter.magic})",
+            hint="run `servimg lock` to re-resolve the interpreter",
+        )
+
+
+def _parents(fs: LayeredFS, files: Mapping[str, Entry]) -> list[Entry]:
+    """Explicit directory entries (with the base's modes) so unpacking never invents directory metadata."""
+    dirs: set[str] = set()
+    for path in files:
+        parent = posixpath.dirname(path)
+        while parent and parent not in dirs:
+            dirs.add(parent)
+            parent = posixpath.dirname(parent)
+    out = []
+    for d in sorted(dirs):
+        node = fs.lstat(d)
+        out.append(Entry(d, Kind.DIR, node.mode if node is not None and node.is_dir else 0o755))
+    return out

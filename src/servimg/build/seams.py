@@ -1,0 +1,186 @@
+"""The seams of a build, as objects passed in: where the base comes from, which runner compiles, who
+verifies. Chosen once from the CLI arguments (`servimg.cli.main`) or by a caller (tests' fake base,
+the Nix builder); never by patching a module's private names.
+
+- `BaseSource`: fetch the base by the definition's ref (default, `ByReference`), or from another
+  location that must hold the same pinned digest (`FromRef`: `servimg build --base-from oci:DIR`, as the
+  Nix derivation does with the base assembled from fixed-output blobs).
+- `RunnerChoice`: which runner compiles with the image's own interpreter (docker, chroot, auto).
+- `Verifier`: the in-image probe run on every built image before anything is published.
+- `Sink`: where the image goes (the target the user named, or `StoreOnly`: the value stays in the blob
+  store, for the signed build that pushes it itself with its attestations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servimg.backends import engine
+from servimg.backends.transport import Target, check_reachable, fetch, platform_manifest, publish
+from servimg.build.bytecode import ChrootRunner, DockerRunner, Runner
+from servimg.build.verify import VerifyReport, verify_image_value
+from servimg.core.digest import Digest
+from servimg.core.errors import BuildError
+from servimg.core.progress import NULL, Log, Progress
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+
+
+class BaseSource(Protocol):
+    """Where a definition's base is read from (it must have the pinned digest either way)."""
+
+    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image: ...
+
+    def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
+        """The platform manifest a pinned digest stands for (itself unless it names an index)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ByReference:
+    """The base where the definition's `base.ref` says: engine, registry, OCI layout or archive."""
+
+    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
+        return fetch(ref, store, log, expected=expected)
+
+    def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
+        return platform_manifest(ref, pinned, platform)
+
+
+@dataclass(frozen=True)
+class FromRef:
+    """The base read from `source` instead of the definition's ref (which the lock and the labels keep).
+
+    `manifests` answers "which platform manifest does this pinned index stand for" offline (index digest
+    → manifest digest), for a pin that names a multi-platform index; without an entry the pin is taken as
+    the manifest itself.
+    """
+
+    source: str
+    manifests: Mapping[str, str] = field(default_factory=dict)
+
+    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
+        log(f"base {ref}: reading {self.source} (--base-from)")
+        return fetch(self.source, store, log, expected=expected)
+
+    def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
+        found = self.manifests.get(str(pinned))
+        return Digest.parse(found) if found else pinned
+
+
+class RunnerChoice(Protocol):
+    """Which runner compiles bytecode with the image's interpreter, by the name the user gave."""
+
+    def choose(self, name: str, base: Image, fs: LayeredFS) -> Runner: ...
+
+
+@dataclass(frozen=True)
+class DefaultRunners:
+    """docker when asked, or (auto) when the engine already has the base; otherwise the chroot runner."""
+
+    def choose(self, name: str, base: Image, fs: LayeredFS) -> Runner:
+        if name == "chroot":
+            return ChrootRunner(fs)
+        if name == "docker" or (
+            name == "auto" and engine.engine_available() and engine.has_image(base.config_digest)
+        ):
+            return DockerRunner(str(base.config_digest))
+        if name != "auto":
+            raise BuildError(f"unknown runner {name!r}", hint="use auto, docker or chroot")
+        return ChrootRunner(fs)
+
+
+class Verifier(Protocol):
+    """Verifies an image value whose blobs are in the store; returns the report (the caller decides)."""
+
+    def report(
+        self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None
+    ) -> VerifyReport: ...
+
+
+@dataclass(frozen=True)
+class ProbeVerifier:
+    """The in-image probe (`servimg verify`): in a container when an engine runs, else in a chroot."""
+
+    def report(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
+        return verify_image_value(image, store, log, base_config=base_config)
+
+
+class Sink(Protocol):
+    """Where a built image goes (stage 4: publish). `check` runs before any work."""
+
+    def check(self, target: Target) -> None: ...
+
+    def publish(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        base_config: Digest | None,
+        progress: Progress = NULL,
+    ) -> str:
+        """Write the image; return a human description of where it went."""
+        ...
+
+
+@dataclass(frozen=True)
+class TargetSink:
+    """The target the user named: engine, OCI layout, docker-archive or registry (`backends.transport`)."""
+
+    def check(self, target: Target) -> None:
+        check_reachable(target)
+
+    def publish(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        base_config: Digest | None,
+        progress: Progress = NULL,
+    ) -> str:
+        return publish(image, target, store, log, tag=tag, base_config=base_config, progress=progress)
+
+
+@dataclass(frozen=True)
+class StoreOnly:
+    """Publish nowhere: the image value stays in the blob store (its layer is there already, its config
+    is added), for a caller that publishes it itself later (the signed build pushes with attestations)."""
+
+    def check(self, target: Target) -> None:
+        return None
+
+    def publish(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        base_config: Digest | None,
+        progress: Progress = NULL,
+    ) -> str:
+        store.put_bytes(image.config_bytes)
+        return f"the blob store ({image.digest}; not published)"
+
+
+@dataclass(frozen=True)
+class Seams:
+    """Every seam of a build; the defaults are what `servimg` does on a real host."""
+
+    base_source: BaseSource = field(default_factory=ByReference)
+    runners: RunnerChoice = field(default_factory=DefaultRunners)
+    verifier: Verifier = field(default_factory=ProbeVerifier)
+    sink: Sink = field(default_factory=TargetSink)
+
+
+DEFAULT = Seams()

@@ -1,0 +1,643 @@
+"""Host side of the probe (docs/design.md, "probe"): the spec derived from the lock, the base's sentinel
+verdicts, running the probe inside an image, and the report.
+
+The probe itself (`servimg/inimage/probe.py`, standard library only) is shipped into every image with its spec
+as `/opt/servimg/probe.py` and `/opt/servimg/probe-spec.json` (`probe_files`); it is run there by the
+image's own interpreter and answers with a JSON report that `VerifyReport.from_json` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import posixpath
+import re
+import shlex
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from servimg.build.bytecode import extract_runtime, tool
+from servimg.build.definition import ImageDefinition, Sentinel
+from servimg.build.lock import Lock
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.core.errors import ServimgError
+from servimg.core.progress import Log
+from servimg.inimage import probe
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+
+SPEC_VERSION = 1
+PROBE_SOURCE = Path(probe.__file__)
+PROBE_IN_IMAGE = "/opt/servimg/probe.py"
+SPEC_IN_IMAGE = "/opt/servimg/probe-spec.json"
+
+
+class VerifyError(ServimgError):
+    """The probe could not be prepared or run, or its report is unreadable."""
+
+
+# -- spec -----------------------------------------------------------------------------------------
+def sentinel_key(sentinel: Sentinel) -> str:
+    """A stable name for one sentinel: `module:qualname:name=X` or `module:qualname:const=<json>`.
+
+    These keys name base verdicts (`base_has` below; `OverlayLock.sentinels_absent_in_base` lists the keys
+    of the sentinels verified absent from the base)."""
+    what = f"name={sentinel.name}" if sentinel.name is not None else f"const={json.dumps(sentinel.const)}"
+    return f"{sentinel.module}:{sentinel.qualname}:{what}"
+
+
+def module_name(path: str, site_packages: str) -> str | None:
+    """`<site>/vllm/v1/core/sched/scheduler.py` → `vllm.v1.core.sched.scheduler` (`pkg/__init__.py` → `pkg`);
+    None for a file that is not an importable Python module."""
+    rel = posixpath.relpath(path, site_packages)
+    if rel.startswith("../") or not rel.endswith(".py"):
+        return None
+    parts = rel.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts or not all(part.isidentifier() for part in parts):
+        return None
+    return ".".join(parts)
+
+
+def probe_spec(
+    lock: Lock,
+    definition: ImageDefinition,
+    base_has: Mapping[str, bool] | None = None,
+    *,
+    entry: str = "module",
+) -> dict[str, Any]:
+    """The canonical, JSON-able probe spec for an image built from `lock` and `definition`.
+
+    `base_has` maps `sentinel_key` → whether the BASE already had that sentinel (`base_sentinel_verdicts`);
+    without it, a sentinel whose key the lock lists in `sentinels_absent_in_base` counts as absent and any
+    other `absent_in_base` sentinel has no verdict (the probe fails it). `entry` is how the service starts
+    (`module` for `python -m`, `script:PATH`, `command`, `none`): it decides `sys.path[0]`."""
+    if lock.definition_sha256 != definition.digest.hex:
+        raise VerifyError(
+            f"the lock was made from another definition (sha256 {lock.definition_sha256[:12]}…, "
+            f"this one {definition.digest.hex[:12]}…)",
+            hint=f"run `servimg lock` for {definition.name}",
+        )
+    packages = {p.import_name: p for p in lock.packages}
+    specs = {o.id: o for o in definition.overlays}
+    final: dict[str, tuple[str | None, str, list[str]]] = {}  # path → (post sha, package, overlay ids)
+    for overlay in lock.overlays:
+        for file in overlay.files:
+            previous = final.get(file.path)
+            ids = [*(previous[2] if previous else []), overlay.id]
+            final[file.path] = (file.post_sha256, overlay.package, ids)
+    modules = []
+    for path, (post, package, ids) in sorted(final.items()):
+        site = packages[package].site_packages
+        name = module_name(path, site)
+        if name is not None:
+            modules.append(
+                {
+                    "module": name,
+                    "path": path,
+                    "sha256": post,
+                    "site_packages": site,
+                    "package": package,
+                    "overlays": ids,
+                }
+            )
+        elif posixpath.relpath(path, site).startswith("../"):
+            raise VerifyError(
+                f"overlay file {path} is outside its package's site-packages {site}",
+                hint="regenerate the lock with `servimg lock`",
+            )
+    sentinels = []
+    forbidden = []
+    for overlay in lock.overlays:
+        spec = specs.get(overlay.id)
+        if spec is None:
+            raise VerifyError(
+                f"overlay {overlay.id} is in the lock but not in the definition",
+                hint=f"run `servimg lock` for {definition.name}",
+            )
+        for sentinel in spec.sentinels:
+            key = sentinel_key(sentinel)
+            verdict: bool | None = None
+            if base_has is not None and key in base_has:
+                verdict = bool(base_has[key])
+            elif key in overlay.sentinels_absent_in_base:
+                verdict = False
+            sentinels.append(
+                {
+                    "key": key,
+                    "module": sentinel.module,
+                    "qualname": sentinel.qualname,
+                    "name": sentinel.name,
+                    "const": sentinel.const,
+                    "absent_in_base": sentinel.absent_in_base,
+                    "base_has_sentinel": verdict,
+                    "overlay": overlay.id,
+                }
+            )
+        for item in spec.forbidden:
+            forbidden.append(
+                {"module": item.module, "qualname": item.qualname, "name": item.name, "overlay": overlay.id}
+            )
+    overlay_packages = {o.package for o in lock.overlays}
+    distributions = [
+        {
+            "distribution": pkg.distribution,
+            "version": pkg.version,
+            "import_name": pkg.import_name,
+            "dist_info": pkg.dist_info,
+            "record_sha256": pkg.record_sha256,
+            "overlay_files": [
+                {"path": path, "post_sha256": post}
+                for path, (post, package, _) in sorted(final.items())
+                if package == pkg.import_name
+            ],
+        }
+        for pkg in lock.packages
+    ]
+    interp = lock.interpreter
+    return {
+        "spec_version": SPEC_VERSION,
+        "image": lock.name,
+        "lock_digest": str(lock.digest),
+        "entry": entry,
+        "interpreter": {
+            "path": interp.path,
+            "resolved": interp.resolved,
+            "version": interp.version,
+            "magic": interp.magic,
+            "cache_tag": interp.cache_tag,
+            "opt_levels": list(interp.opt_levels),
+            "pycache_prefix": interp.pycache_prefix,
+        },
+        "modules": modules,
+        "sentinels": sentinels,
+        "forbidden": forbidden,
+        "distributions": distributions,
+        "packages": [
+            {
+                "import_name": pkg.import_name,
+                "path": posixpath.join(pkg.site_packages, pkg.import_name),
+                "overlay": pkg.import_name in overlay_packages,
+            }
+            for pkg in lock.packages
+        ],
+    }
+
+
+def probe_files(spec: Mapping[str, Any]) -> dict[str, bytes]:
+    """The files the image carries for the probe, by image path without the leading `/`."""
+    return {
+        PROBE_IN_IMAGE.lstrip("/"): PROBE_SOURCE.read_bytes(),
+        SPEC_IN_IMAGE.lstrip("/"): canonical.dumps(spec),
+    }
+
+
+def base_sources(
+    lock: Lock, sentinels: Iterable[Sentinel], read: Callable[[str], bytes | None]
+) -> dict[str, bytes]:
+    """The BASE's source of each sentinel module, for `base_sentinel_verdicts`: `read(absolute path)`
+    reads the base image's files (e.g. `lambda p: fs.read_or_none(p.lstrip("/"))` over the base layers).
+    Each module is looked up as `<module path>.py`, then `<module path>/__init__.py`, in every locked
+    package's site-packages; a module found nowhere is left out (absent from the base)."""
+    sites = list(dict.fromkeys(p.site_packages for p in lock.packages))
+    out: dict[str, bytes] = {}
+    for module in sorted({s.module for s in sentinels}):
+        rel = module.replace(".", "/")
+        for site in sites:
+            data = read(f"{site}/{rel}.py")
+            if data is None:
+                data = read(f"{site}/{rel}/__init__.py")
+            if data is not None:
+                out[module] = data
+                break
+    return out
+
+
+def base_sentinel_verdicts(sources: Mapping[str, bytes], sentinels: Iterable[Sentinel]) -> dict[str, bool]:
+    """For each sentinel, whether the BASE's code already holds it: `sources` maps a module name to the
+    base's source bytes of that module (a module missing from it is absent from the base). Compiled on the
+    host, never executed; a qualname the base lacks means the sentinel is absent. Keys: `sentinel_key`."""
+    compiled: dict[str, Any] = {}
+    out: dict[str, bool] = {}
+    for sentinel in sentinels:
+        key = sentinel_key(sentinel)
+        source = sources.get(sentinel.module)
+        if source is None:
+            out[key] = False
+            continue
+        if sentinel.module not in compiled:
+            try:
+                compiled[sentinel.module] = compile(
+                    source, f"<base {sentinel.module}>", "exec", dont_inherit=True, optimize=0
+                )
+            except (SyntaxError, ValueError) as exc:
+                raise VerifyError(
+                    f"the base's {sentinel.module} does not compile on this host: {exc}",
+                    hint="run servimg with a Python at least as new as the image's interpreter",
+                ) from None
+        hits, _, _ = probe.find_in_qualname(
+            compiled[sentinel.module], sentinel.qualname, sentinel.name, sentinel.const
+        )
+        out[key] = hits > 0
+    return out
+
+
+# -- the service's command -------------------------------------------------------------------------
+# Interpreter options that change what an import resolves to or which bytecode it accepts; the others
+# (-u, -v, -W …) are dropped. -I implies -E -s (and -P on 3.11+).
+_IMPORT_FLAGS = "BEIOPsS"
+_TAKES_ARGUMENT = "cmWX"
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+@dataclass(frozen=True)
+class ServiceCommand:
+    """How the image's own command (Entrypoint + Cmd) runs Python: the import-relevant interpreter
+    options and the entry (`module` for -m, `command` for -c or stdin, `script:PATH`)."""
+
+    argv: tuple[str, ...]
+    python_args: tuple[str, ...] = ()
+    entry: str | None = None
+
+    @property
+    def runs_python(self) -> bool:
+        return self.entry is not None
+
+
+def service_command(config: Mapping[str, Any], interpreter: str | None = None) -> ServiceCommand:
+    """Parse the image config's Entrypoint + Cmd when it execs a Python interpreter directly (a `python*`
+    binary, or `interpreter`); anything else (a shell wrapper, a launcher script) gives no flags and no
+    entry, and the probe keeps its defaults (it still sees the image's Env and WorkingDir)."""
+    argv = tuple(str(a) for a in [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])])
+    if not argv or not (argv[0] == interpreter or _PYTHON_NAME.match(posixpath.basename(argv[0]))):
+        return ServiceCommand(argv)
+    flags: list[str] = []
+    rest = list(argv[1:])
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--check-hash-based-pycs" and rest:
+            flags += [arg, rest.pop(0)]
+        elif arg.startswith("--check-hash-based-pycs="):
+            flags += ["--check-hash-based-pycs", arg.partition("=")[2]]
+        elif arg == "--":
+            return ServiceCommand(argv, tuple(flags), f"script:{rest[0]}" if rest else "command")
+        elif arg == "-" or not arg.startswith("-"):
+            return ServiceCommand(argv, tuple(flags), "command" if arg == "-" else f"script:{arg}")
+        elif arg.startswith("--"):
+            continue  # --help, --version, … : nothing that changes imports
+        else:
+            for i, char in enumerate(arg[1:], start=1):
+                if char in _TAKES_ARGUMENT:
+                    value = arg[i + 1 :] or (rest.pop(0) if rest else "")
+                    if char == "m":
+                        return ServiceCommand(argv, tuple(flags), "module")
+                    if char == "c":
+                        return ServiceCommand(argv, tuple(flags), "command")
+                    if char == "X":
+                        flags += ["-X", value]
+                    break
+                if char in _IMPORT_FLAGS:
+                    flags.append(f"-{char}")
+    return ServiceCommand(argv, tuple(flags), "command")  # the interactive interpreter reads stdin
+
+
+# -- running it -----------------------------------------------------------------------------------
+def run_probe_in_docker(
+    image: str,
+    spec_path_in_image: str = SPEC_IN_IMAGE,
+    *,
+    audit: bool = False,
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    user: str | None = None,
+    python: str | None = None,
+    python_args: Sequence[str] | None = None,
+    entry: str | None = None,
+    timeout: float = 1800.0,
+) -> dict[str, Any]:
+    """Run the probe in a throwaway container of `image` (`--network none`, removed afterwards) and return
+    its JSON report. The image's entrypoint is bypassed; its Env and WorkingDir apply unless `env` /
+    `workdir` override them, so the probe sees what the service sees. `python` defaults to the interpreter
+    the spec names (read from the image without running it); `python_args` are interpreter flags such as
+    `-O` or `--check-hash-based-pycs never`. Left None, the flags and the entry are the image command's
+    own (`service_command`), so the probe runs as the service would."""
+    from servimg.backends.engine import client
+
+    c = client()
+    interpreter = python or _spec_interpreter(c, image, spec_path_in_image)
+    if python_args is None:
+        service = service_command(_engine_config(c, image), interpreter)
+        python_args = service.python_args
+        entry = entry or service.entry
+    command = [interpreter, *python_args, PROBE_IN_IMAGE, spec_path_in_image, "--json"]
+    if audit:
+        command.append("--audit")
+    if entry:
+        command += ["--entry", entry]
+    try:
+        container = c.containers.create(
+            image,
+            command,
+            entrypoint=[],
+            network_mode="none",
+            environment=dict(env) if env is not None else None,
+            working_dir=workdir,
+            user=user,
+        )
+    except Exception as exc:
+        raise VerifyError(
+            f"cannot create a probe container of {image}: {exc}", hint="is the image loaded?"
+        ) from exc
+    try:
+        container.start()
+        status = int(container.wait(timeout=timeout).get("StatusCode", -1))
+        stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+    except Exception as exc:
+        raise VerifyError(f"running the probe in {image} failed: {exc}", hint="see the dockerd log") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        report = None
+    if status not in (0, 1) or not isinstance(report, dict) or "checks" not in report:
+        detail = (report or {}).get("error") if isinstance(report, dict) else None
+        raise VerifyError(
+            f"the probe in {image} exited {status}: {detail or stderr.strip()[-500:] or 'no report'}",
+            hint=f"run it by hand: docker run --rm --network none --entrypoint {interpreter} {image} "
+            f"{PROBE_IN_IMAGE} {spec_path_in_image}",
+        )
+    return report
+
+
+def _unprivileged_prefix() -> list[str]:
+    """chroot needs CAP_SYS_CHROOT: as a normal user (a Nix build), enter a user namespace first."""
+    return [] if os.geteuid() == 0 else [tool("unshare"), "--user", "--map-root-user"]
+
+
+def run_probe_in_chroot(
+    fs: LayeredFS,
+    config_env: Mapping[str, str],
+    workdir: str,
+    *,
+    audit: bool = False,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The daemonless path: materialise the whole image (packages included) and run the probe under the
+    image's interpreter in a chroot, with the image config's Env and WorkingDir (and, given the image
+    `config`, its command's interpreter flags and entry: `service_command`)."""
+    spec = json.loads(fs.read(SPEC_IN_IMAGE.lstrip("/")))
+    interpreter = str(spec["interpreter"]["path"])
+    service = service_command(config or {}, interpreter)
+    with tempfile.TemporaryDirectory(prefix="servimg-verify-") as tmp:
+        root = Path(tmp)
+        extract_runtime(fs, root, packages=True)
+        command = [interpreter, *service.python_args, PROBE_IN_IMAGE, SPEC_IN_IMAGE, "--json"]
+        command += ["--audit"] if audit else []
+        command += ["--entry", service.entry] if service.entry else []
+        script = f"cd {shlex.quote(workdir or '/')} && exec {' '.join(shlex.quote(c) for c in command)}"
+        proc = subprocess.run(
+            [*_unprivileged_prefix(), tool("chroot"), str(root), "/bin/sh", "-c", script],
+            capture_output=True,
+            text=True,
+            env=dict(config_env),
+            check=False,
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode not in (0, 1) or not lines:
+        raise VerifyError(
+            f"the probe exited {proc.returncode} in the chroot: {proc.stderr.strip()[-500:] or 'no report'}",
+            hint="try the docker runner (start dockerd)",
+        )
+    report: dict[str, Any] = json.loads(lines[-1])
+    return report
+
+
+def _engine_config(c: Any, image: str) -> dict[str, Any]:
+    """The engine's view of the image config (`Entrypoint`, `Cmd`, `Env`, `WorkingDir` …)."""
+    try:
+        config = c.images.get(image).attrs.get("Config") or {}
+    except Exception as exc:
+        raise VerifyError(f"cannot inspect {image}: {exc}", hint="is the image loaded?") from exc
+    return dict(config)
+
+
+def _spec_interpreter(c: Any, image: str, spec_path: str) -> str:
+    """The interpreter path the image's probe spec names, copied out of a created (never started)
+    container."""
+    try:
+        container = c.containers.create(image, ["/servimg-probe-not-run"], entrypoint=[], network_mode="none")
+    except Exception as exc:
+        raise VerifyError(
+            f"cannot create a container of {image}: {exc}", hint="is the image loaded?"
+        ) from exc
+    try:
+        chunks, _ = container.get_archive(spec_path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            handle = tar.extractfile(member) if member is not None else None
+            data = json.loads(handle.read()) if handle is not None else {}
+    except Exception as exc:
+        raise VerifyError(
+            f"{image} has no readable probe spec at {spec_path}: {exc}",
+            hint="was the image built by `servimg build`? pass python= to name the interpreter",
+        ) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+    path = (data.get("interpreter") or {}).get("path") if isinstance(data, dict) else None
+    if not isinstance(path, str) or not path:
+        raise VerifyError(
+            f"the probe spec in {image} names no interpreter", hint="rebuild with `servimg build`"
+        )
+    return path
+
+
+# -- report ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    code: str
+    status: str
+    subject: str
+    message: str
+    hint: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "status": self.status,
+            "subject": self.subject,
+            "message": self.message,
+            "hint": self.hint,
+            "details": dict(self.details),
+        }
+
+
+_STYLE = {probe.PASS: "green", probe.WARN: "yellow", probe.FAIL: "bold red", probe.ERROR: "bold magenta"}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """A probe report: one `Check` per line the probe printed, plus the facts it ran under."""
+
+    checks: tuple[Check, ...]
+    interpreter: Mapping[str, Any] = field(default_factory=dict)
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    image: str | None = None
+    lock_digest: str | None = None
+    spec_sha256: str | None = None
+    audit: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """No FAIL and no probe ERROR (warnings do not fail a report)."""
+        return not any(c.status in (probe.FAIL, probe.ERROR) for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for c in self.checks if c.status == s) for s in probe.STATUSES}
+
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status in (probe.FAIL, probe.ERROR))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> VerifyReport:
+        if "error" in data and "checks" not in data:
+            raise VerifyError(f"the probe failed: {data['error']}", hint="check the probe spec in the image")
+        try:
+            checks = tuple(
+                Check(
+                    str(c["code"]),
+                    str(c["status"]),
+                    str(c["subject"]),
+                    str(c["message"]),
+                    str(c.get("hint") or ""),
+                    dict(c.get("details") or {}),
+                )
+                for c in data["checks"]
+            )
+        except (KeyError, TypeError) as exc:
+            raise VerifyError(
+                f"malformed probe report: {exc!r}", hint="probe and servimg versions differ?"
+            ) from None
+        return cls(
+            checks,
+            dict(data.get("interpreter") or {}),
+            dict(data.get("environment") or {}),
+            data.get("image"),
+            data.get("lock_digest"),
+            data.get("spec_sha256"),
+            bool(data.get("audit", False)),
+        )
+
+    def summary_table(self, width: int = 140) -> str:
+        table = Table(title=f"probe: {self.image or '?'}", title_justify="left")
+        for column in ("status", "code", "subject", "message"):
+            table.add_column(column, overflow="fold")
+        for check in self.checks:
+            message = check.message
+            if check.hint and check.status != probe.PASS:
+                message += f"\nfix: {check.hint}"
+            table.add_row(
+                f"[{_STYLE.get(check.status, '')}]{check.status}[/]", check.code, check.subject, message
+            )
+        counts = self.counts()
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=width, color_system=None, highlight=False)
+        facts, env = self.interpreter, self.environment
+        if facts:  # what the probe ran under: the image command's flags, Env and WorkingDir
+            flags = " ".join(
+                f"{key}={facts.get(key)}" for key in ("optimize", "check_hash_based_pycs", "pycache_prefix")
+            )
+            line = (
+                f"interpreter {facts.get('executable')} {facts.get('version')}: {flags} cwd={env.get('cwd')}"
+            )
+            console.print(line, markup=False)
+        console.print(table)
+        console.print(
+            ", ".join(f"{counts[s]} {s}" for s in probe.STATUSES) + (" → OK" if self.ok else " → NOT OK")
+        )
+        return buffer.getvalue()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "image": self.image,
+            "lock_digest": self.lock_digest,
+            "spec_sha256": self.spec_sha256,
+            "audit": self.audit,
+            "summary": self.counts(),
+            "interpreter": dict(self.interpreter),
+            "environment": dict(self.environment),
+            "checks": [c.as_dict() for c in self.checks],
+        }
+
+
+# -- whole images ---------------------------------------------------------------------------------
+def verify_image_value(
+    image: Image,
+    store: BlobStore,
+    log: Log,
+    *,
+    audit: bool = False,
+    base_config: Digest | None = None,
+) -> VerifyReport:
+    """Probe an image value whose blobs are in `store`: in a container when an engine runs (the image is
+    loaded untagged, thin over its base, and removed again if the probe fails and it was not there
+    before), otherwise in a chroot of its extracted layers."""
+    from servimg.backends import engine
+
+    if not engine.engine_available():
+        log("verifying in a chroot (no Docker Engine)")
+        fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
+        config = image.config.get("config") or {}
+        workdir = str(config.get("WorkingDir") or "/")
+        report = VerifyReport.from_json(
+            run_probe_in_chroot(fs, image.env, workdir, audit=audit, config=config)
+        )
+        return report
+    existed = engine.has_image(image.config_digest)
+    if not existed:
+        engine.load(image, store, tag=None, base_config=base_config)
+    log(f"verifying {image.config_digest.short} in a container (--network none)")
+    try:
+        report = VerifyReport.from_json(run_probe_in_docker(str(image.config_digest), audit=audit))
+    except ServimgError:
+        if not existed:
+            engine.remove(image.config_digest)
+        raise
+    if not report.ok and not existed:
+        engine.remove(image.config_digest)
+    return report
+
+
+def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> VerifyReport:
+    """`servimg verify IMAGE`: an engine name/ID, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG."""
+    from servimg.backends import engine
+    from servimg.backends.transport import fetch, is_engine_ref
+
+    if is_engine_ref(ref):
+        name = ref.removeprefix("docker-daemon:")
+        if engine.engine_available():
+            return VerifyReport.from_json(run_probe_in_docker(name, audit=audit))
+        raise VerifyError(
+            f"{ref} names an engine image, but no Docker Engine is reachable",
+            hint="start dockerd, or verify an OCI layout / registry ref instead",
+        )
+    return verify_image_value(fetch(ref, store, log), store, log, audit=audit)

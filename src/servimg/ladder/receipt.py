@@ -1,0 +1,158 @@
+"""The ladder receipt: canonical JSON with its own content sha256, and a small SVG plot beside it.
+
+`seal` adds `sha256` = sha256 of the canonical JSON of everything else, so any edit is detectable
+(`check_seal`). The shape is what `servimg attest --predicate-type test-result --file receipt.json`
+(`provenance.LadderReceipt`) reads: `ladder.name`, `verdict`, `image.{digest,config_digest}`,
+`arms[].{id,verdict}`, `finished_at`. The plot is hand-written SVG (no plotting dependency): per arm,
+corrupted requests and forward flips against the pre-registered limits, and each request's logprob delta
+against the noise-floor limit. Deterministic for a given receipt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from servimg.core import canonical
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import sha256_hex
+from servimg.core.errors import ServimgError
+
+
+class ReceiptError(ServimgError):
+    """A ladder receipt is unreadable, malformed, or does not match its seal."""
+
+
+RECEIPT_VERSION = 1
+
+
+def seal(doc: Mapping[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return {**body, "sha256": sha256_hex(canonical.dumps(body))}
+
+
+def check_seal(doc: Mapping[str, Any]) -> bool:
+    claimed = doc.get("sha256")
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return isinstance(claimed, str) and claimed == sha256_hex(canonical.dumps(body))
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ReceiptError(f"cannot read receipt {path}: {exc}") from None
+    if not isinstance(doc, dict) or not check_seal(doc):
+        raise ReceiptError(f"{path}: the receipt's sha256 does not match its content (edited or truncated)")
+    return doc
+
+
+def write(out: Path, doc: Mapping[str, Any]) -> Path:
+    """Write `receipt.json` (canonical, sealed) and `receipt.svg` atomically into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    sealed = seal(doc)
+    path = out / "receipt.json"
+    _atomic(path, canonical.dumps_pretty(sealed))
+    _atomic(out / "receipt.svg", plot_svg(sealed).encode())
+    return path
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    atomic_write(path, data, 0o644)  # a receipt is for reading
+
+
+# ------------------------------------------------------------------------------------------- plot
+
+_W, _ROW, _LEFT, _PLOT = 760, 26, 120, 280
+_COLORS = {"PASS": "#2e7d32", "FAIL": "#c62828", "NOT_EXERCISED": "#ef6c00"}
+
+
+def _el(tag: str, text: str | None = None, **attrs: object) -> str:
+    """One SVG element; attribute names use `_` for `-` (stroke_dasharray → stroke-dasharray)."""
+    parts = " ".join(
+        f'{k.rstrip("_").replace("_", "-")}="{escape(f"{v:.1f}" if isinstance(v, float) else str(v))}"'
+        for k, v in attrs.items()
+    )
+    return f"<{tag} {parts}/>" if text is None else f"<{tag} {parts}>{escape(text)}</{tag}>"
+
+
+def plot_svg(receipt: Mapping[str, Any]) -> str:
+    """Two panels: counts per arm (corrupted, forward flips) vs limits; logprob deltas vs the limit."""
+    arms: Sequence[Mapping[str, Any]] = receipt.get("arms") or []
+    thresholds = (receipt.get("ladder") or {}).get("thresholds") or {}
+    noise = receipt.get("noise_floor") or {}
+    panel_h = max(len(arms), 1) * _ROW
+    top, x0 = 48, _LEFT + 40
+    height = top + 2 * panel_h + 120
+    name = (receipt.get("ladder") or {}).get("name")
+    config = str((receipt.get("image") or {}).get("config_digest", ""))
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
+        f'viewBox="0 0 {_W} {height}" font-family="sans-serif" font-size="12">',
+        _el("rect", width=_W, height=height, fill="white"),
+        _el(
+            "text", f"ladder {name} — {receipt.get('verdict')}", x=10, y=20, font_size=15, font_weight="bold"
+        ),
+        _el(
+            "text", f"receipt sha256 {str(receipt.get('sha256', ''))[:16]}…  image {config[:19]}…", x=10, y=38
+        ),
+    ]
+    requests = max((len(a.get("requests") or []) for a in arms), default=1) or 1
+    max_corrupted = thresholds.get("max_corrupted")
+    out.append(
+        _el("text", "requests corrupted (bar) / forward flips (◆)", x=10, y=top + 4, font_weight="bold")
+    )
+    y0 = top + 14
+    scale = _PLOT / requests
+    for i, arm in enumerate(arms):
+        y = y0 + i * _ROW
+        color = _COLORS.get(str(arm.get("verdict")), "#555")
+        corrupted = int(arm.get("corrupted") or 0)
+        total = len(arm.get("requests") or [])
+        out.append(_el("text", f"{arm.get('id')} ({arm.get('role')})", x=10, y=y + 14))
+        bar = float(corrupted * scale)
+        out.append(_el("rect", x=x0, y=y + 3, width=bar, height=14, fill=color, opacity=0.7))
+        out.append(_el("text", f"{corrupted}/{total}", x=x0 + 5 + bar, y=y + 14))
+        comparison = arm.get("comparison")
+        if comparison:
+            x = x0 + int(comparison.get("forward_flips") or 0) * scale
+            out.append(_el("path", d=f"M{x:.1f} {y + 4} l5 6 l-5 6 l-5 -6 z", fill="black"))
+        out.append(_el("text", str(arm.get("verdict", "")), x=x0 + 20 + _PLOT, y=y + 14, fill=color))
+    if max_corrupted is not None:
+        x = x0 + float(max_corrupted) * scale
+        out.append(_el("line", x1=x, y1=y0, x2=x, y2=y0 + panel_h, stroke="#c62828", stroke_dasharray="4 3"))
+    top2 = y0 + panel_h + 30
+    limit = thresholds.get("max_logprob_delta_over_noise")
+    noise_lp = float(noise.get("max_logprob_delta") or 0.0)
+    out.append(
+        _el(
+            "text", "per-request max |Δ logprob| vs control (log scale)", x=10, y=top2 + 4, font_weight="bold"
+        )
+    )
+    y1 = top2 + 14
+
+    def xpos(v: float) -> float:
+        v = min(max(v, 1e-6), 10.0)
+        return x0 + (math.log10(v) + 6) / 7 * _PLOT
+
+    for i, arm in enumerate(arms):
+        y = y1 + i * _ROW
+        out.append(_el("text", str(arm.get("id")), x=10, y=y + 14))
+        out.append(_el("line", x1=x0, y1=y + 10, x2=x0 + _PLOT, y2=y + 10, stroke="#ddd"))
+        for row in (arm.get("comparison") or {}).get("requests") or []:
+            v = float(row.get("max_logprob_delta") or 0.0)
+            fill = "#c62828" if row.get("divergent") else "#1565c0"
+            out.append(_el("circle", cx=xpos(v), cy=y + 10, r=3.5, fill=fill, opacity=0.7))
+    if limit is not None:
+        x = xpos(noise_lp + float(limit))
+        out.append(_el("line", x1=x, y1=y1, x2=x, y2=y1 + panel_h, stroke="#c62828", stroke_dasharray="4 3"))
+    for exp in range(-6, 2):
+        out.append(_el("text", f"1e{exp}", x=xpos(10.0**exp), y=y1 + panel_h + 14, text_anchor="middle"))
+    legend = "dashed: pre-registered limit; red: tokens diverged from control (Δ over the common prefix)"
+    out.append(_el("text", legend, x=10, y=height - 12, fill="#555"))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

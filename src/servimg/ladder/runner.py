@@ -1,0 +1,950 @@
+"""The ladder runner: pre-register, run the arms one at a time, judge, write the receipt (docs/design.md,
+"ladder").
+
+An arm is a server (a container of the image under test via the docker SDK, a local command, or an
+existing endpoint) answering the frozen probe set greedily, one request at a time (concurrency 1, so
+per-request metric deltas are attributable). Order of a run:
+
+1. **Pre-registration**: the ladder definition, probe set, thresholds, model files and the harness's own
+   source files are hashed into `preregistration.json` before the first arm starts; they are hashed again
+   before every arm and at the end, and a run whose inputs changed is INVALID (verdict FAIL).
+2. **Arms** in declared order. `server: fresh` starts a new container (ports on 127.0.0.1 only, GPUs via
+   device requests when asked, health wait with a timeout, logs captured, the container ALWAYS removed);
+   `reuse:<arm>` sends to that arm's server, still running; cache dirs are `wipe` (new, empty) or
+   `retain-from:<arm>` (the same host dir, e.g. a restart over a retained disk cache). Metrics are scraped
+   before and after every request. Witness files are collected from each container of an image built
+   with `witness: true` (`servimg.build.witness`); a process that did not run the patched code fails the arm.
+3. **Verdict** by `ladder_eval.evaluate` (pure), receipt by `receipt.write`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from servimg.core import canonical
+from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import ServimgError
+from servimg.core.progress import Log
+from servimg.ladder import receipt
+from servimg.ladder.definition import ArmSpec, LadderDefinition, LadderError, LoadedLadder, Prompt, substitute
+from servimg.ladder.evaluation import (
+    ADAPTERS,
+    ArmOutcome,
+    MetricsAdapter,
+    Output,
+    RequestOutcome,
+    Verdict,
+    delta,
+    evaluate,
+    judge,
+    parse_prometheus,
+)
+from servimg.oci.store import BlobStore
+
+BUNDLE_DIR = "/opt/servimg/ladder"
+WITNESS_SPEC = "/opt/servimg/witness-spec.json"
+HARNESS_MODULES = (
+    "ladder/runner",
+    "ladder/definition",
+    "ladder/evaluation",
+    "ladder/receipt",
+    "ladder/tinymodel",
+    "inimage/tinymodel_gen",
+)
+# Environment every container arm gets: no hub, no telemetry.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+class LadderRunError(ServimgError):
+    """The ladder could not run (no image, a bad variable, a server that never came up …)."""
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def harness_files() -> dict[str, str]:
+    """sha256 of the harness's own source: what judged the run is part of what was pre-registered."""
+    package = Path(__file__).resolve().parents[1]
+    return {f"servimg/{m}.py": sha256_hex((package / f"{m}.py").read_bytes()) for m in HARNESS_MODULES}
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): sha256_hex(p.read_bytes())
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything pre-registered; `sha256` is over the canonical JSON of `as_json()`."""
+
+    ladder_path: str
+    ladder_sha256: str
+    probes_path: str
+    probes_sha256: str
+    thresholds_sha256: str
+    harness: Mapping[str, str]
+    variables: Mapping[str, str]
+    model_files: Mapping[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ladder": {"path": self.ladder_path, "sha256": self.ladder_sha256},
+            "probes": {"path": self.probes_path, "sha256": self.probes_sha256},
+            "thresholds_sha256": self.thresholds_sha256,
+            "harness": dict(self.harness),
+            "vars": dict(self.variables),
+            "model_files": dict(self.model_files),
+        }
+
+    @property
+    def sha256(self) -> str:
+        return sha256_hex(canonical.dumps(self.as_json()))
+
+
+def capture_inputs(loaded: LoadedLadder, variables: Mapping[str, str], model_dir: Path | None) -> Inputs:
+    """Hash the inputs from disk (so a later call sees edits made while the run was going)."""
+    return Inputs(
+        str(loaded.ladder_path),
+        sha256_hex(loaded.ladder_path.read_bytes()),
+        str(loaded.probes_path),
+        sha256_hex(loaded.probes_path.read_bytes()),
+        loaded.definition.thresholds_sha256,
+        harness_files(),
+        dict(sorted(variables.items())),
+        tree_hashes(model_dir) if model_dir is not None else {},
+    )
+
+
+# ------------------------------------------------------------------------------------------ servers
+
+
+@dataclass
+class Server:
+    """A running server an arm talks to; `stop()` captures the logs and removes what was started."""
+
+    url: str
+    kind: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    facts: dict[str, Any] = field(default_factory=dict)
+    container: Any = None
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    witness: bool = False
+
+    def stop(self) -> None:
+        if self.container is not None:
+            try:
+                with contextlib.suppress(Exception):
+                    self.container.stop(timeout=10)
+                with contextlib.suppress(Exception):
+                    self.container.reload()
+                    self.facts["exit_code"] = self.container.attrs["State"].get("ExitCode")
+                with contextlib.suppress(Exception):
+                    logs = self.container.logs()
+                    if self.log_path is not None:
+                        self.log_path.write_bytes(logs)
+                    self.facts["logs_sha256"] = sha256_hex(logs)
+            finally:
+                with contextlib.suppress(Exception):
+                    self.container.remove(force=True)
+                self.container = None
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.facts["exit_code"] = self.process.returncode
+            self.process = None
+
+
+def device_requests(gpus: str | None) -> list[Any]:
+    """`--gpus all` or `--gpus 0,1` as docker device requests (none without the flag)."""
+    if not gpus:
+        return []
+    import docker
+
+    if gpus == "all":
+        return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [docker.types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
+
+
+def _host_port(container: Any, port: int, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        container.reload()
+        bindings = ((container.attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{port}/tcp")
+        if bindings:
+            return int(bindings[0]["HostPort"])
+        if container.status in ("exited", "dead"):
+            break
+        time.sleep(0.2)
+    raise LadderRunError(f"the container never published port {port}")
+
+
+def wait_healthy(server: Server, health_path: str, timeout_s: float, log: Log) -> float:
+    """Seconds until GET <health_path> answered 200; raise with the log tail if the server died or hung."""
+    started = time.monotonic()
+    last = started
+    while time.monotonic() - started < timeout_s:
+        if server.container is not None:
+            server.container.reload()
+            if server.container.status in ("exited", "dead"):
+                tail = server.container.logs(tail=25).decode("utf-8", "replace").strip().splitlines()
+                raise LadderRunError("the server exited before it was healthy", problems=tail)
+        if server.process is not None and server.process.poll() is not None:
+            raise LadderRunError(
+                f"the server process exited ({server.process.returncode}) before it was healthy"
+            )
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(server.url + health_path, timeout=2).status_code == 200:
+                return time.monotonic() - started
+        if time.monotonic() - last > 30:
+            log(f"  … waiting for {server.url}{health_path} ({time.monotonic() - started:.0f}s)")
+            last = time.monotonic()
+        time.sleep(1)
+    last_lines: list[str] = []
+    if server.container is not None:
+        last_lines = server.container.logs(tail=25).decode("utf-8", "replace").strip().splitlines()
+    raise LadderRunError(f"the server was not healthy within {timeout_s:.0f}s", problems=last_lines)
+
+
+# ------------------------------------------------------------------------------------------ requests
+
+
+def metrics_text(url: str) -> str:
+    try:
+        response = requests.get(url + "/metrics", timeout=10)
+        return response.text if response.status_code == 200 else ""
+    except requests.RequestException:
+        return ""
+
+
+def complete(url: str, model: str, prompt: Prompt, ladder: LadderDefinition, timeout_s: float) -> Output:
+    s = ladder.sampling
+    frozen = ladder.probe_tokens == "frozen"
+    body = {
+        "model": model,
+        "prompt": list(prompt.token_ids) if frozen else prompt.text,
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "seed": s.seed,
+        "logprobs": s.logprobs,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    response = requests.post(url + "/v1/completions", json=body, timeout=timeout_s)
+    if response.status_code != 200:
+        raise LadderRunError(f"HTTP {response.status_code}: {response.text[:300]}")
+    return parse_completion(response.json())
+
+
+def parse_completion(doc: Mapping[str, Any]) -> Output:
+    choice = (doc.get("choices") or [{}])[0]
+    logprobs = choice.get("logprobs") or {}
+    token_ids = choice.get("token_ids")
+    if token_ids is None:  # servers without return_token_ids: tokens as "token_id:N"
+        token_ids = [int(str(t).rpartition(":")[2]) for t in logprobs.get("tokens") or []]
+    values = [float(v) if v is not None else float("nan") for v in logprobs.get("token_logprobs") or []]
+    prompt_ids = tuple(int(t) for t in choice.get("prompt_token_ids") or ())
+    return Output(
+        str(choice.get("text") or ""),
+        tuple(int(t) for t in token_ids),
+        tuple(values),
+        choice.get("finish_reason"),
+        prompt_ids,
+    )
+
+
+def tokenization_check(url: str, model: str, prompts: Sequence[Prompt]) -> dict[str, Any]:
+    """Does the server's tokenizer turn each prompt's text into its token ids? (the ids are what is sent)"""
+    mismatched, errors = [], []
+    for prompt in prompts:
+        try:
+            r = requests.post(
+                url + "/tokenize",
+                json={"model": model, "prompt": prompt.text, "add_special_tokens": False},
+                timeout=30,
+            )
+            if r.status_code != 200:
+                errors.append(f"{prompt.id}: HTTP {r.status_code}")
+            elif tuple(r.json().get("tokens") or ()) != prompt.token_ids:
+                mismatched.append(prompt.id)
+        except requests.RequestException as exc:
+            errors.append(f"{prompt.id}: {exc}")
+    return {"checked": len(prompts), "mismatched": mismatched, "errors": errors[:5]}
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    image: str | None  # an engine ref/ID; None with `endpoint`
+    out: Path
+    variables: Mapping[str, str] = field(default_factory=dict)
+    gpus: str | None = None
+    endpoint: str | None = None  # every arm against this URL (no servers started)
+    command: bool = False  # arms as local commands (server.command on the host) instead of containers
+    store: BlobStore | None = None
+
+
+@dataclass
+class _ArmRecord:
+    spec: ArmSpec
+    outcome: ArmOutcome
+    facts: dict[str, Any]
+
+
+class _Clock:
+    """Harness time (everything but waiting for a server and for its answers) per arm."""
+
+    def __init__(self) -> None:
+        self.server_s = 0.0
+        self.requests_s = 0.0
+
+
+def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> dict[str, Any]:
+    """Run the ladder; write `receipt.json` + `receipt.svg` into `config.out`; return the sealed receipt."""
+    ladder = loaded.definition
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    started_at = _now()
+    run_started = time.monotonic()
+    adapter = ADAPTERS[ladder.engine]
+    image = _image_facts(config, ladder)
+    variables, model_dir = _variables(loaded, config, log)
+    deviations: list[str] = list(image.pop("deviations", []))
+    pre = capture_inputs(loaded, variables, model_dir)
+    prereg = {"run_id": run_id, "registered_at": started_at, "inputs": pre.as_json(), "sha256": pre.sha256}
+    (out / "preregistration.json").write_bytes(canonical.dumps_pretty(prereg))
+    log(f"ladder {ladder.name}: pre-registered inputs sha256 {pre.sha256[:16]}… ({len(ladder.arms)} arms)")
+    servers: dict[str, Server] = {}
+    caches: dict[tuple[str, str], Path] = {}
+    records: list[_ArmRecord] = []
+    unchanged = True
+    last_use = {ladder.server_arm(a).id: i for i, a in enumerate(ladder.arms)}
+    try:
+        for index, arm in enumerate(ladder.arms):
+            if capture_inputs(loaded, variables, model_dir).sha256 != pre.sha256:
+                unchanged = False
+                log(f"ladder {ladder.name}: inputs changed before arm {arm.id}: the run is INVALID")
+                break
+            record = _run_arm(loaded, arm, index, config, variables, adapter, servers, caches, run_id, log)
+            records.append(record)
+            for owner, server in list(servers.items()):
+                if last_use.get(owner, -1) <= index:
+                    server.stop()
+                    _merge_stop_facts(records, owner, server)
+                    del servers[owner]
+    finally:
+        for owner, server in servers.items():
+            server.stop()
+            _merge_stop_facts(records, owner, server)
+        if config.image is not None and config.endpoint is None and not config.command:
+            _remove_run_containers(run_id)
+    if capture_inputs(loaded, variables, model_dir).sha256 != pre.sha256:
+        unchanged = False
+    for record in records:
+        deviations += record.facts.pop("deviations", [])
+    deviations += _prompt_consistency(records)
+    verdict = evaluate(
+        ladder, [r.outcome for r in records], inputs_unchanged=unchanged, deviations=deviations
+    )
+    doc = build_receipt(loaded, image, pre, prereg, records, verdict, started_at, run_id)
+    doc["timing"]["run_wall_s"] = round(time.monotonic() - run_started, 3)
+    receipt.write(out, doc)
+    sealed = receipt.load(out / "receipt.json")
+    log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256 {sealed['sha256'][:16]}…)")
+    return sealed
+
+
+def _prompt_consistency(records: Sequence[_ArmRecord]) -> list[str]:
+    """Every arm must have sent the same prompt tokens (text probes are tokenized by each server)."""
+    seen: dict[str, tuple[str, str]] = {}
+    out = []
+    for record in records:
+        for prompt_id, facts in (record.facts.get("request_facts") or {}).items():
+            digest = str(facts.get("prompt_token_ids_sha256"))
+            first = seen.setdefault(prompt_id, (record.spec.id, digest))
+            if first[1] != digest:
+                out.append(f"{prompt_id}: arm {record.spec.id} sent other prompt tokens than arm {first[0]}")
+    return out
+
+
+def _merge_stop_facts(records: Sequence[_ArmRecord], owner: str, server: Server) -> None:
+    for record in records:
+        if record.spec.id == owner:
+            record.facts.setdefault("server", {}).update(
+                {k: server.facts[k] for k in ("exit_code", "logs_sha256") if k in server.facts}
+            )
+
+
+def _run_arm(
+    loaded: LoadedLadder,
+    arm: ArmSpec,
+    index: int,
+    config: RunConfig,
+    variables: Mapping[str, str],
+    adapter: MetricsAdapter,
+    servers: dict[str, Server],
+    caches: dict[tuple[str, str], Path],
+    run_id: str,
+    log: Log,
+) -> _ArmRecord:
+    ladder = loaded.definition
+    arm_started = time.monotonic()
+    clock = _Clock()
+    facts: dict[str, Any] = {"deviations": []}
+    prefix = f"[{index + 1}/{len(ladder.arms)} {arm.id}]"
+    log(f"{prefix} role {arm.role}, server {arm.server}")
+    error: str | None = None
+    requests_out: list[RequestOutcome] = []
+    metric_names = [g.metric for a in ladder.arms for g in a.exercise]
+    before: dict[str, float | None] = {}
+    after: dict[str, float | None] = {}
+    server: Server | None = None
+    try:
+        owner = ladder.server_arm(arm)
+        if arm.reuses is None:
+            t0 = time.monotonic()
+            server = _start(loaded, arm, config, variables, caches, run_id, facts, log)
+            servers[arm.id] = server
+            startup = wait_healthy(server, ladder.server.health_path, ladder.server.startup_timeout_s, log)
+            clock.server_s += time.monotonic() - t0
+            server.facts["healthy_after_s"] = round(startup, 3)
+            server.facts["info"] = _server_info(server.url)
+            log(f"{prefix} server healthy after {startup:.1f}s ({server.facts['info'].get('version')})")
+        elif owner.id in servers:
+            server = servers[owner.id]
+        else:
+            raise LadderRunError(f"arm {owner.id}'s server is not running (it failed to start, or stopped)")
+        facts["server"] = {
+            "kind": server.kind,
+            "owner_arm": owner.id,
+            "argv": list(server.argv),
+            "env": dict(sorted(server.env.items())),
+            **server.facts,
+        }
+        for step in arm.pre_steps:
+            facts.setdefault("pre_steps", []).append(_pre_step(server.url, step))
+        if index == 0 and ladder.probe_tokens == "frozen":
+            facts["tokenization_check"] = tokenization_check(
+                server.url, ladder.model.served_name, [p for _, p in loaded.probes.prompts]
+            )
+            if facts["tokenization_check"]["mismatched"] or facts["tokenization_check"]["errors"]:
+                facts["deviations"].append(f"tokenization check: {facts['tokenization_check']}")
+        before = adapter.snapshot(parse_prometheus(metrics_text(server.url)), metric_names)
+        prompts = loaded.probes.prompts
+        for number, (family, prompt) in enumerate(prompts, 1):
+            m0 = adapter.snapshot(parse_prometheus(metrics_text(server.url)), metric_names)
+            t0 = time.monotonic()
+            output, req_error = None, None
+            try:
+                output = complete(
+                    server.url, ladder.model.served_name, prompt, ladder, ladder.server.request_timeout_s
+                )
+            except (LadderRunError, requests.RequestException, ValueError) as exc:
+                req_error = str(exc)
+            seconds = time.monotonic() - t0
+            clock.requests_s += seconds
+            m1 = adapter.snapshot(parse_prometheus(metrics_text(server.url)), metric_names)
+            judgement = judge(output, prompt.expect, ladder.thresholds.detectors, req_error)
+            requests_out.append(RequestOutcome(prompt.id, family.id, output, judgement, req_error))
+            per = {k: v for k, v in delta(m0, m1).items() if v}
+            request_facts: dict[str, Any] = {"seconds": round(seconds, 4), "metrics_delta": per}
+            sent = (
+                output.prompt_token_ids
+                if output is not None and output.prompt_token_ids
+                else prompt.token_ids
+            )
+            request_facts["prompt_tokens"] = len(sent)
+            request_facts["prompt_token_ids_sha256"] = sha256_hex(json.dumps(list(sent)).encode())
+            facts.setdefault("request_facts", {})[prompt.id] = request_facts
+            status = "ok" if judgement.ok else "CORRUPTED " + "; ".join(judgement.reasons)[:120]
+            hits = per.get("prefix_cache_hits")
+            log(
+                f"{prefix} {number}/{len(prompts)} {prompt.id}: {status} ({seconds:.2f}s hits +{hits or 0:g})"
+            )
+        after = adapter.snapshot(parse_prometheus(metrics_text(server.url)), metric_names)
+        if not metrics_text(server.url):
+            facts["deviations"].append(
+                f"{arm.id}: the server exports no /metrics: exercise gates cannot be met"
+            )
+    except (ServimgError, requests.RequestException, KeyError) as exc:
+        error = str(exc) if not isinstance(exc, ServimgError) else exc.message
+        if isinstance(exc, ServimgError) and exc.problems:
+            facts["error_detail"] = list(exc.problems)[-25:]
+        log(f"{prefix} ERROR: {error}")
+    witness_problems = None
+    if server is not None and server.witness and server.container is not None:
+        witness_problems, facts["witness"] = _collect_witness(server, config.out / "witness" / arm.id, log)
+    facts["metrics"] = {"before": before, "after": after}
+    wall = time.monotonic() - arm_started
+    facts["timing"] = {
+        "wall_s": round(wall, 3),
+        "server_start_s": round(clock.server_s, 3),
+        "requests_s": round(clock.requests_s, 3),
+        "harness_s": round(max(wall - clock.server_s - clock.requests_s, 0.0), 3),
+    }
+    outcome = ArmOutcome(
+        arm.id,
+        arm.role,
+        tuple(requests_out),
+        delta(before, after),
+        error,
+        witness_problems,
+    )
+    return _ArmRecord(arm, outcome, facts)
+
+
+def _start(
+    loaded: LoadedLadder,
+    arm: ArmSpec,
+    config: RunConfig,
+    variables: Mapping[str, str],
+    caches: dict[tuple[str, str], Path],
+    run_id: str,
+    facts: dict[str, Any],
+    log: Log,
+) -> Server:
+    ladder = loaded.definition
+    spec = ladder.server
+    args = [substitute(a, variables) for a in (*spec.args, *arm.args)]
+    env = {**OFFLINE_ENV, **{k: substitute(v, variables) for k, v in {**spec.env, **arm.env}.items()}}
+    mounts: dict[str, dict[str, str]] = {}
+    for mount in spec.mounts:
+        mounts[str(Path(substitute(mount.source, variables)).resolve())] = {
+            "bind": mount.target,
+            "mode": "ro" if mount.read_only else "rw",
+        }
+    cache_facts = {}
+    for name, mode in sorted(arm.caches.items()):
+        cache = ladder.caches[name]
+        if mode == "wipe":
+            path = config.out / "caches" / f"{arm.id}-{name}"
+            if path.exists():
+                import shutil
+
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+        else:
+            path = caches[(mode.removeprefix("retain-from:"), name)]
+        caches[(arm.id, name)] = path
+        files = [p for p in path.rglob("*") if p.is_file()]
+        cache_facts[name] = {
+            "mode": mode,
+            "host": str(path),
+            "target": cache.target,
+            "files_at_start": len(files),
+            "bytes_at_start": sum(p.stat().st_size for p in files),
+        }
+        mounts[str(path.resolve())] = {"bind": cache.target, "mode": "rw"}
+        env.update({k: substitute(v, variables) for k, v in cache.env.items()})
+    facts["caches"] = cache_facts
+    argv = (*spec.command, *args)
+    if config.endpoint is not None:
+        facts["deviations"].append(
+            f"{arm.id}: endpoint mode: no fresh server; args, env and caches not applied"
+        )
+        return Server(config.endpoint.rstrip("/"), "endpoint", argv, env)
+    if config.command:
+        log_path = config.out / "logs" / f"{arm.id}.log"
+        port = spec.port
+        if mounts:
+            facts["deviations"].append(f"{arm.id}: local command: mounts not applied ({', '.join(mounts)})")
+        with log_path.open("wb") as fh:
+            process = subprocess.Popen(
+                list(argv), env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT
+            )
+        return Server(f"http://127.0.0.1:{port}", "command", argv, env, process=process, log_path=log_path)
+    from servimg.backends.engine import client
+
+    assert config.image is not None
+    c = client()
+    container = c.containers.run(
+        config.image,
+        list(args),
+        entrypoint=list(spec.command),
+        detach=True,
+        environment=env,
+        ports={f"{spec.port}/tcp": ("127.0.0.1", None)},
+        shm_size=spec.shm_size,
+        volumes=mounts,
+        device_requests=device_requests(config.gpus),
+        labels={
+            "io.servimg.ladder": ladder.name,
+            "io.servimg.ladder.run": run_id,
+            "io.servimg.ladder.arm": arm.id,
+        },
+        name=f"servimg-ladder-{run_id}-{arm.id}",
+    )
+    server = Server(
+        "", "docker", argv, env, container=container, log_path=config.out / "logs" / f"{arm.id}.log"
+    )
+    try:
+        port = _host_port(container, spec.port, time.monotonic() + 30)
+        server.url = f"http://127.0.0.1:{port}"
+        server.facts.update(
+            {
+                "container": container.id[:12],
+                "image": str(container.image.id),
+                "port": port,
+                "gpus": config.gpus,
+                "shm_size": spec.shm_size,
+                "mounts": {k: v["bind"] + ":" + v["mode"] for k, v in sorted(mounts.items())},
+            }
+        )
+        server.witness = _has_file(container, WITNESS_SPEC)
+        log(f"  started container {container.id[:12]} on 127.0.0.1:{port}")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _remove_run_containers(run_id: str) -> None:
+    """Belt and braces: remove any container of this run still there (e.g. created just before Ctrl-C)."""
+    from servimg.backends.engine import client
+
+    with contextlib.suppress(Exception):
+        for leftover in client().containers.list(
+            all=True, filters={"label": f"io.servimg.ladder.run={run_id}"}
+        ):
+            with contextlib.suppress(Exception):
+                leftover.remove(force=True)
+
+
+def _has_file(container: Any, path: str) -> bool:
+    """Whether `path` exists in the container. Only "not found" means no; any other engine error is
+    raised, never read as "no witness" (which would silently skip the witness check)."""
+    import docker.errors
+
+    try:
+        chunks, _ = container.get_archive(path)
+        for _ in chunks:
+            pass
+        return True
+    except docker.errors.NotFound:
+        return False
+
+
+def _collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Witness records of the serving processes (`build.witness.collect`); none recorded is a problem."""
+    try:
+        from servimg.build.witness import collect
+
+        result = collect(server.container.id, out)
+    except ServimgError as exc:
+        return (f"witness files could not be collected: {exc.message}",), {"error": exc.message}
+    problems = list(result.problems())
+    if not result.records():
+        problems.append("no serving process recorded loading an overlay module")
+    log(f"  witness: {len(result.records())} record(s), {len(problems)} problem(s)")
+    return tuple(problems), result.as_dict()
+
+
+def _pre_step(url: str, step: str) -> dict[str, Any]:
+    if step == "reset_prefix_cache":
+        r = requests.post(url + "/reset_prefix_cache", timeout=60)
+        if r.status_code != 200:
+            raise LadderRunError(
+                f"reset_prefix_cache: HTTP {r.status_code}",
+                hint="vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in the server env",
+            )
+        return {"step": step, "status": r.status_code}
+    raise LadderRunError(f"unknown pre-step {step}")
+
+
+def _server_info(url: str) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    with contextlib.suppress(requests.RequestException, ValueError):
+        info["version"] = requests.get(url + "/version", timeout=10).json().get("version")
+    with contextlib.suppress(requests.RequestException, ValueError):
+        info["models"] = [
+            m.get("id") for m in requests.get(url + "/v1/models", timeout=10).json().get("data", [])
+        ]
+    return info
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------------------------------ image, vars
+
+
+def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, Any]:
+    """The image under test: config digest (engine image ID), manifest digest when known, servimg labels."""
+    if config.image is None:
+        return {"ref": None, "digest": None, "config_digest": None, "deviations": ["no image: endpoint mode"]}
+    from servimg.backends.engine import _cached, client
+
+    try:
+        engine_image = client().images.get(config.image)
+    except Exception as exc:
+        raise LadderRunError(
+            f"the Docker Engine has no image {config.image!r}: {exc}", hint="build or pull it"
+        ) from None
+    config_digest = str(engine_image.id)
+    manifest: str | None = None
+    if config.store is not None:
+        cached = _cached(Digest.parse(config_digest), config.store)
+        manifest = str(cached.digest) if cached is not None else None
+    for repo_digest in engine_image.attrs.get("RepoDigests") or []:
+        manifest = manifest or repo_digest.rpartition("@")[2]
+    labels = {
+        k: v
+        for k, v in sorted((engine_image.labels or {}).items())
+        if k.startswith(("io.servimg", "org.opencontainers"))
+    }
+    facts: dict[str, Any] = {
+        "ref": config.image,
+        "digest": manifest,
+        "config_digest": config_digest,
+        "labels": labels,
+        "deviations": [],
+    }
+    if manifest is None:
+        facts["deviations"].append(
+            "the image's manifest digest is unknown here (engine image); config digest used"
+        )
+    if ladder.image is not None:
+        facts["expected_digest"] = ladder.image.digest
+        if ladder.image.digest not in (manifest, config_digest):
+            raise LadderRunError(
+                f"the ladder is about {ladder.image.digest}, "
+                f"the image {config.image} is {manifest or config_digest}",
+                hint="run the ladder against the image it names, or update image.digest in the ladder",
+            )
+    return facts
+
+
+def _variables(loaded: LoadedLadder, config: RunConfig, log: Log) -> tuple[dict[str, str], Path | None]:
+    """Run variables; `model_dir` is generated (tiny copy model in the image) when the ladder says so."""
+    variables = dict(config.variables)
+    ladder = loaded.definition
+    unknown = sorted(set(variables) - set(ladder.vars))
+    if unknown:
+        raise LadderRunError(
+            f"unknown --var {', '.join(unknown)}", hint=f"the ladder declares {sorted(ladder.vars)}"
+        )
+    model_dir: Path | None = None
+    if ladder.model.generate == "tiny-copy" and "model_dir" in ladder.vars and "model_dir" not in variables:
+        if config.image is None:
+            raise LadderRunError("the tiny model is generated inside the image: pass --var model_dir=DIR")
+        from servimg.ladder.tinymodel import TinyModelRecipe, ensure_model
+
+        model_dir = ensure_model(TinyModelRecipe(), config.image, config.store or BlobStore(), log)
+        variables["model_dir"] = str(model_dir)
+    elif "model_dir" in variables:
+        model_dir = Path(variables["model_dir"])
+    missing = sorted(set(ladder.vars) - set(variables))
+    if missing and config.endpoint is None:
+        raise LadderRunError(
+            f"no value for {', '.join(missing)}", hint=" ".join(f"--var {m}=…" for m in missing)
+        )
+    return variables, model_dir
+
+
+# ------------------------------------------------------------------------------------------ receipt
+
+
+def build_receipt(
+    loaded: LoadedLadder,
+    image: Mapping[str, Any],
+    inputs: Inputs,
+    prereg: Mapping[str, Any],
+    records: Sequence[_ArmRecord],
+    verdict: Verdict,
+    started_at: str,
+    run_id: str,
+) -> dict[str, Any]:
+    ladder = loaded.definition
+    by_arm = {a.arm: a for a in verdict.arms}
+    arms = []
+    for record in records:
+        v = by_arm[record.spec.id]
+        facts = dict(record.facts)
+        request_facts = facts.pop("request_facts", {})
+        requests_json = []
+        for r in record.outcome.requests:
+            extra = request_facts.get(r.prompt_id, {})
+            requests_json.append(
+                {
+                    "prompt_id": r.prompt_id,
+                    "family": r.family_id,
+                    "ok": r.judgement.ok,
+                    "reasons": list(r.judgement.reasons),
+                    "expected_ok": r.judgement.expected_ok,
+                    "error": r.error,
+                    "output": None
+                    if r.output is None
+                    else {
+                        "text": r.output.text,
+                        "token_ids": list(r.output.token_ids),
+                        "logprobs": [round(x, 6) for x in r.output.logprobs],
+                        "finish_reason": r.output.finish_reason,
+                    },
+                    "detectors": {d.name: d.value for d in r.judgement.detectors},
+                    **extra,
+                }
+            )
+        comparison = None
+        if v.comparison is not None:
+            c = v.comparison
+            comparison = {
+                "baseline": c.baseline,
+                "compared": c.compared,
+                "divergent": c.divergent,
+                "forward_flips": c.forward_flips,
+                "reverse_flips": c.reverse_flips,
+                "max_logprob_delta": c.max_logprob_delta,
+                "requests": [
+                    {
+                        "prompt_id": r.prompt_id,
+                        "divergent": r.divergent,
+                        "first_divergence": r.first_divergence,
+                        "flip": r.flip,
+                        "max_logprob_delta": r.max_logprob_delta,
+                    }
+                    for r in c.requests
+                ],
+            }
+        arms.append(
+            {
+                "id": record.spec.id,
+                "role": record.spec.role,
+                "verdict": v.result,
+                "reasons": list(v.reasons),
+                "error": record.outcome.error,
+                "spec": record.spec.model_dump(mode="json"),
+                "corrupted": v.corrupted,
+                "metrics_delta": dict(record.outcome.metrics_delta),
+                "gates": [
+                    {"metric": g.metric, "op": g.op, "value": g.value, "observed": g.observed, "ok": g.ok}
+                    for g in v.gates
+                ],
+                "comparison": comparison,
+                "requests": requests_json,
+                **facts,
+            }
+        )
+    timings = [a["timing"] for a in arms if "timing" in a]
+    wall = sum(t["wall_s"] for t in timings)
+    harness = sum(t["harness_s"] for t in timings)
+    return {
+        "receipt_version": receipt.RECEIPT_VERSION,
+        "run_id": run_id,
+        "ladder": {
+            "name": ladder.name,
+            "engine": ladder.engine,
+            "sha256": inputs.ladder_sha256,
+            "thresholds": ladder.thresholds.model_dump(mode="json"),
+            "sampling": ladder.sampling.model_dump(mode="json"),
+        },
+        "image": dict(image),
+        "inputs": inputs.as_json(),
+        "preregistration": {"sha256": prereg["sha256"], "registered_at": prereg["registered_at"]},
+        "valid": verdict.valid,
+        "verdict": verdict.result,
+        "verdict_reasons": list(verdict.reasons),
+        "deviations": list(verdict.deviations),
+        "noise_floor": {
+            "measured": verdict.noise.measured,
+            "divergent": verdict.noise.divergent,
+            "max_logprob_delta": verdict.noise.max_logprob_delta,
+        },
+        "gates": [{"arm": a["id"], **g} for a in arms for g in a["gates"]],
+        "arms": arms,
+        "timing": {
+            "arms_wall_s": round(wall, 3),
+            "harness_s": round(harness, 3),
+            "harness_fraction": round(harness / wall, 4) if wall else None,
+        },
+        "started_at": started_at,
+        "finished_at": _now(),
+    }
+
+
+# ------------------------------------------------------------------------------------------ bundled
+
+
+def bundled_ladder(image: str, dest: Path) -> Path:
+    """Copy the image's bundled ladder (`/opt/servimg/ladder/`) into `dest`; return the ladder YAML path."""
+    from servimg.backends.engine import client
+
+    c = client()
+    container = c.containers.create(image, entrypoint=["/bin/true"], network_disabled=True)
+    try:
+        try:
+            chunks, _ = container.get_archive(BUNDLE_DIR)
+        except Exception as exc:
+            raise LadderError(
+                f"{image} carries no ladder under {BUNDLE_DIR}: {exc}",
+                hint="build it from a definition with `ladder:`, or pass --ladder",
+            ) from None
+        data = b"".join(chunks)
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            name = Path(member.name).name
+            if member.isfile() and name.endswith((".yaml", ".json")):
+                handle = tar.extractfile(member)
+                if handle is not None:
+                    (dest / name).write_bytes(handle.read())
+    found = sorted(dest.glob("*.yaml"))
+    if len(found) != 1:
+        raise LadderError(f"{image}: expected one ladder YAML under {BUNDLE_DIR}, found {len(found)}")
+    return found[0]
+
+
+@contextlib.contextmanager
+def _noop() -> Iterator[None]:
+    yield
+
+
+def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The CLI's one-line result: verdict, reasons, per-arm verdicts, receipt hash."""
+    return {
+        "verdict": doc["verdict"],
+        "valid": doc["valid"],
+        "reasons": doc["verdict_reasons"][:10],
+        "arms": {a["id"]: a["verdict"] for a in doc["arms"]},
+        "receipt_sha256": doc["sha256"],
+        "harness_fraction": doc["timing"]["harness_fraction"],
+        "image": doc["image"].get("config_digest"),
+    }
+
+
+def to_json(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=1, sort_keys=True)

@@ -1,0 +1,150 @@
+"""A content-addressed blob store on disk (the cache every backend reads into and writes from).
+
+Layout mirrors an OCI image layout's `blobs/sha256/<hex>`. Every write goes to a unique temp file in the
+same directory and is renamed into place only after its digest verified, so a killed build leaves at
+worst a stray `.tmp-*` file that the next run ignores, never a corrupt blob under a valid name. A blob
+truncated under its valid name anyway (power loss before writeback) is caught by `has(digest, size)`,
+removed and fetched again. Gzip layers are decompressed with a bound (layer.decompression_limit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, BinaryIO
+
+from servimg.core.digest import Digest
+from servimg.core.errors import LayerError, StoreError
+from servimg.oci.layer import open_uncompressed
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SERVIMG_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servimg"
+
+
+class BlobStore:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_cache_dir()
+        (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+        (self.root / "diffs" / "sha256").mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: Digest) -> Path:
+        return self.root / "blobs" / digest.algorithm / digest.hex
+
+    def has(self, digest: Digest, size: int | None = None) -> bool:
+        """Whether the blob is cached. With `size`, a cached file of another size (truncated by a crash
+        or a full disk) is removed and reported missing, so the caller fetches it again (repair)."""
+        path = self.path(digest)
+        if size is None:
+            return path.is_file()
+        try:
+            actual = path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if actual != size:
+            path.unlink(missing_ok=True)
+            return False
+        return True
+
+    def read(self, digest: Digest) -> bytes:
+        try:
+            data = self.path(digest).read_bytes()
+        except FileNotFoundError as exc:
+            raise StoreError(f"blob {digest} is not in the cache {self.root}") from exc
+        digest.verify(data, f"cached blob {digest.short}")
+        return data
+
+    def put_bytes(self, data: bytes) -> Digest:
+        digest = Digest.of_bytes(data)
+        if not self.has(digest):
+            with self._writer(self.path(digest).parent) as (fh, tmp):
+                fh.write(data)
+            os.replace(tmp, self.path(digest))
+        return digest
+
+    def put_stream(self, stream: IO[bytes], expected: Digest | None = None) -> tuple[Digest, int]:
+        """Copy a stream in, hashing as it goes; refuse (and keep nothing) when it is not `expected`."""
+        sha = hashlib.sha256()
+        size = 0
+        with self._writer(self.path(Digest("sha256", "0" * 64)).parent) as (fh, tmp):
+            while block := stream.read(1 << 20):
+                sha.update(block)
+                size += len(block)
+                fh.write(block)
+        digest = Digest("sha256", sha.hexdigest())
+        if expected is not None and digest != expected:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(
+                f"blob digest mismatch: expected {expected}, got {digest}",
+                hint="the source altered the content; fetch it again from a trusted source",
+            )
+        os.replace(tmp, self.path(digest))
+        return digest, size
+
+    def put_file(self, src: Path, expected: Digest | None = None) -> tuple[Digest, int]:
+        with src.open("rb") as fh:
+            return self.put_stream(fh, expected)
+
+    def adopt(self, src: Path, digest: Digest) -> None:
+        """Move an already-verified file into the store under `digest` (atomic rename when `src` is on
+        the same filesystem, so concurrent builds adopting the same blob never see a partial file)."""
+        if self.has(digest):
+            src.unlink(missing_ok=True)
+            return
+        try:
+            os.replace(src, self.path(digest))
+        except OSError:
+            with self._writer(self.path(digest).parent) as (fh, tmp), src.open("rb") as source:
+                shutil.copyfileobj(source, fh)
+            os.replace(tmp, self.path(digest))
+            src.unlink(missing_ok=True)
+
+    def uncompressed(self, digest: Digest, diff_id: Digest) -> Path:
+        """An uncompressed copy of a layer blob (random access for the layered reader), verified by diffID."""
+        blob = self.path(digest)
+        with blob.open("rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                # An uncompressed layer IS its tar: its diffID must be its digest.
+                if digest != diff_id:
+                    raise LayerError(
+                        f"layer {digest.short} is an uncompressed tar, so its diffID must be {digest}, "
+                        f"but the image config says {diff_id}",
+                        hint="the layer does not match the image config; the image is corrupt or tampered",
+                    )
+                return blob
+        target = self.root / "diffs" / diff_id.algorithm / diff_id.hex
+        if target.is_file():
+            return target
+        sha = hashlib.sha256()
+        with open_uncompressed(blob) as src, self._writer(target.parent) as (fh, tmp):
+            while block := src.read(1 << 20):
+                sha.update(block)
+                fh.write(block)
+        if sha.hexdigest() != diff_id.hex:
+            tmp.unlink(missing_ok=True)
+            raise LayerError(
+                f"layer {digest.short}: uncompressed content is sha256:{sha.hexdigest()}, "
+                f"but the image config says diffID {diff_id}",
+                hint="the layer does not match the image config; the image is corrupt or tampered",
+            )
+        os.replace(tmp, target)
+        return target
+
+    @contextmanager
+    def _writer(self, directory: Path) -> Iterator[tuple[BinaryIO, Path]]:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        tmp = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh, tmp
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

@@ -1,0 +1,1 @@
+"""Signed statements that travel with the digest: DSSE, in-toto/SLSA, referrers, attach, check, keys."""

@@ -1,0 +1,528 @@
+"""Provenance that travels with the digest: push an image with its attestations, attach later results,
+promote by policy.
+
+Order is the guarantee. `push`: blobs, the manifest by digest, every attestation (its subject is that
+manifest), and only then the tag. A tag therefore never exists without the attestations it was pushed
+with, and a push killed at any point leaves no tag; running it again reuses what arrived (blobs, the
+manifest, attestations whose envelope is already attached) and finishes. `promote` moves its tag only
+after the policy passed and the VSA is attached.
+
+Attaching never changes the image: each attach is bracketed by a HEAD of the image manifest by digest,
+and a different answer (digest or size) stops everything with an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servimg.build.seams import DEFAULT, Seams, StoreOnly
+from servimg.core.digest import Digest
+from servimg.core.errors import BuildError, ServimgError
+from servimg.core.progress import NULL, Log, Progress
+from servimg.oci.image import Descriptor, Image
+from servimg.oci.store import BlobStore
+from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import statements as provenance
+from servimg.provenance.check import (
+    CheckFailed,
+    CheckReport,
+    Located,
+    Policy,
+    collect,
+    evaluate,
+    locate,
+    top_layer,
+)
+from servimg.provenance.statements import ImageFacts, Invocation
+
+
+class AttachError(ServimgError):
+    """An image or result could not be pushed, attached or promoted."""
+
+
+@dataclass(frozen=True)
+class Attached:
+    kind: str
+    artifact: str
+    signed: bool
+    reused: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "artifact": self.artifact, "signed": self.signed, "reused": self.reused}
+
+
+@dataclass(frozen=True)
+class Pushed:
+    digest: Digest
+    config_digest: Digest
+    destination: str
+    tag: str | None
+    attached: tuple[Attached, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "digest": str(self.digest),
+            "config_digest": str(self.config_digest),
+            "destination": self.destination,
+            "tag": self.tag,
+            "attestations": [a.as_dict() for a in self.attached],
+        }
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A signed (or deliberately unsigned) statement ready to attach."""
+
+    kind: str
+    predicate_type: str
+    data: bytes
+    signed: bool
+
+
+def envelope(statement: bytes, key: dsse.SigningKey | None) -> tuple[bytes, bool]:
+    """DSSE envelope bytes: signed with `key`, or unsigned (which `check` reports) when key is None."""
+    if key is not None:
+        return attest.sign_statement(statement, key).to_bytes(), True
+    attest.parse_statement(statement)
+    return dsse.Envelope(attest.PAYLOAD_TYPE, statement, ()).to_bytes(), False
+
+
+def _make(kind: str, predicate_type: str, statement: bytes, key: dsse.SigningKey | None) -> Envelope:
+    data, signed = envelope(statement, key)
+    return Envelope(kind, predicate_type, data, signed)
+
+
+# ------------------------------------------------------------------------------------------------ facts
+
+
+def image_facts(image: Image, store: BlobStore, log: Log) -> ImageFacts:
+    return provenance.read_facts(top_layer(image, store, log))
+
+
+def build_statements(
+    image: Image,
+    facts: ImageFacts,
+    report: Any,
+    key: dsse.SigningKey | None,
+    *,
+    invocation: Invocation,
+    builder: str | None = None,
+) -> list[Envelope]:
+    """The provenance and the verify test-result of `image`, as envelopes (deterministic when the
+    invocation has no times: ed25519 signatures are, so a rerun attaches nothing new)."""
+    subjects = provenance.subjects(provenance.subject_name(facts), image.digest, image.config_digest)
+    prov = provenance.provenance_predicate(facts, invocation, provenance.builder_id(builder))
+    verify = provenance.verify_predicate(report, facts)
+    return [
+        _make(
+            "provenance", attest.PROVENANCE_V1, attest.statement(subjects, attest.PROVENANCE_V1, prov), key
+        ),
+        _make(
+            "test-result",
+            attest.TEST_RESULT_V01,
+            attest.statement(subjects, attest.TEST_RESULT_V01, verify),
+            key,
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ push
+
+
+def push(
+    image_ref: str,
+    dest: str,
+    store: BlobStore,
+    log: Log,
+    *,
+    key: dsse.SigningKey | None = None,
+    report: Any = None,
+    builder: str | None = None,
+    invocation: Invocation | None = None,
+    client: Any = None,
+    progress: Progress = NULL,
+) -> Pushed:
+    """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
+    verify result. `report` (a VerifyReport) is used instead of running the probe when given."""
+    from servimg.backends.transport import fetch
+
+    image = fetch(image_ref, store, log, progress=progress)
+    return push_image(
+        image,
+        dest,
+        store,
+        log,
+        key=key,
+        report=report,
+        builder=builder,
+        invocation=invocation,
+        client=client,
+        progress=progress,
+    )
+
+
+def push_image(
+    image: Image,
+    dest: str,
+    store: BlobStore,
+    log: Log,
+    *,
+    key: dsse.SigningKey | None = None,
+    report: Any = None,
+    builder: str | None = None,
+    invocation: Invocation | None = None,
+    client: Any = None,
+    tag: str | None = None,
+    progress: Progress = NULL,
+) -> Pushed:
+    """Push an image value whose blobs are in `store` (see `push`)."""
+    from servimg.build.verify import verify_image_value
+
+    facts = image_facts(image, store, log)
+    if report is None:
+        report = verify_image_value(image, store, log)
+    if not report.ok:
+        raise AttachError(
+            f"{image.digest.short} failed verification; nothing was pushed",
+            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
+            hint="run `servimg verify` on it for the full table",
+        )
+    invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
+    envelopes = build_statements(image, facts, report, key, invocation=invocation, builder=builder)
+    if dest.startswith("oci:"):
+        return _push_layout(image, dest, store, log, envelopes, tag)
+    return _push_registry(image, dest, store, log, envelopes, client, tag, progress)
+
+
+def _push_registry(
+    image: Image,
+    dest: str,
+    store: BlobStore,
+    log: Log,
+    envelopes: Sequence[Envelope],
+    client: Any,
+    tag: str | None,
+    progress: Progress,
+) -> Pushed:
+    from servimg.backends.registry import RegistryClient
+    from servimg.backends.transport import push as push_blobs
+    from servimg.core.reference import Reference
+
+    ref = Reference.parse(dest)
+    if ref.digest is not None:
+        raise AttachError(f"{dest}: push to a repository (and tag), not a digest")
+    chosen = ref.tag or tag
+    own = client is None
+    client = client or RegistryClient(ref.registry)
+    try:
+        push_blobs(image, ref.name, store, log, tag=None, progress=progress)  # blobs, manifest by digest
+        subject = _subject(image)
+        attached = tuple(_attach_registry(client, ref.repository, subject, e, log) for e in envelopes)
+        if chosen:
+            client.put_manifest(ref.repository, chosen, image.manifest_bytes, image.media_type)
+            _confirm(client, ref.repository, chosen, subject, "after tagging")
+    finally:
+        if own:
+            client.close()
+    where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
+    return Pushed(image.digest, image.config_digest, where, chosen, attached)
+
+
+def _subject(image: Image) -> Descriptor:
+    return Descriptor(image.media_type, image.digest, len(image.manifest_bytes))
+
+
+def _confirm(client: Any, repo: str, reference: str, subject: Descriptor, when: str) -> None:
+    """HEAD the image manifest: it must still be exactly `subject` (attaching never changes it)."""
+    head = client.head_manifest(repo, reference)
+    if head is None or head[0] != subject.digest or head[2] != subject.size:
+        found = f"{head[0]} ({head[2]} bytes)" if head is not None else "nothing"
+        raise AttachError(
+            f"{repo}@{reference} {when}: the registry answers {found}, "
+            f"expected {subject.digest} ({subject.size} bytes)",
+            hint="something rewrote the image manifest; do not trust this registry's copy",
+        )
+
+
+def _attach_registry(client: Any, repo: str, subject: Descriptor, env: Envelope, log: Log) -> Attached:
+    """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
+    _confirm(client, repo, str(subject.digest), subject, "before attaching")
+    artifact_type = attest.artifact_type(env.kind)
+    existing = _already_attached(client, repo, subject.digest, artifact_type, Digest.of_bytes(env.data))
+    if existing is not None:
+        log(f"{env.kind}: already attached as {existing.short}")
+        result = Attached(env.kind, str(existing), env.signed, True)
+    else:
+        annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
+        digest = referrers.attach(client, repo, subject, env.data, artifact_type, annotations)
+        log(f"{env.kind}: attached as {digest.short} ({'signed' if env.signed else 'UNSIGNED'})")
+        result = Attached(env.kind, str(digest), env.signed, False)
+    _confirm(client, repo, str(subject.digest), subject, "after attaching")
+    return result
+
+
+def _already_attached(
+    client: Any, repo: str, subject: Digest, artifact_type: str, envelope_digest: Digest
+) -> Digest | None:
+    from servimg.backends.registry import OCI_MANIFEST
+
+    descriptors, _ = referrers.discover(client, repo, subject)
+    for d in descriptors:
+        if d.get("artifactType") != artifact_type:
+            continue
+        try:
+            data, _, digest = client.get_manifest(repo, str(d.get("digest")), accept=(OCI_MANIFEST,))
+            doc = json.loads(data)
+        except (ServimgError, ValueError):
+            continue  # a stale entry: not ours to repair here, and not a reason to stop
+        bound = (doc.get("subject") or {}).get("digest") if isinstance(doc, dict) else None
+        layers = doc.get("layers") if isinstance(doc, dict) else None
+        if bound == str(subject) and any(
+            isinstance(x, dict) and x.get("digest") == str(envelope_digest) for x in layers or []
+        ):
+            return Digest.parse(str(digest))
+    return None
+
+
+def _push_layout(
+    image: Image, dest: str, store: BlobStore, log: Log, envelopes: Sequence[Envelope], tag: str | None
+) -> Pushed:
+    from servimg.backends.transport import Target, publish
+
+    target = Target.parse(dest)
+    root = Path(target.location)
+    chosen = target.tag or tag
+    publish(image, Target("oci", str(root), chosen), store, log, tag=chosen)
+    attached = tuple(_attach_layout(root, image, e) for e in envelopes)
+    return Pushed(
+        image.digest, image.config_digest, f"oci:{root}" + (f":{chosen}" if chosen else ""), chosen, attached
+    )
+
+
+def _attach_layout(root: Path, image: Image, env: Envelope) -> Attached:
+    artifact_type = attest.artifact_type(env.kind)
+    want = str(Digest.of_bytes(env.data))
+    for d in referrers.layout_referrers(root, image.digest):
+        try:
+            doc = json.loads(
+                (root / "blobs" / "sha256" / str(d["digest"]).removeprefix("sha256:")).read_bytes()
+            )
+        except (OSError, ValueError):
+            continue
+        if d.get("artifactType") == artifact_type and any(
+            x.get("digest") == want for x in doc.get("layers") or []
+        ):
+            return Attached(env.kind, str(d["digest"]), env.signed, True)
+    annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
+    digest = referrers.write_to_layout(root, _subject(image), env.data, artifact_type, annotations)
+    return Attached(env.kind, str(digest), env.signed, False)
+
+
+# ---------------------------------------------------------------------------------------- build --sign
+
+
+def build_and_push(
+    definition_path: Path,
+    store: BlobStore,
+    log: Log,
+    *,
+    to: str,
+    key: dsse.SigningKey | None,
+    runner: str = "auto",
+    tag: str | None = None,
+    builder: str | None = None,
+    progress: Progress = NULL,
+    seams: Seams = DEFAULT,
+) -> dict[str, Any]:
+    """`servimg build DEF --to REPO|oci:DIR --sign KEY`: build, verify once, then push with the signed
+    provenance of this very build (its invocation times and id) and the verify result."""
+    from servimg.backends.transport import Target, check_reachable
+    from servimg.build.pipeline import build
+
+    if not to:
+        raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
+    target = Target.parse(to)
+    if target.kind not in ("registry", "oci"):
+        raise BuildError(
+            f"--sign needs a registry or an OCI layout target, not {target.kind}",
+            hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
+        )
+    check_reachable(target)
+    started = provenance.now()
+    # Build the image value only (StoreOnly sink): it is published below, with its attestations.
+    result = build(
+        definition_path,
+        store,
+        log,
+        to=to,
+        runner=runner,
+        tag=tag,
+        verify=False,
+        seams=dataclasses.replace(seams, sink=StoreOnly()),
+    )
+    report = seams.verifier.report(result.image, store, log, base_config=None)
+    if not report.ok:
+        raise BuildError(
+            f"the built image {result.image.digest.short} failed verification; nothing was published",
+            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
+            hint="run `servimg verify` on it for the full table; fix the overlay or the base",
+        )
+    invocation = Invocation(
+        f"urn:uuid:{uuid.uuid4()}",
+        started,
+        provenance.now(),
+        ("servimg", "build", definition_path.name, "--to", to, "--sign"),
+    )
+    pushed = push_image(
+        result.image,
+        to,
+        store,
+        log,
+        key=key,
+        report=report,
+        builder=builder,
+        invocation=invocation,
+        tag=result.tag,
+        progress=progress,
+    )
+    return {
+        **result.as_dict(),
+        "destination": pushed.destination,
+        "attestations": [a.as_dict() for a in pushed.attached],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ attest
+
+
+def predicate_from_file(
+    data: bytes, predicate_type: str, manifest: Digest, config: Digest
+) -> tuple[str, dict[str, Any]]:
+    """What `servimg attest --file` attaches: a ladder receipt (made into a test-result), an in-toto
+    statement about this image (its predicate), or a bare predicate of `predicate_type`."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise AttachError("the file is not JSON") from None
+    if not isinstance(doc, dict):
+        raise AttachError("the file is not a JSON object")
+    if doc.get("_type") == attest.STATEMENT_TYPE:
+        parsed = attest.parse_statement(data)
+        if not (parsed.covers(manifest) or parsed.covers(config)):
+            raise AttachError(
+                f"the statement is about {', '.join(str(d) for _, d in parsed.subjects)}, not {manifest}",
+                hint="attach a statement to the image it is about",
+            )
+        return parsed.predicate_type, dict(parsed.predicate)
+    if predicate_type == attest.TEST_RESULT_V01 and "verdict" in doc:
+        receipt = provenance.LadderReceipt.parse(data)
+        return predicate_type, provenance.ladder_predicate(receipt, manifest, config)
+    return predicate_type, doc
+
+
+def attest_file(
+    ref: str,
+    predicate_type: str,
+    file: Path,
+    store: BlobStore,
+    log: Log,
+    *,
+    key: dsse.SigningKey | None = None,
+    repo: str | None = None,
+    remote: bool = False,
+) -> Attached:
+    """`servimg attest REF --predicate-type T --file F`: attach a later result to the image REF names."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise AttachError(f"cannot read {file}: {exc.strerror}") from None
+    located = locate(ref, store, log, repo=repo, remote=remote)
+    kind_type, predicate = predicate_from_file(data, predicate_type, located.digest, located.config_digest)
+    kind = attest.kind_of(kind_type)
+    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
+    env = _make(kind, kind_type, attest.statement(subjects, kind_type, predicate), key)
+    return _attach_located(located, env, log)
+
+
+def _attach_located(located: Located, env: Envelope, log: Log) -> Attached:
+    if located.layout is not None:
+        return _attach_layout(located.layout, located.image, env)
+    with located.client() as client:
+        return _attach_registry(client, str(located.repository), _subject(located.image), env, log)
+
+
+# ------------------------------------------------------------------------------------------------ promote
+
+
+@dataclass(frozen=True)
+class Promoted:
+    report: CheckReport
+    tag: str
+    vsa: Attached
+
+    def as_dict(self) -> dict[str, object]:
+        return {"tag": self.tag, "vsa": self.vsa.as_dict(), "check": self.report.as_dict()}
+
+
+def vsa_predicate(report: CheckReport, located: Located, policy: Policy, verifier: str) -> dict[str, Any]:
+    """A SLSA verification summary of a passed check: the policy (by digest) and the attestations the
+    verdict rested on. Level 1: provenance exists and verifies; servimg makes no hosted-builder claim."""
+    return attest.verification_summary(
+        verifier_id=verifier,
+        time_verified=provenance.now(),
+        resource_uri=f"{located.name}@{located.digest}",
+        policy={"uri": policy.uri, "digest": {"sha256": provenance.canonical_sha256(policy.to_json())}},
+        verification_result="PASSED",
+        verified_levels=["SLSA_BUILD_LEVEL_1"],
+        input_attestations=[
+            {"uri": f"{located.name}@{a}", "digest": {"sha256": a.removeprefix("sha256:")}}
+            for a in report.used
+        ],
+    )
+
+
+def promote(
+    ref: str,
+    tag: str,
+    store: BlobStore,
+    log: Log,
+    policy: Policy,
+    *,
+    key: dsse.SigningKey | None = None,
+    verifier: str | None = None,
+    deep: bool = False,
+    repo: str | None = None,
+    remote: bool = False,
+) -> Promoted:
+    """Check REF against `policy`; only if it passes, attach a VSA and then move `tag` to the digest."""
+    from servimg.core.reference import is_valid_tag
+    from servimg.provenance.keys import load_trusted
+
+    if not is_valid_tag(tag):
+        raise AttachError(f"invalid tag {tag!r}", hint="tags are 1-128 of [A-Za-z0-9_.-]")
+    located = locate(ref, store, log, repo=repo, remote=remote)
+    if located.registry is None:
+        raise AttachError(f"{ref} is not in a registry; promotion moves a registry tag")
+    evidence = collect(
+        located, store, log, trusted=load_trusted(policy.keys), threshold=policy.threshold, deep=deep
+    )
+    report = evaluate(policy, evidence)
+    if not report.ok:
+        raise CheckFailed(report, f"{located.name}:{tag} was not moved")
+    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
+    predicate = vsa_predicate(report, located, policy, verifier or provenance.DEFAULT_VERIFIER_ID)
+    env = _make("vsa", attest.VSA_V1, attest.statement(subjects, attest.VSA_V1, predicate), key)
+    with located.client() as client:
+        subject = _subject(located.image)
+        vsa = _attach_registry(client, str(located.repository), subject, env, log)
+        client.put_manifest(
+            str(located.repository), tag, located.image.manifest_bytes, located.image.media_type
+        )
+        _confirm(client, str(located.repository), tag, subject, "after promotion")
+    return Promoted(report, tag, vsa)

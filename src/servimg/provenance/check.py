@@ -1,0 +1,1038 @@
+"""`servimg check REF`: is this image what its attestations say it is, by a policy? With reasons.
+
+Three stages, I/O only in the first two:
+
+1. `locate` resolves REF (registry tag or digest, a local engine image — e.g. after `docker pull` —, or an
+   OCI layout) to exact manifest + config bytes, fetched with explicit Accept headers and re-hashed.
+2. `collect` gathers evidence: the attestations (referrers API, else the `sha256-<hex>` fallback tag;
+   in a layout, its index), each fetched by digest, bound to the image, its DSSE signatures tried against
+   the trusted keys; the image's own statements about itself (`/opt/servimg/*` from its overlay layer,
+   diffID-verified) and the changed files re-derived from that layer; with `deep`, a fresh probe run.
+3. `evaluate` (pure) applies a `Policy` to the evidence and returns a `CheckReport`: rows of
+   (what, verdict, why). The report passes only when no row is FAIL.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from servimg.core.digest import Digest
+from servimg.core.errors import ServimgError
+from servimg.core.progress import Log
+from servimg.oci.image import DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Image
+from servimg.oci.store import BlobStore
+from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import statements as provenance
+from servimg.provenance.statements import ChangedFile, ImageFacts
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+# Asked for explicitly, every time: a registry that falls back to another manifest type would otherwise
+# hand us a different document (and digest) than the one the tag names.
+MANIFEST_ACCEPT = (OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_LIST)
+BASE_LABEL = "org.opencontainers.image.base.digest"
+LOCK_LABEL = "io.servimg.lock.digest"
+KIND_NAMES = {"provenance": attest.PROVENANCE_V1, "test-result": attest.TEST_RESULT_V01, "vsa": attest.VSA_V1}
+REQUIREMENTS = ("provenance", "verify", "vsa")
+MAX_LISTED = 6
+
+
+class CheckError(ServimgError):
+    """REF cannot be resolved, or the policy or keys are unusable (nothing could be evaluated)."""
+
+
+def predicate_type(name: str) -> str:
+    """`provenance`, `test-result`, `vsa`, or a predicate type URI as is."""
+    return KIND_NAMES.get(name, name)
+
+
+# ------------------------------------------------------------------------------------------------ policy
+
+
+class _PolicyFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    require: tuple[str, ...] = ("provenance", "verify")
+    ladders: tuple[str, ...] = ()
+    builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
+    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa")
+    keys: tuple[str, ...] = ()
+    threshold: int = Field(default=1, ge=1)
+    allow_unsigned: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What `check` requires. `require`: provenance | verify | vsa | a predicate type URI."""
+
+    require: tuple[str, ...] = ("provenance", "verify")
+    ladders: tuple[str, ...] = ()
+    builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
+    predicates: tuple[str, ...] = (attest.PROVENANCE_V1, attest.TEST_RESULT_V01, attest.VSA_V1)
+    keys: tuple[Path, ...] = ()
+    threshold: int = 1
+    allow_unsigned: bool = False
+    uri: str = "servimg:policy/default"
+
+    @classmethod
+    def load(cls, path: Path) -> Policy:
+        """A policy file (YAML or JSON); key paths are relative to the file. Every problem at once."""
+        try:
+            doc = yaml.safe_load(path.read_bytes())
+        except OSError as exc:
+            raise CheckError(f"cannot read policy {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise CheckError(f"{path}: not valid YAML/JSON: {exc}") from None
+        try:
+            parsed = _PolicyFile.model_validate(doc if doc is not None else {})
+        except ValidationError as exc:
+            problems = [f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()]
+            raise CheckError(
+                f"{path}: {len(problems)} problem(s) in the policy",
+                problems=problems,
+                hint="keys: require, ladders, builders, predicates, keys, threshold, allow_unsigned",
+            ) from None
+        unknown = [r for r in parsed.require if r not in REQUIREMENTS and ":" not in r]
+        if unknown:
+            raise CheckError(
+                f"{path}: unknown requirement(s) {', '.join(unknown)}",
+                hint=f"use {', '.join(REQUIREMENTS)} or a predicate type URI",
+            )
+        return cls(
+            parsed.require,
+            parsed.ladders,
+            parsed.builders,
+            tuple(predicate_type(p) for p in parsed.predicates),
+            tuple((path.parent / k) for k in parsed.keys),
+            parsed.threshold,
+            parsed.allow_unsigned,
+            path.resolve().as_uri(),
+        )
+
+    def merged(
+        self,
+        *,
+        ladders: Sequence[str] = (),
+        keys: Sequence[Path] = (),
+        builders: Sequence[str] = (),
+        threshold: int | None = None,
+        allow_unsigned: bool = False,
+    ) -> Policy:
+        """Command-line flags on top: ladders and keys add, builders replace, unsigned only loosens."""
+        return replace(
+            self,
+            ladders=tuple(dict.fromkeys([*self.ladders, *ladders])),
+            keys=tuple(dict.fromkeys([*self.keys, *keys])),
+            builders=tuple(builders) or self.builders,
+            threshold=threshold or self.threshold,
+            allow_unsigned=self.allow_unsigned or allow_unsigned,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "require": list(self.require),
+            "ladders": list(self.ladders),
+            "builders": list(self.builders),
+            "predicates": list(self.predicates),
+            "keys": [str(k) for k in self.keys],
+            "threshold": self.threshold,
+            "allow_unsigned": self.allow_unsigned,
+            "uri": self.uri,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    verdict: str
+    why: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"what": self.what, "verdict": self.verdict, "why": self.why}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    ref: str
+    digest: str
+    config_digest: str
+    rows: tuple[Row, ...]
+    policy: Mapping[str, Any] = field(default_factory=dict)
+    used: tuple[str, ...] = ()  # artifact digests of the attestations the verdict rests on
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.verdict == FAIL for r in self.rows)
+
+    def failures(self) -> tuple[Row, ...]:
+        return tuple(r for r in self.rows if r.verdict == FAIL)
+
+    def counts(self) -> dict[str, int]:
+        return {v: sum(1 for r in self.rows if r.verdict == v) for v in (PASS, WARN, FAIL)}
+
+    def table(self, width: int = 150) -> str:
+        table = Table(title=f"check: {self.ref} ({self.digest})", title_justify="left")
+        for column in ("what", "verdict", "why"):
+            table.add_column(column, overflow="fold")
+        styles = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
+        for row in self.rows:
+            table.add_row(row.what, f"[{styles.get(row.verdict, '')}]{row.verdict}[/]", row.why)
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=width, color_system=None, highlight=False)
+        console.print(table)
+        counts = self.counts()
+        verdict = "policy PASSED" if self.ok else "policy FAILED"
+        console.print(f"{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL → {verdict}")
+        return buffer.getvalue()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "ref": self.ref,
+            "digest": self.digest,
+            "config_digest": self.config_digest,
+            "summary": self.counts(),
+            "rows": [r.as_dict() for r in self.rows],
+            "policy": dict(self.policy),
+            "used": list(self.used),
+        }
+
+
+class CheckFailed(ServimgError):
+    """The policy did not pass; carries the report."""
+
+    def __init__(self, report: CheckReport, consequence: str = "") -> None:
+        failures = report.failures()
+        super().__init__(
+            f"{len(failures)} check(s) failed" + (f"; {consequence}" if consequence else ""),
+            problems=[f"{r.what}: {r.why}" for r in failures],
+            hint="each FAIL row says why; `servimg show` prints the provenance card",
+        )
+        self.report = report
+
+    def as_dict(self) -> dict[str, object]:
+        return {**super().as_dict(), "report": self.report.as_dict()}
+
+
+# ------------------------------------------------------------------------------------------------ locate
+
+
+@dataclass(frozen=True)
+class Located:
+    """REF resolved to exact, re-hashed manifest and config bytes, and where its attestations live."""
+
+    ref: str
+    source: str  # registry | engine | oci
+    image: Image
+    registry: str | None = None
+    repository: str | None = None
+    layout: Path | None = None
+    notes: tuple[Row, ...] = ()
+
+    @property
+    def digest(self) -> Digest:
+        return self.image.digest
+
+    @property
+    def config_digest(self) -> Digest:
+        return self.image.config_digest
+
+    @property
+    def name(self) -> str:
+        if self.registry and self.repository:
+            return f"{self.registry}/{self.repository}"
+        return str(self.layout or self.ref)
+
+    def client(self) -> Any:
+        from servimg.backends.registry import RegistryClient
+
+        if self.registry is None or self.repository is None:
+            raise CheckError(f"{self.ref} has no registry location", hint="push it with `servimg push`")
+        return RegistryClient(self.registry)
+
+
+def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
+    """Resolve REF. A registry-style name the local engine holds (`docker pull`ed) is checked as the
+    local image, unless `remote`; `repo` says where to look for a local image without RepoDigests."""
+    from servimg.backends.transport import Target, is_engine_ref
+
+    if ref.startswith("oci:"):
+        target = Target.parse(ref)
+        return _locate_layout(ref, Path(target.location), target.tag, store)
+    if is_engine_ref(ref):
+        located = _locate_engine(ref, ref.removeprefix("docker-daemon:"), repo, store, log)
+        if located is None:
+            raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
+        return located
+    if not remote:
+        located = _locate_engine(ref, ref, repo, store, log)
+        if located is not None:
+            return located
+    return _locate_registry(ref, log)
+
+
+def _locate_registry(ref_text: str, log: Log) -> Located:
+    from servimg.backends.registry import RegistryClient
+    from servimg.core.reference import Reference
+
+    ref = Reference.parse(ref_text)
+    with RegistryClient(ref.registry) as client:
+        image, media_type = _fetch_image(client, ref.repository, ref.reference)
+    log(f"{ref_text} → {image.digest}")
+    note = Row(
+        "image",
+        PASS,
+        f"{ref} is {image.digest} ({media_type}; manifest and config re-hashed); "
+        f"config {image.config_digest}",
+    )
+    return Located(ref_text, "registry", image, ref.registry, ref.repository, notes=(note,))
+
+
+def _fetch_image(client: Any, repository: str, reference: str) -> tuple[Image, str]:
+    data, media_type, _ = client.get_manifest(repository, reference, accept=MANIFEST_ACCEPT)
+    if media_type in INDEX_TYPES:
+        raise CheckError(
+            f"{client.registry}/{repository}:{reference} is a multi-platform index",
+            hint="check the platform's manifest by digest (REPO@sha256:…)",
+        )
+    doc = json.loads(data)
+    config_digest = Digest.parse(str((doc.get("config") or {}).get("digest")))
+    return Image.parse(data, client.get_blob(repository, config_digest)), media_type
+
+
+def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore, log: Log) -> Located | None:
+    from servimg.backends import engine
+    from servimg.backends.registry import RegistryClient
+    from servimg.core.errors import BackendError
+    from servimg.core.reference import Reference
+
+    try:
+        c = engine.client()
+    except BackendError:
+        return None
+    try:
+        attrs = c.images.get(name).attrs
+    except Exception:  # the SDK's NotFound and friends
+        return None
+    image_id = Digest.parse(attrs["Id"])
+    wanted = _name_of(ref)
+    hint_name = _name_of(repo_hint) if repo_hint else None
+    candidates = sorted(
+        (Reference.parse(text) for text in attrs.get("RepoDigests") or []),
+        key=lambda r: (r.name != wanted, r.name != hint_name, str(r)),
+    )
+    notes: list[Row] = []
+    for candidate in candidates:
+        assert candidate.digest is not None
+        try:
+            # One retry: a RepoDigest can name a registry long gone; that is a note, not a wait.
+            with RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
+                image, _ = _fetch_image(client, candidate.repository, str(candidate.digest))
+        except ServimgError as exc:
+            notes.append(Row("image", WARN, f"{candidate}: not usable: {exc.message}"))
+            continue
+        if image.config_digest != image_id:
+            notes.append(Row("image", FAIL, f"{candidate} has config {image.config_digest}, not {image_id}"))
+            continue
+        log(f"local image {image_id.short} = {candidate}")
+        notes.append(
+            Row(
+                "image",
+                PASS,
+                f"local image {image_id} is {candidate.name}@{image.digest} (from its RepoDigests; "
+                "the registry's manifest re-hashed, its config is the local image ID)",
+            )
+        )
+        notes += _tag_drift(ref, candidate, image.digest)
+        return Located(ref, "engine", image, candidate.registry, candidate.repository, notes=tuple(notes))
+    if repo_hint:
+        found = _scan_by_config(repo_hint, image_id, log)
+        if found is not None:
+            image, tag, hinted = found
+            note = Row(
+                "image",
+                PASS,
+                f"local image {image_id} has no RepoDigests; matched by config digest to "
+                f"{hinted.name}:{tag} = {image.digest}",
+            )
+            return Located(ref, "engine", image, hinted.registry, hinted.repository, notes=(*notes, note))
+    # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
+    # every row can say what is missing and why.
+    log(f"local image {image_id.short} has no registry location; reading it from the engine")
+    image = engine.read_engine(str(image_id), store)
+    searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
+    notes.append(
+        Row(
+            "image",
+            WARN,
+            f"local image {image_id} (manifest {image.digest} as re-created from `docker save`) has no "
+            f"usable registry location (RepoDigests){searched}: attestations cannot be looked up; "
+            "pass --repo HOST/REPO where it was pushed, it is then matched by config digest",
+        )
+    )
+    return Located(ref, "engine", image, notes=tuple(notes))
+
+
+def _name_of(ref: str | None) -> str | None:
+    from servimg.core.reference import Reference
+
+    if not ref:
+        return None
+    try:
+        return Reference.parse(ref).name
+    except ServimgError:
+        return None
+
+
+def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Row]:
+    """A pulled tag may have moved since: say so (the check is about the local image)."""
+    from servimg.backends.registry import RegistryClient
+    from servimg.core.reference import Reference
+
+    try:
+        parsed = Reference.parse(ref)
+    except ServimgError:
+        return []
+    if parsed.tag is None or parsed.name != candidate.name:
+        return []
+    try:
+        with RegistryClient(parsed.registry) as client:
+            head = client.head_manifest(parsed.repository, parsed.tag, accept=MANIFEST_ACCEPT)
+    except ServimgError:
+        return []
+    if head is None:
+        return [Row("tag", WARN, f"{ref} no longer exists in the registry; checked the local image")]
+    if head[0] != digest:
+        return [Row("tag", WARN, f"{ref} now points at {head[0]}; checked the local image {digest}")]
+    return [Row("tag", PASS, f"{ref} still points at {digest}")]
+
+
+def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Any] | None:
+    from servimg.backends.registry import RegistryClient
+    from servimg.core.reference import Reference
+
+    hinted = Reference.parse(repo_text)
+    with RegistryClient(hinted.registry) as client:
+        for tag in sorted(client.list_tags(hinted.repository)):
+            if tag.startswith("sha256-"):
+                continue  # referrers fallback indexes
+            try:
+                image, _ = _fetch_image(client, hinted.repository, tag)
+            except ServimgError:
+                continue
+            if image.config_digest == image_id:
+                log(f"local image {image_id.short} matches {hinted.name}:{tag} by config digest")
+                return image, tag, hinted
+    return None
+
+
+def _locate_layout(ref: str, root: Path, tag: str | None, store: BlobStore) -> Located:
+    from servimg.backends.layout import read_layout
+
+    digest = None
+    if tag is None:  # attestations share index.json with the image: pick the one image entry
+        try:
+            index = json.loads((root / "index.json").read_bytes())
+        except (OSError, ValueError):
+            raise CheckError(f"{root} is not a readable OCI image layout") from None
+        images = [
+            m for m in index.get("manifests") or [] if isinstance(m, dict) and not m.get("artifactType")
+        ]
+        if len(images) != 1:
+            raise CheckError(
+                f"{root} holds {len(images)} images", hint="name one with oci:DIR:TAG or oci:DIR@sha256:…"
+            )
+        digest = Digest.parse(str(images[0].get("digest")))
+    image = read_layout(root, store, tag=tag, digest=digest)
+    note = Row(
+        "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
+    )
+    return Located(ref, "oci", image, layout=root, notes=(note,))
+
+
+# ------------------------------------------------------------------------------------------------ collect
+
+
+@dataclass(frozen=True)
+class Found:
+    """One attestation as discovered, fetched and signature-checked (facts; the policy judges)."""
+
+    artifact: str
+    artifact_type: str
+    via: str
+    envelope: dsse.Envelope | None = None
+    problem: str | None = None
+    signature: str = "unchecked"  # verified | unsigned | no-keys | untrusted | forged | threshold
+    keyids: tuple[str, ...] = ()
+    hints: tuple[str, ...] = ()
+    statement: attest.Statement | None = None
+    statement_problem: str | None = None
+    created: str | None = None
+
+    @property
+    def short(self) -> str:
+        return self.artifact.removeprefix("sha256:")[:12]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    located: Located
+    found: tuple[Found, ...]
+    discovery: str
+    facts: ImageFacts | None
+    facts_problem: str | None
+    layer_changes: tuple[ChangedFile, ...] | None
+    trusted: tuple[str, ...]  # keyids of the trusted keys
+    threshold: int
+    deep: Any = None  # VerifyReport of a fresh probe run
+    deep_problem: str | None = None
+
+
+def collect(
+    located: Located,
+    store: BlobStore,
+    log: Log,
+    *,
+    trusted: Sequence[dsse.VerifyKey] = (),
+    threshold: int = 1,
+    deep: bool = False,
+) -> Evidence:
+    """Every fact `evaluate` needs, fetched and verified; nothing here decides PASS or FAIL."""
+    if trusted and threshold > len(set(trusted)):
+        raise CheckError(
+            f"threshold {threshold} exceeds the {len(set(trusted))} distinct trusted key(s)",
+            hint="pass more --key files or lower --threshold",
+        )
+    found, discovery = _attestations(located, trusted, threshold)
+    facts: ImageFacts | None = None
+    facts_problem = None
+    changes = None
+    try:
+        top = top_layer(located.image, store, log, located)
+        facts = provenance.read_facts(top)
+        changes = provenance.layer_changes(top)
+    except ServimgError as exc:
+        facts_problem = exc.message
+    report, deep_problem = _deep(located, store, log) if deep else (None, None)
+    return Evidence(
+        located,
+        tuple(found),
+        discovery,
+        facts,
+        facts_problem,
+        changes,
+        tuple(sorted(k.keyid for k in set(trusted))),
+        threshold,
+        report,
+        deep_problem,
+    )
+
+
+def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None = None) -> Path:
+    """The image's top (overlay) layer, uncompressed, verified against the config's diffID; fetched from
+    `source`'s registry when the store lacks it."""
+    from servimg.oci.layer import diff_id_of
+
+    layers = image.layers
+    if not layers:
+        raise CheckError("the image has no layers")
+    top = layers[-1]
+    if not store.has(top.descriptor.digest):
+        if source is None or source.registry is None or source.repository is None:
+            raise CheckError(f"layer {top.descriptor.digest} is not available")
+        log(f"fetching the overlay layer {top.descriptor.digest.short}")
+        with source.client() as client:
+            client.download_blob(source.repository, top.descriptor.digest, store.path(top.descriptor.digest))
+    path = store.uncompressed(top.descriptor.digest, top.diff_id)
+    if path == store.path(top.descriptor.digest) and top.descriptor.digest != top.diff_id:
+        actual = diff_id_of(path)
+        if actual != top.diff_id:
+            raise CheckError(f"the overlay layer is {actual}, the config says diffID {top.diff_id}")
+    return path
+
+
+def _attestations(
+    located: Located, trusted: Sequence[dsse.VerifyKey], threshold: int
+) -> tuple[list[Found], str]:
+    subject = located.digest
+    if located.layout is None and located.repository is None:
+        return [], "nowhere (no registry location, no layout)"
+    if located.layout is not None:
+        layout = located.layout
+        descriptors = referrers.layout_referrers(layout, subject)
+        fetch: Callable[[Digest], bytes] = lambda a: referrers.fetch_layout_envelope(layout, subject, a)  # noqa: E731
+        via = f"OCI layout {layout}"
+        return [found_from(d, via, fetch, trusted, threshold) for d in descriptors], via
+    with located.client() as client:
+        descriptors, via = referrers.discover(client, str(located.repository), subject)
+        return [
+            found_from(d, via, lambda a: _registry_envelope(client, located, a), trusted, threshold)
+            for d in descriptors
+        ], via
+
+
+def _registry_envelope(client: Any, located: Located, artifact: Digest) -> bytes:
+    from servimg.core.errors import RegistryError
+
+    try:
+        return referrers.fetch_envelope(client, str(located.repository), located.digest, artifact)
+    except RegistryError as exc:
+        if "MANIFEST_UNKNOWN" in " ".join(exc.problems) or " 404 " in exc.message:
+            raise referrers.ReferrersError(
+                f"the index lists {artifact}, which the registry does not have (stale fallback index)"
+            ) from None
+        raise
+
+
+def found_from(
+    descriptor: Mapping[str, Any],
+    via: str,
+    fetch: Callable[[Digest], bytes],
+    trusted: Sequence[dsse.VerifyKey],
+    threshold: int,
+) -> Found:
+    """Fetch one listed attestation (`fetch` re-hashes and checks its binding), classify its signatures,
+    and parse the statement only when it is signed by trusted keys or carries no signature at all."""
+    artifact = str(descriptor.get("digest"))
+    annotations = descriptor.get("annotations") if isinstance(descriptor.get("annotations"), dict) else {}
+    created = (annotations or {}).get(referrers.ANNOTATION_CREATED)
+    base = Found(artifact, str(descriptor.get("artifactType") or "?"), via, created=created)
+    try:
+        data = fetch(Digest.parse(artifact))
+        envelope = dsse.Envelope.parse(data)
+    except referrers.ReferrersError as exc:
+        problem = exc.message + (": " + "; ".join(exc.problems) if exc.problems else "")
+        if "is not an attestation of" in exc.message:
+            problem += " (a stale or swapped referrers index: the entry is bound to another image)"
+        return replace(base, problem=problem)
+    except ServimgError as exc:
+        return replace(base, problem=exc.message)
+    hints = tuple(sorted({s.keyid for s in envelope.signatures if s.keyid}))
+    status, keyids = _signature(envelope, trusted, threshold)
+    found = replace(base, envelope=envelope, signature=status, keyids=keyids, hints=hints)
+    if status not in ("verified", "unsigned", "no-keys"):
+        return found  # unauthenticated bytes are not interpreted
+    if envelope.payload_type != attest.PAYLOAD_TYPE:
+        return replace(found, statement_problem=f"payloadType {envelope.payload_type!r} is not in-toto")
+    try:
+        return replace(found, statement=attest.parse_statement(envelope.payload))
+    except attest.AttestationError as exc:
+        return replace(found, statement_problem="; ".join([exc.message, *exc.problems]))
+
+
+def _signature(
+    envelope: dsse.Envelope, trusted: Sequence[dsse.VerifyKey], threshold: int
+) -> tuple[str, tuple[str, ...]]:
+    if not envelope.signatures:
+        return "unsigned", ()
+    if not trusted:
+        return "no-keys", ()
+    result = dsse.verify(envelope, trusted, threshold)
+    if result.verified:
+        return "verified", result.keyids
+    if result.keyids:
+        return "threshold", result.keyids
+    claimed = {s.keyid for s in envelope.signatures if s.keyid}
+    # keyids are hints: they never decide trust, only which of two true explanations the message gives.
+    return ("forged" if claimed & {k.keyid for k in trusted} else "untrusted"), ()
+
+
+def _deep(located: Located, store: BlobStore, log: Log) -> tuple[Any, str | None]:
+    """Pull the whole image and run the probe in it again."""
+    from servimg.build.verify import VerifyReport, run_probe_in_docker, verify_image_value
+
+    try:
+        if located.source == "engine":
+            log(f"running the probe in the local image {located.config_digest.short}")
+            return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
+        if located.source == "registry":
+            from servimg.backends.transport import pull
+
+            pull(f"{located.name}@{located.digest}", store, log, expected=located.digest)
+        return verify_image_value(located.image, store, log), None
+    except ServimgError as exc:
+        return None, exc.message
+
+
+# ------------------------------------------------------------------------------------------------ evaluate
+
+
+def accepted(policy: Policy, evidence: Evidence) -> list[tuple[Found, attest.Statement]]:
+    """The attestations the verdict may rest on: bound, signed as the policy demands, about this image,
+    of an allowed predicate type."""
+    return [(f, s) for f, _, usable in _judged(policy, evidence) for s in [f.statement] if s and usable]
+
+
+def _judged(policy: Policy, evidence: Evidence) -> list[tuple[Found, list[Row], bool]]:
+    return [(f, *_judge(policy, evidence, f)) for f in evidence.found]
+
+
+def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Row], bool]:
+    """The rows for one attestation, and whether the policy may rest on it."""
+    kind = f.artifact_type.removeprefix("application/vnd.in-toto.").removesuffix("+dsse")
+    what = f"attestation {kind} {f.short}"
+    if f.problem is not None:
+        return [Row(what, FAIL, f.problem)], False
+    signature = _signature_row(policy, ev, f, what)
+    if signature.verdict == FAIL:
+        return [signature], False
+    if f.statement is None:
+        return [signature, Row(what, FAIL, f"not an in-toto statement: {f.statement_problem}")], False
+    statement = f.statement
+    loc = ev.located
+    if not (statement.covers(loc.digest) or statement.covers(loc.config_digest)):
+        about = ", ".join(str(d) for _, d in statement.subjects)
+        why = f"the statement is about {about}, not this image ({loc.digest}, config {loc.config_digest})"
+        return [signature, Row(what, FAIL, why)], False
+    if statement.predicate_type not in policy.predicates:
+        why = f"predicate type {statement.predicate_type} is not allowed by the policy; ignored"
+        return [signature, Row(what, WARN, why)], False
+    declared = attest.KINDS.get(statement.predicate_type)
+    if declared is not None and attest.artifact_type(declared) != f.artifact_type:
+        why = f"artifactType {f.artifact_type} but the statement is a {declared}"
+        return [signature, Row(what, FAIL, why)], False
+    covered = "manifest" if statement.covers(loc.digest) else "config"
+    good = Row(what, PASS, f"{_describe(statement)}; subject = this image's {covered} digest")
+    if signature.verdict == WARN:
+        return [signature, good], True
+    return [replace(good, why=f"{good.why}; {signature.why}")], True
+
+
+def _signature_row(policy: Policy, ev: Evidence, f: Found, what: str) -> Row:
+    keys = ", ".join(k[:12] for k in f.hints) or "none"
+    trusted = ", ".join(k[:12] for k in ev.trusted) or "none"
+    if f.signature == "verified":
+        return Row(what, PASS, f"signed by trusted key(s) {', '.join(k[:12] for k in f.keyids)}")
+    if f.signature == "unsigned":
+        if policy.allow_unsigned:
+            return Row(what, WARN, "unsigned envelope (accepted: unsigned mode)")
+        return Row(what, FAIL, "unsigned envelope: no signature to verify (pass --allow-unsigned to accept)")
+    if f.signature == "no-keys":
+        if policy.allow_unsigned:
+            return Row(
+                what, WARN, f"signature not verified: no trusted key given (unsigned mode; keyid hint {keys})"
+            )
+        return Row(what, FAIL, f"signed (keyid hint {keys}) but no trusted key was given (--key PUB)")
+    if f.signature == "forged":
+        return Row(
+            what,
+            FAIL,
+            f"signature claims trusted key {keys} but does not verify: forged, "
+            "or the payload was altered after signing",
+        )
+    if f.signature == "threshold":
+        return Row(what, FAIL, f"only {len(f.keyids)} of the required {ev.threshold} trusted key(s) signed")
+    return Row(what, FAIL, f"signed by a key that is not trusted (keyid hint {keys}); trusted: {trusted}")
+
+
+def _describe(statement: attest.Statement) -> str:
+    p = statement.predicate
+    if statement.predicate_type == attest.PROVENANCE_V1:
+        return f"SLSA provenance from builder {provenance.builder_of(p)}"
+    if statement.predicate_type == attest.TEST_RESULT_V01:
+        ladder = provenance.ladder_name(p)
+        what = f"ladder {ladder}" if ladder else ("verify" if provenance.is_verify_result(p) else "test")
+        return f"test-result ({what}): {p.get('result')}"
+    if statement.predicate_type == attest.VSA_V1:
+        return f"verification summary: {p.get('verificationResult')} by {(p.get('verifier') or {}).get('id')}"
+    return f"predicate {statement.predicate_type}"
+
+
+def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
+    """Apply `policy` to the evidence (pure). Every requirement yields a row; FAIL rows say why."""
+    loc = ev.located
+    rows: list[Row] = list(loc.notes)
+    judged = _judged(policy, ev)
+    rows.append(Row("attestations", PASS if ev.found else WARN, f"{len(ev.found)} found via {ev.discovery}"))
+    for _, attestation_rows, _ in judged:
+        rows += attestation_rows
+    if policy.allow_unsigned:
+        rows.append(
+            Row("signatures", WARN, "unsigned mode: unsigned or unverified attestations are accepted")
+        )
+    good = [(f, s) for f, _, usable in judged for s in [f.statement] if s is not None and usable]
+    provs = [s for _, s in good if s.predicate_type == attest.PROVENANCE_V1]
+    tests = [(f, s) for f, s in good if s.predicate_type == attest.TEST_RESULT_V01]
+    rows += _image_rows(ev)
+    if "provenance" in policy.require or provs:
+        rows += _provenance_rows(policy, ev, provs)
+    if "verify" in policy.require:
+        rows.append(_verify_row(ev, [s for _, s in tests if provenance.is_verify_result(s.predicate)]))
+    rows += _ladder_rows(policy, tests)
+    if "vsa" in policy.require:
+        vsas = [s for _, s in good if s.predicate_type == attest.VSA_V1]
+        passed = [s for s in vsas if s.predicate.get("verificationResult") == "PASSED"]
+        rows.append(
+            Row("vsa", PASS, f"{len(passed)} passing verification summary(ies)")
+            if passed
+            else Row("vsa", FAIL, "no verified, PASSED verification summary for this image")
+        )
+    for uri in (r for r in policy.require if r not in REQUIREMENTS):
+        hits = [s for _, s in good if s.predicate_type == uri]
+        rows.append(Row(f"requires {uri}", PASS if hits else FAIL, f"{len(hits)} verified attestation(s)"))
+    if ev.deep is not None or ev.deep_problem is not None:
+        rows.append(_deep_row(ev))
+    used = tuple(sorted({f.artifact for f, _ in good}))
+    return CheckReport(loc.ref, str(loc.digest), str(loc.config_digest), tuple(rows), policy.to_json(), used)
+
+
+def _image_rows(ev: Evidence) -> list[Row]:
+    """What the image says about itself, with or without attestations: label, lock, changes manifest."""
+    if ev.facts is None:
+        return [Row("lock", FAIL, f"cannot read the lock inside the image: {ev.facts_problem}")]
+    facts, labels = ev.facts, ev.located.image.labels
+    rows = []
+    label, locked = labels.get(BASE_LABEL), facts.lock.base.manifest_digest
+    if label is None:
+        rows.append(Row("base label", FAIL, f"the image has no {BASE_LABEL} label"))
+    elif label != locked:
+        rows.append(
+            Row("base label", FAIL, f"label {BASE_LABEL} says {label}, the lock in the image says {locked}")
+        )
+    else:
+        rows.append(Row("base label", PASS, f"label = lock in the image = {locked}"))
+    lock_label = labels.get(LOCK_LABEL)
+    if lock_label != str(facts.lock_digest):
+        rows.append(
+            Row(
+                "lock label",
+                FAIL,
+                f"label {LOCK_LABEL} says {lock_label}, the lock in the image is {facts.lock_digest}",
+            )
+        )
+    if ev.layer_changes is None:
+        why = f"cannot re-derive the changed files from the overlay layer: {ev.facts_problem}"
+        rows.append(Row("changes manifest", FAIL, why))
+    else:
+        diff = _changes_diff(facts.changes, ev.layer_changes, "the manifest", "the overlay layer")
+        rows.append(
+            Row(
+                "changes manifest",
+                FAIL,
+                f"/{provenance.CHANGES_FILE} disagrees with the overlay layer: {diff}",
+            )
+            if diff
+            else Row("changes manifest", PASS, f"{len(facts.changes)} changed files, as in the overlay layer")
+        )
+    return rows
+
+
+def _provenance_rows(policy: Policy, ev: Evidence, provs: Sequence[attest.Statement]) -> list[Row]:
+    if not provs:
+        return [Row("provenance", FAIL, f"no verified provenance attestation for {ev.located.digest}")]
+    rows = [Row("provenance", PASS, f"{len(provs)} verified provenance attestation(s)")]
+    for statement in provs:
+        rows += _one_provenance(policy, ev, statement.predicate)
+    return rows
+
+
+def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[Row]:
+    builder = provenance.builder_of(p)
+    rows = [
+        Row("builder", PASS, f"{builder} is trusted")
+        if builder in policy.builders
+        else Row("builder", FAIL, f"builder {builder} is not trusted (trusted: {', '.join(policy.builders)})")
+    ]
+    facts = ev.facts
+    if facts is None:
+        return [
+            *rows,
+            Row("provenance vs image", FAIL, "no lock in the image to compare the provenance with"),
+        ]
+    lock, labels = facts.lock, ev.located.image.labels
+    bases = [
+        provenance.sha256_of(d) for d in provenance.provenance_dependencies(p, provenance.ROLE_BASE_MANIFEST)
+    ]
+    want = lock.base.manifest_digest.removeprefix("sha256:")
+    label = labels.get(BASE_LABEL, "").removeprefix("sha256:")
+    if bases == [want] and label == want:
+        rows.append(Row("base digest", PASS, f"provenance = label = lock = sha256:{want}"))
+    else:
+        shown = ", ".join(f"sha256:{b}" for b in bases if b) or "none"
+        rows.append(
+            Row(
+                "base digest",
+                FAIL,
+                f"provenance says {shown}, label says sha256:{label or '-'}, lock says sha256:{want}",
+            )
+        )
+    patches = {
+        str((d.get("annotations") or {}).get("overlay")): provenance.sha256_of(d)
+        for d in provenance.provenance_dependencies(p, provenance.ROLE_PATCH)
+    }
+    locked = {o.id: o.patch_sha256 for o in lock.overlays}
+    rows.append(_mapping_row("patches", patches, locked, "overlay"))
+    dists = {
+        str(d.get("name")): provenance.sha256_of(d)
+        for d in provenance.provenance_dependencies(p, provenance.ROLE_DIST)
+    }
+    rows.append(
+        _mapping_row(
+            "dists", dists, {f"{k.distribution}=={k.version}": k.record_sha256 for k in lock.packages}, "dist"
+        )
+    )
+    probes = [provenance.sha256_of(d) for d in provenance.provenance_dependencies(p, provenance.ROLE_PROBE)]
+    specs = [
+        provenance.sha256_of(d) for d in provenance.provenance_dependencies(p, provenance.ROLE_PROBE_SPEC)
+    ]
+    if probes == [facts.probe_sha256] and specs == [facts.spec_sha256]:
+        rows.append(
+            Row("probe", PASS, f"probe.py sha256:{facts.probe_sha256[:12]}… and its spec as in the image")
+        )
+    else:
+        rows.append(
+            Row(
+                "probe",
+                FAIL,
+                f"provenance names probe {probes} / spec {specs}; "
+                f"the image has {facts.probe_sha256} / {facts.spec_sha256}",
+            )
+        )
+    listed = provenance.provenance_byproducts(p)
+    diff = _changes_diff(listed, facts.changes, "the provenance", "the image's manifest")
+    if ev.layer_changes is not None:
+        diff = diff or _changes_diff(
+            listed, ev.layer_changes, "the provenance byproducts", "the overlay layer"
+        )
+    rows.append(
+        Row("changed files", FAIL, diff)
+        if diff
+        else Row("changed files", PASS, f"{len(listed)} byproducts = the overlay layer's files (re-derived)")
+    )
+    return rows
+
+
+def _mapping_row(what: str, attested: Mapping[str, str | None], locked: Mapping[str, str], noun: str) -> Row:
+    problems = []
+    for key in sorted(set(attested) | set(locked)):
+        if key not in locked:
+            problems.append(f"{noun} {key} is in the provenance, not in the lock")
+        elif key not in attested:
+            problems.append(f"{noun} {key} is in the lock, not in the provenance")
+        elif attested[key] != locked[key]:
+            problems.append(f"{noun} {key}: provenance sha256:{attested[key]}, lock sha256:{locked[key]}")
+    if problems:
+        return Row(what, FAIL, _listed(problems))
+    return Row(what, PASS, f"{len(locked)} {noun}(s): provenance = lock in the image")
+
+
+def _changes_diff(
+    left: Iterable[ChangedFile], right: Iterable[ChangedFile], left_name: str, right_name: str
+) -> str:
+    a = {c.path: c for c in left}
+    b = {c.path: c for c in right}
+    problems = []
+    for path in sorted(set(a) | set(b)):
+        if path not in b:
+            problems.append(f"{path} is in {left_name}, not in {right_name}")
+        elif path not in a:
+            problems.append(f"{path} is in {right_name}, not in {left_name}")
+        elif a[path].key() != b[path].key():
+            problems.append(f"{path}: {right_name} has {_file(b[path])}, {left_name} says {_file(a[path])}")
+    return _listed(problems)
+
+
+def _file(c: ChangedFile) -> str:
+    what = "deleted" if c.sha256 is None else f"sha256:{c.sha256[:16]}…"
+    return f"{what} mode {c.mode:04o}"
+
+
+def _listed(problems: Sequence[str]) -> str:
+    if len(problems) <= MAX_LISTED:
+        return "; ".join(problems)
+    return "; ".join(problems[:MAX_LISTED]) + f"; … and {len(problems) - MAX_LISTED} more"
+
+
+def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Row:
+    if not results:
+        return Row("verify", FAIL, "no verified test-result from `servimg verify` for this image")
+    spec = ev.facts.spec_sha256 if ev.facts is not None else None
+    mine = [s for s in results if provenance.sha256_of(provenance.test_config(s.predicate) or {}) == spec]
+    if not mine:
+        return Row("verify", FAIL, f"the verify result(s) ran another probe spec than the image's ({spec})")
+    failed = [s for s in mine if s.predicate.get("result") == "FAILED"]
+    if failed:
+        tests = [t for s in failed for t in s.predicate.get("failedTests") or []]
+        return Row("verify", FAIL, f"verify FAILED: {_listed(tests)}")
+    p = mine[0].predicate
+    counts = f"{len(p.get('passedTests') or [])} passed, {len(p.get('warnedTests') or [])} warned"
+    return Row("verify", PASS, f"{p.get('result')}: {counts} (the image's own probe spec)")
+
+
+def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]) -> list[Row]:
+    by_name: dict[str, list[tuple[Found, attest.Statement]]] = {}
+    for f, s in tests:
+        name = provenance.ladder_name(s.predicate)
+        if name is not None:
+            by_name.setdefault(name, []).append((f, s))
+    rows = []
+    for name in sorted(set(policy.ladders) | set(by_name)):
+        required = name in policy.ladders
+        results = by_name.get(name, [])
+        if not results:
+            rows.append(
+                Row(f"ladder {name}", FAIL, f"required ladder {name}: no verified test-result attestation")
+            )
+            continue
+        latest = max(results, key=lambda fs: (_finished(fs[1]), fs[0].created or ""))[1]
+        config = provenance.test_config(latest.predicate) or {}
+        verdict = str((config.get("annotations") or {}).get("verdict", latest.predicate.get("result")))
+        passed = latest.predicate.get("result") == "PASSED"
+        receipt = (provenance.sha256_of(config) or "")[:12]
+        why = f"{verdict} (receipt sha256:{receipt}…, latest of {len(results)})"
+        rows.append(Row(f"ladder {name}", PASS if passed else (FAIL if required else WARN), why))
+    return rows
+
+
+def _finished(statement: attest.Statement) -> str:
+    config = provenance.test_config(statement.predicate) or {}
+    return str((config.get("annotations") or {}).get("finished_at") or "")
+
+
+def _deep_row(ev: Evidence) -> Row:
+    if ev.deep is None:
+        return Row("deep: probe", FAIL, f"could not run the probe: {ev.deep_problem}")
+    report = ev.deep
+    counts = report.counts()
+    if report.ok:
+        return Row(
+            "deep: probe", PASS, f"fresh run: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN"
+        )
+    return Row(
+        "deep: probe",
+        FAIL,
+        "fresh run: " + _listed([f"{c.code} {c.subject}: {c.message}" for c in report.failures()]),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ one call
+
+
+def check(
+    ref: str,
+    store: BlobStore,
+    log: Log,
+    policy: Policy,
+    *,
+    deep: bool = False,
+    repo: str | None = None,
+    remote: bool = False,
+) -> tuple[CheckReport, Evidence]:
+    from servimg.provenance.keys import load_trusted
+
+    trusted = load_trusted(policy.keys)
+    located = locate(ref, store, log, repo=repo, remote=remote)
+    evidence = collect(located, store, log, trusted=trusted, threshold=policy.threshold, deep=deep)
+    return evaluate(policy, evidence), evidence

@@ -1,0 +1,544 @@
+"""What a build states about an image, as in-toto statements (docs/design.md, "attestation").
+
+Everything here is derived from the image itself: a servimg image carries its lock, definition,
+changed-files manifest, probe and probe spec under `/opt/servimg/` in its overlay layer (build.plan_layer),
+so the provenance of an image pushed long after its build is the same statement as the one made at build
+time (only the invocation metadata differs). `ImageFacts` reads those files; the predicate builders below
+are pure functions of them.
+
+- build provenance: SLSA Provenance v1. externalParameters = the definition JSON; resolvedDependencies =
+  base manifest + config, every overlay patch, each dist (its dist-info RECORD), the probe and its spec;
+  byproducts = the changed-files manifest (`/opt/servimg/changes.json`, and one entry per file in it).
+- verify: in-toto test-result, one test per probe check; configuration = the probe spec and probe.
+- ladder: in-toto test-result made from a ladder receipt (verdict PASS | FAIL | NOT_EXERCISED; only PASS
+  is PASSED).
+- promotion: SLSA verification summary (see `attach.promote`).
+
+Roles: every ResourceDescriptor servimg writes carries `annotations.role`, which is how `check` and
+`card` find "the base manifest" or "the patches" again without relying on names or order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import posixpath
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servimg import __version__
+from servimg.build.lock import Lock
+from servimg.core import canonical
+from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import ServimgError
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.layer import OPAQUE_MARKER, WHITEOUT_PREFIX, normalize_path
+from servimg.provenance import attest
+
+DEFAULT_BUILDER_ID = "https://servimg.invalid/builder/v1"
+DEFAULT_VERIFIER_ID = "https://servimg.invalid/verifier/v1"
+BUILDER_ENV = "SERVIMG_BUILDER_ID"
+SERVIMG_DIR = "opt/servimg"
+LOCK_FILE = f"{SERVIMG_DIR}/lock.json"
+DEFINITION_FILE = f"{SERVIMG_DIR}/definition.json"
+CHANGES_FILE = f"{SERVIMG_DIR}/changes.json"
+PROBE_FILE = f"{SERVIMG_DIR}/probe.py"
+SPEC_FILE = f"{SERVIMG_DIR}/probe-spec.json"
+# Files servimg adds beside the overlays; they are not "changed files" of the base.
+SERVIMG_FILES = frozenset({LOCK_FILE, DEFINITION_FILE, CHANGES_FILE, PROBE_FILE, SPEC_FILE})
+VERIFY_CONFIG = "servimg-verify"
+LADDER_PREFIX = "ladder:"
+LADDER_VERDICTS = ("PASS", "FAIL", "NOT_EXERCISED")
+
+# ResourceDescriptor roles (annotations.role).
+ROLE_BASE_MANIFEST = "base-manifest"
+ROLE_BASE_CONFIG = "base-config"
+ROLE_PATCH = "patch"
+ROLE_DIST = "dist"
+ROLE_PROBE = "probe"
+ROLE_PROBE_SPEC = "probe-spec"
+ROLE_CHANGES = "changes-manifest"
+ROLE_CHANGED_FILE = "changed-file"
+ROLE_VERIFY = "verify"
+ROLE_LADDER = "ladder"
+
+
+class ProvenanceError(ServimgError):
+    """An image lacks what servimg provenance is made from, or a result cannot become a statement."""
+
+
+# ------------------------------------------------------------------------------------------ image facts
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    """One line of the changed-files manifest: sha256 None = deleted (a whiteout)."""
+
+    path: str
+    sha256: str | None
+    mode: int
+
+    def key(self) -> tuple[str, str | None, int]:
+        return (self.path, self.sha256, self.mode & 0o7777)
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """The files a servimg image carries about itself (read from its overlay layer)."""
+
+    lock: Lock
+    definition: Mapping[str, Any]
+    definition_sha256: str
+    changes: tuple[ChangedFile, ...]
+    changes_sha256: str
+    probe_sha256: str
+    spec_sha256: str
+
+    @property
+    def lock_digest(self) -> Digest:
+        return self.lock.digest
+
+
+def read_facts(top_layer: Path) -> ImageFacts:
+    """Read `/opt/servimg/*` from an image's (uncompressed) top layer; every problem at once."""
+    fs = LayeredFS([top_layer])
+    files = {path: fs.read_or_none(path) for path in sorted(SERVIMG_FILES)}
+    missing = sorted("/" + p for p, data in files.items() if data is None)
+    if missing:
+        raise ProvenanceError(
+            "the image's top layer lacks servimg's files: " + ", ".join(missing),
+            hint="only images built by `servimg build` carry their own provenance",
+        )
+    data = {p: d for p, d in files.items() if d is not None}
+    try:
+        lock = Lock.from_json(json.loads(data[LOCK_FILE]), "/" + LOCK_FILE)
+        definition = json.loads(data[DEFINITION_FILE])
+        changes = parse_changes(json.loads(data[CHANGES_FILE]))
+    except ValueError as exc:
+        raise ProvenanceError(f"the image's servimg files are not valid JSON: {exc}") from None
+    except ServimgError as exc:
+        raise ProvenanceError(exc.message, hint=exc.hint, problems=exc.problems) from None
+    if not isinstance(definition, dict):
+        raise ProvenanceError(f"/{DEFINITION_FILE} is not a JSON object")
+    return ImageFacts(
+        lock,
+        definition,
+        sha256_hex(data[DEFINITION_FILE]),
+        changes,
+        sha256_hex(data[CHANGES_FILE]),
+        sha256_hex(data[PROBE_FILE]),
+        sha256_hex(data[SPEC_FILE]),
+    )
+
+
+def parse_changes(doc: object) -> tuple[ChangedFile, ...]:
+    """The changes manifest (`[{path, kind, mode, sha256}]`) as ChangedFiles, sorted by path."""
+    if not isinstance(doc, list):
+        raise ProvenanceError(f"/{CHANGES_FILE} is not a list")
+    out = []
+    for i, entry in enumerate(doc):
+        path, sha, mode = (
+            (entry.get(k) for k in ("path", "sha256", "mode")) if isinstance(entry, dict) else (None,) * 3
+        )
+        if (
+            not isinstance(path, str)
+            or not isinstance(mode, int)
+            or not (sha is None or isinstance(sha, str))
+        ):
+            raise ProvenanceError(f"/{CHANGES_FILE}[{i}] is malformed")
+        out.append(ChangedFile(path, sha, mode))
+    return tuple(sorted(out, key=ChangedFile.key))
+
+
+def layer_changes(layer: Path) -> tuple[ChangedFile, ...]:
+    """Re-derive the changed-files manifest from an overlay layer's tar: every file and whiteout in it,
+    except directories and servimg's own files. What the layer really holds, whatever its manifest says."""
+    out: dict[str, ChangedFile] = {}
+    try:
+        with tarfile.open(layer, mode="r:") as tar:
+            for info in tar:
+                path = normalize_path(info.name)
+                parent, _, base = path.rpartition("/")
+                if info.isdir() or path in SERVIMG_FILES or not path:
+                    continue
+                if base == OPAQUE_MARKER:
+                    out[path] = ChangedFile("/" + path, None, 0o644)
+                elif base.startswith(WHITEOUT_PREFIX):
+                    target = posixpath.join(parent, base[len(WHITEOUT_PREFIX) :])
+                    out[target] = ChangedFile("/" + target, None, info.mode & 0o7777)
+                elif info.isfile():
+                    handle = tar.extractfile(info)
+                    content = handle.read() if handle is not None else b""
+                    out[path] = ChangedFile("/" + path, sha256_hex(content), info.mode & 0o7777)
+                else:  # links and devices have no digest; name them so a comparison sees them
+                    out[path] = ChangedFile("/" + path, f"{info.type.decode()}:{info.linkname}", 0)
+    except (tarfile.TarError, OSError) as exc:
+        raise ProvenanceError(f"the overlay layer is not a readable tar: {exc}") from None
+    return tuple(sorted(out.values(), key=ChangedFile.key))
+
+
+# ------------------------------------------------------------------------------------------ provenance
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """Who ran what, when: the part of the provenance that is about the run, not about the image."""
+
+    id: str
+    started_on: str | None = None
+    finished_on: str | None = None
+    command: tuple[str, ...] = ()
+
+
+def builder_id(explicit: str | None = None) -> str:
+    """`explicit`, else $SERVIMG_BUILDER_ID, else servimg's default builder id."""
+    return explicit or os.environ.get(BUILDER_ENV) or DEFAULT_BUILDER_ID
+
+
+def now() -> str:
+    return attest.timestamp(dt.datetime.now(dt.UTC).replace(microsecond=0))
+
+
+def _role(role: str, **more: Any) -> dict[str, Any]:
+    return {"role": role, **{k: v for k, v in more.items() if v is not None}}
+
+
+def resolved_dependencies(facts: ImageFacts) -> list[dict[str, Any]]:
+    lock = facts.lock
+    overlays = {o.get("id"): o for o in facts.definition.get("overlays") or [] if isinstance(o, dict)}
+    deps = [
+        attest.resource(
+            name=lock.base.ref,
+            uri=lock.base.ref,
+            digest=Digest.parse(lock.base.manifest_digest),
+            annotations=_role(ROLE_BASE_MANIFEST),
+        ),
+        attest.resource(
+            name=lock.base.ref + attest.CONFIG_SUBJECT_SUFFIX,
+            digest=Digest.parse(lock.base.config_digest),
+            annotations=_role(ROLE_BASE_CONFIG),
+        ),
+    ]
+    for overlay in lock.overlays:
+        spec = overlays.get(overlay.id) or {}
+        deps.append(
+            attest.resource(
+                name=overlay.patch,
+                digest=Digest.parse(f"sha256:{overlay.patch_sha256}"),
+                annotations=_role(
+                    ROLE_PATCH,
+                    overlay=overlay.id,
+                    package=overlay.package,
+                    upstream=list(spec.get("upstream") or []),
+                    files=[f.path for f in overlay.files],
+                ),
+            )
+        )
+    for pkg in lock.packages:
+        deps.append(
+            attest.resource(
+                name=f"{pkg.distribution}=={pkg.version}",
+                uri=f"file://{pkg.dist_info}/RECORD",
+                digest=Digest.parse(f"sha256:{pkg.record_sha256}"),
+                annotations=_role(ROLE_DIST, import_name=pkg.import_name, dist_info=pkg.dist_info),
+            )
+        )
+    deps.append(
+        attest.resource(
+            name="/" + PROBE_FILE,
+            digest=Digest.parse(f"sha256:{facts.probe_sha256}"),
+            annotations=_role(ROLE_PROBE),
+        )
+    )
+    deps.append(
+        attest.resource(
+            name="/" + SPEC_FILE,
+            digest=Digest.parse(f"sha256:{facts.spec_sha256}"),
+            annotations=_role(ROLE_PROBE_SPEC),
+        )
+    )
+    return deps
+
+
+def byproducts(facts: ImageFacts) -> list[dict[str, Any]]:
+    out = [
+        attest.resource(
+            name="/" + CHANGES_FILE,
+            digest=Digest.parse(f"sha256:{facts.changes_sha256}"),
+            media_type="application/json",
+            annotations=_role(ROLE_CHANGES),
+        )
+    ]
+    for change in facts.changes:
+        entry = attest.changed_file(change.path, change.sha256, change.mode)
+        entry["annotations"] = {**entry["annotations"], "role": ROLE_CHANGED_FILE}
+        out.append(entry)
+    return out
+
+
+def provenance_predicate(facts: ImageFacts, invocation: Invocation, builder: str) -> dict[str, Any]:
+    """SLSA Provenance v1 for the image `facts` describe (pure)."""
+    lock = facts.lock
+    internal: dict[str, Any] = {
+        "lockDigest": str(lock.digest),
+        "sourceDateEpoch": lock.source_date_epoch,
+        "interpreter": {
+            "path": lock.interpreter.path,
+            "version": lock.interpreter.version,
+            "cacheTag": lock.interpreter.cache_tag,
+        },
+        "tool": dict(lock.tool),
+        "invocation": {"command": list(invocation.command), "servimg": __version__},
+    }
+    return attest.provenance(
+        external_parameters=facts.definition,
+        resolved_dependencies=resolved_dependencies(facts),
+        builder_id=builder,
+        invocation_id=invocation.id,
+        started_on=invocation.started_on,
+        finished_on=invocation.finished_on,
+        internal_parameters=internal,
+        byproducts=byproducts(facts),
+    )
+
+
+def subjects(name: str, manifest: Digest, config: Digest) -> list[tuple[str, Digest]]:
+    return attest.image_subjects(name, manifest, config)
+
+
+def subject_name(facts: ImageFacts) -> str:
+    """The statement's subject name: the definition's repository (stable wherever the image goes)."""
+    return str(facts.definition.get("repository") or facts.lock.name)
+
+
+# ------------------------------------------------------------------------------------------ test results
+
+
+def _test_names(checks: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """(status, name) pairs → the three lists, names made unique (a name never sits in two lists)."""
+    lists: dict[str, list[str]] = {"PASS": [], "WARN": [], "FAIL": []}
+    seen: dict[str, int] = {}
+    for status, name in checks:
+        seen[name] = seen.get(name, 0) + 1
+        unique = name if seen[name] == 1 else f"{name} #{seen[name]}"
+        lists["FAIL" if status not in ("PASS", "WARN") else status].append(unique)
+    return lists
+
+
+def verify_predicate(report: Any, facts: ImageFacts) -> dict[str, Any]:
+    """An in-toto test-result for a `servimg verify` report of the image `facts` describe.
+
+    Refuses a report made for another lock or another probe spec: a result is evidence only about the
+    image it ran on."""
+    problems = []
+    if report.lock_digest is not None and report.lock_digest != str(facts.lock_digest):
+        problems.append(f"the report is for lock {report.lock_digest}, the image has {facts.lock_digest}")
+    if report.spec_sha256 is not None and report.spec_sha256 != facts.spec_sha256:
+        problems.append(f"the report ran spec sha256 {report.spec_sha256}, the image has {facts.spec_sha256}")
+    if problems:
+        raise ProvenanceError(
+            "the verify report is not about this image",
+            problems=problems,
+            hint="run `servimg verify` on this image and pass that report",
+        )
+    lists = _test_names([(c.status, f"{c.code} {c.subject}") for c in report.checks])
+    configuration = [
+        attest.resource(
+            name=VERIFY_CONFIG,
+            uri="file:///" + SPEC_FILE,
+            digest=Digest.parse(f"sha256:{facts.spec_sha256}"),
+            annotations=_role(
+                ROLE_VERIFY,
+                probe_sha256=facts.probe_sha256,
+                lock_digest=str(facts.lock_digest),
+                audit=bool(report.audit),
+                interpreter=str((report.interpreter or {}).get("version") or ""),
+            ),
+        )
+    ]
+    return attest.test_result(
+        configuration=configuration, passed=lists["PASS"], warned=lists["WARN"], failed=lists["FAIL"]
+    )
+
+
+@dataclass(frozen=True)
+class LadderReceipt:
+    """The parts of a ladder receipt a test-result needs; the receipt itself is hashed."""
+
+    name: str
+    verdict: str
+    sha256: str
+    image_digests: tuple[str, ...]
+    arms: tuple[tuple[str, str], ...]
+    finished: str | None
+
+    @classmethod
+    def parse(cls, data: bytes) -> LadderReceipt:
+        """Accepts `{ladder: NAME | {name}, verdict, image_digest | image: {digest, config_digest} |
+        images: [...], arms: [{id, verdict}], finished_at, sha256}`; refuses anything without a name and
+        verdict, and a sealed receipt (`sha256` over the canonical rest) whose seal no longer holds."""
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise ProvenanceError("the ladder receipt is not JSON") from None
+        if not isinstance(doc, dict):
+            raise ProvenanceError("the ladder receipt is not a JSON object")
+        ladder = doc.get("ladder")
+        name = ladder.get("name") if isinstance(ladder, dict) else ladder
+        verdict = doc.get("verdict")
+        problems = []
+        if not isinstance(name, str) or not name:
+            problems.append("ladder: missing (the ladder's name, or {name: …})")
+        if verdict not in LADDER_VERDICTS:
+            problems.append(f"verdict: must be one of {', '.join(LADDER_VERDICTS)}")
+        sealed = doc.get("sha256")
+        if sealed is not None:  # a sealed receipt (servimg.ladder.receipt.seal): its own hash must still hold
+            body = canonical.dumps({k: v for k, v in doc.items() if k != "sha256"})
+            if sealed != sha256_hex(body):
+                problems.append("sha256: does not match the receipt's content (edited after sealing)")
+        arms = []
+        raw_arms = doc.get("arms") or []
+        for i, arm in enumerate(raw_arms if isinstance(raw_arms, list) else [None]):
+            if not (isinstance(arm, dict) and isinstance(arm.get("id"), str)):
+                problems.append(f"arms[{i}]: not an object with an id")
+            elif "verdict" not in arm:
+                continue  # an arm without a verdict of its own (a control) is not a test
+            elif arm.get("verdict") not in LADDER_VERDICTS:
+                problems.append(f"arms[{i}].verdict: must be one of {', '.join(LADDER_VERDICTS)}")
+            else:
+                arms.append((str(arm["id"]), str(arm["verdict"])))
+        if problems:
+            raise ProvenanceError("not a ladder receipt", problems=problems)
+        finished = doc.get("finished_at")
+        return cls(
+            str(name),
+            str(verdict),
+            sha256_hex(data),
+            tuple(_receipt_digests(doc)),
+            tuple(arms),
+            finished if isinstance(finished, str) else None,
+        )
+
+
+def _receipt_digests(doc: Mapping[str, Any]) -> list[str]:
+    found: list[str] = []
+    candidates: list[Any] = [doc.get("image_digest"), doc.get("image")]
+    candidates += list(doc.get("images") or []) if isinstance(doc.get("images"), list) else []
+    for item in candidates:
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            found += [str(item[k]) for k in ("digest", "config_digest", "id") if isinstance(item.get(k), str)]
+    return found
+
+
+def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -> dict[str, Any]:
+    """A test-result for a ladder receipt about this image. NOT_EXERCISED is never PASS (docs/design.md)."""
+    if receipt.image_digests and not {str(manifest), str(config)} & set(receipt.image_digests):
+        raise ProvenanceError(
+            f"the ladder receipt is about {', '.join(receipt.image_digests)}, not this image ({manifest})",
+            hint="attach a receipt to the image the ladder ran against",
+        )
+    tests = [("PASS" if verdict == "PASS" else "FAIL", f"arm {arm}") for arm, verdict in receipt.arms]
+    whole = LADDER_PREFIX + receipt.name
+    if receipt.verdict != "PASS" and not any(status == "FAIL" for status, _ in tests):
+        tests.append(("FAIL", whole))
+    if receipt.verdict == "PASS" and not tests:
+        tests.append(("PASS", whole))
+    lists = _test_names(tests)
+    # A receipt that says PASS over a failing or unexercised arm is inconsistent: fail closed.
+    result = "PASSED" if receipt.verdict == "PASS" and not lists["FAIL"] else "FAILED"
+    annotations = _role(
+        ROLE_LADDER, ladder=receipt.name, verdict=receipt.verdict, finished_at=receipt.finished
+    )
+    configuration = [
+        attest.resource(
+            name=whole,
+            digest=Digest.parse(f"sha256:{receipt.sha256}"),
+            media_type="application/json",
+            annotations=annotations,
+        )
+    ]
+    return attest.test_result(
+        configuration=configuration, passed=lists["PASS"], failed=lists["FAIL"], result=result
+    )
+
+
+# ------------------------------------------------------------------------------------------ reading back
+
+
+def role_of(rd: Mapping[str, Any]) -> str | None:
+    annotations = rd.get("annotations")
+    role = annotations.get("role") if isinstance(annotations, dict) else None
+    return role if isinstance(role, str) else None
+
+
+def with_role(items: object, role: str) -> list[Mapping[str, Any]]:
+    if not isinstance(items, list):
+        return []
+    return [rd for rd in items if isinstance(rd, dict) and role_of(rd) == role]
+
+
+def sha256_of(rd: Mapping[str, Any]) -> str | None:
+    digests = rd.get("digest")
+    value = digests.get("sha256") if isinstance(digests, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def provenance_dependencies(predicate: Mapping[str, Any], role: str) -> list[Mapping[str, Any]]:
+    build = predicate.get("buildDefinition")
+    return with_role(build.get("resolvedDependencies") if isinstance(build, dict) else None, role)
+
+
+def provenance_byproducts(predicate: Mapping[str, Any]) -> tuple[ChangedFile, ...]:
+    """The changed files a provenance lists (the `changed-file` byproducts), in ChangedFile form."""
+    run = predicate.get("runDetails")
+    out = []
+    for rd in with_role(run.get("byproducts") if isinstance(run, dict) else None, ROLE_CHANGED_FILE):
+        annotations = rd.get("annotations") or {}
+        try:
+            mode = int(str(annotations.get("mode", "0")), 8)
+        except ValueError:
+            mode = -1
+        sha = None if annotations.get("deleted") else sha256_of(rd)
+        out.append(ChangedFile(str(rd.get("name", "")), sha, mode))
+    return tuple(sorted(out, key=ChangedFile.key))
+
+
+def builder_of(predicate: Mapping[str, Any]) -> str | None:
+    run = predicate.get("runDetails")
+    builder = run.get("builder") if isinstance(run, dict) else None
+    value = builder.get("id") if isinstance(builder, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def test_config(predicate: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The servimg configuration entry of a test-result (verify or ladder), if it has one."""
+    for rd in predicate.get("configuration") or []:
+        if isinstance(rd, dict) and role_of(rd) in (ROLE_VERIFY, ROLE_LADDER):
+            return rd
+    return None
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]
+
+
+def ladder_name(predicate: Mapping[str, Any]) -> str | None:
+    rd = test_config(predicate)
+    if rd is None or role_of(rd) != ROLE_LADDER:
+        return None
+    name = str(rd.get("name", ""))
+    return name[len(LADDER_PREFIX) :] if name.startswith(LADDER_PREFIX) else None
+
+
+def is_verify_result(predicate: Mapping[str, Any]) -> bool:
+    rd = test_config(predicate)
+    return rd is not None and role_of(rd) == ROLE_VERIFY
+
+
+def canonical_sha256(value: Any) -> str:
+    return sha256_hex(canonical.dumps(value))
