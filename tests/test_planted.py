@@ -89,7 +89,7 @@ def verify(image: str) -> VerifyReport:
 
 def fails(report: VerifyReport, status: str = probe.FAIL) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for check in report.checks:
+    for check in report.findings:
         if check.status == status:
             out.setdefault(check.code, []).append(check)
     return out
@@ -112,8 +112,8 @@ def shadow_copy(tiny: Tiny, where: str) -> list[Entry]:
 # -- the clean image ---------------------------------------------------------------------------------
 def test_clean_image_has_zero_findings(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     report = verify(tiny.tag)
-    assert [c for c in report.checks if c.status != probe.PASS] == []
-    assert {c.code for c in report.checks} == {
+    assert [c for c in report.findings if c.status != probe.PASS] == []
+    assert {c.code for c in report.findings} == {
         "INTERPRETER",
         "ORIGIN",
         "LOADER_KIND",

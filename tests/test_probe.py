@@ -30,6 +30,7 @@ from servimg.build import verify
 from servimg.build.definition import ImageDefinition, Sentinel
 from servimg.build.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
 from servimg.inimage import probe
+from servimg.render import findings_table
 
 PROBE = Path(probe.__file__)
 
@@ -755,8 +756,8 @@ def test_probe_spec_from_lock_runs_clean(image: FakeImage) -> None:
     rc, data = image.run()
     assert rc == 0 and [c for c in data["checks"] if c["status"] != probe.PASS] == []
     report = verify.VerifyReport.from_json(data)
-    assert report.ok and report.counts()[probe.PASS] == len(report.checks)
-    table = report.summary_table()
+    assert report.ok and report.counts()[probe.PASS] == len(report.findings)
+    table = findings_table(report)
     assert "SENTINEL" in table and "RECORD" in table and "OK" in table
     assert report.as_dict()["checks"] == data["checks"]
 
@@ -772,7 +773,7 @@ def test_probe_spec_from_lock_runs_clean(image: FakeImage) -> None:
     _, data = image.run()
     failed = verify.VerifyReport.from_json(data)
     assert not failed.ok and {c.code for c in failed.failures()} == {"ABSENT_IN_BASE"}
-    assert "fix:" in failed.summary_table()
+    assert "fix:" in findings_table(failed)
 
 
 def test_base_sources_reads_each_sentinel_module_from_the_base(image: FakeImage) -> None:

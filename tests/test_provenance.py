@@ -65,9 +65,9 @@ class _Report:
     """The fields of a VerifyReport the test-result needs."""
 
     def __init__(self, facts: ImageFacts, statuses: tuple[str, ...] = ("PASS", "PASS", "WARN")) -> None:
-        from servimg.build.verify import Check
+        from servimg.core.findings import Finding, Status
 
-        self.checks = tuple(Check("SOURCE_SHA", s, f"m{i}", "ok") for i, s in enumerate(statuses))
+        self.findings = tuple(Finding("SOURCE_SHA", Status(s), f"m{i}", "ok") for i, s in enumerate(statuses))
         self.lock_digest = str(facts.lock.digest)
         self.spec_sha256 = facts.spec_sha256
         self.audit = False
@@ -110,7 +110,7 @@ def _clean(image: Image, facts: ImageFacts, key: dsse.SigningKey) -> list[check.
 
 
 def _fails(report: check.CheckReport) -> list[str]:
-    return [f"{r.what}: {r.why}" for r in report.rows if r.verdict == FAIL]
+    return [f"{r.subject}: {r.message}" for r in report.findings if r.status == FAIL]
 
 
 # ------------------------------------------------------------------------------------------------ statements
@@ -208,7 +208,7 @@ def test_clean_evidence_passes(facts: ImageFacts, image: Image, key: dsse.Signin
     report = evaluate(Policy(), _evidence(image, facts, _clean(image, facts, key)))
     assert report.ok, _fails(report)
     assert len(report.used) == 2
-    assert {r.what for r in report.rows if r.verdict == PASS} >= {
+    assert {r.subject for r in report.findings if r.status == PASS} >= {
         "provenance",
         "builder",
         "base digest",
@@ -346,7 +346,7 @@ def test_unsigned_mode_reports_but_accepts(facts: ImageFacts, image: Image, key:
     assert not evaluate(Policy(), _evidence(image, facts, unsigned)).ok
     report = evaluate(Policy(allow_unsigned=True), _evidence(image, facts, unsigned))
     assert report.ok, _fails(report)
-    assert any(r.what == "signatures" and r.verdict == WARN for r in report.rows)
+    assert any(r.subject == "signatures" and r.status == WARN for r in report.findings)
 
 
 def test_label_and_lock_are_compared_without_attestations(facts: ImageFacts, image: Image) -> None:
@@ -389,7 +389,9 @@ def test_required_ladders(facts: ImageFacts, image: Image, key: dsse.SigningKey)
         for r in _fails(evaluate(policy, _evidence(image, facts, later_fail)))
     )
     not_required = evaluate(Policy(), _evidence(image, facts, later_fail))
-    assert not_required.ok and any(r.what == "ladder smoke" and r.verdict == WARN for r in not_required.rows)
+    assert not_required.ok and any(
+        r.subject == "ladder smoke" and r.status == WARN for r in not_required.findings
+    )
 
 
 def test_disallowed_predicate_types_are_ignored_not_trusted(
@@ -397,7 +399,9 @@ def test_disallowed_predicate_types_are_ignored_not_trusted(
 ) -> None:
     policy = Policy(predicates=(attest.TEST_RESULT_V01,))
     report = evaluate(policy, _evidence(image, facts, _clean(image, facts, key)))
-    assert any("is not allowed by the policy; ignored" in r.why and r.verdict == WARN for r in report.rows)
+    assert any(
+        "is not allowed by the policy; ignored" in r.message and r.status == WARN for r in report.findings
+    )
     assert "provenance: no verified provenance attestation for " + str(image.digest) in _fails(report)
 
 

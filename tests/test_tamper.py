@@ -652,4 +652,4 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
         trusted=keys.load_trusted([keyring["pub"]]),
     )
     report = check.evaluate(check.Policy(), evidence)
-    assert report.ok, [f"{r.what}: {r.why}" for r in report.failures()]
+    assert report.ok, [f"{r.subject}: {r.message}" for r in report.failures()]

@@ -1,19 +1,55 @@
-"""Console output: `OK:`/`FAIL:` lines per target, progress to stderr, `--json` results to stdout."""
+"""Console output: `OK:`/`FAIL:` lines per target, progress to stderr, `--json` results to stdout, and the
+one table every verdict is drawn as (`findings_table`: verify, check, promote, witness, ladder)."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
 from rich.progress import Progress as RichProgress
+from rich.table import Table
 
+from servimg.commands import Outcome
 from servimg.core.errors import ServimgError
+from servimg.core.findings import Findings, Status
+
+_STYLE = {
+    Status.PASS: "green",
+    Status.WARN: "yellow",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold magenta",
+    Status.NOT_EXERCISED: "bold yellow",
+}
+
+
+def findings_table(findings: Findings, width: int = 150) -> str:
+    """Any verdict as text: its notes (what it ran under), one row per finding (status, code, subject,
+    message; a not-passing finding's hint as `fix:`), and the counts with the verdict."""
+    table = Table(title=findings.title(), title_justify="left")
+    for column in ("status", "code", "subject", "message"):
+        table.add_column(column, overflow="fold")
+    for finding in findings.findings:
+        message = finding.message
+        if finding.hint and finding.status != Status.PASS:
+            message += f"\nfix: {finding.hint}"
+        style = _STYLE.get(finding.status, "")
+        table.add_row(f"[{style}]{finding.status}[/]", finding.code, finding.subject, message)
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, highlight=False)
+    for note in findings.notes():
+        console.print(note, markup=False)
+    console.print(table)
+    counts = ", ".join(f"{n} {status}" for status, n in findings.counts().items())
+    console.print(
+        f"{counts} → OK" if findings.ok else f"{counts} → NOT OK ({findings.verdict})", markup=False
+    )
+    return buffer.getvalue()
 
 
 @dataclass
@@ -37,7 +73,7 @@ class Reporter:
             task = bar.add_task(description, total=total)
             yield lambda n: bar.advance(task, n)
 
-    def ok(self, target: str, details: dict[str, Any]) -> None:
+    def ok(self, target: str, details: Mapping[str, object]) -> None:
         if self.as_json:
             sys.stdout.write(json.dumps({"status": "OK", "target": target, **details}, sort_keys=True) + "\n")
             return
@@ -54,3 +90,21 @@ class Reporter:
         print(f"FAIL: {target}: {error}")
         if error.diagnostics():
             print(f"  hint: {error.diagnostics()}")
+
+    def outcome(self, outcome: Outcome) -> bool:
+        """One target's outcome: in text, its table and explanation (not under --quiet) and its document,
+        then the OK or FAIL line; under --json, the line only. True when it failed."""
+        if not self.as_json:
+            if not self.quiet and outcome.findings is not None:
+                print(findings_table(outcome.findings))
+            if not self.quiet and outcome.explanation:
+                print(outcome.explanation)
+            if outcome.document:
+                print(outcome.document, end="")
+        if outcome.error is not None:
+            self.fail(outcome.target, outcome.error)
+            return True
+        if not outcome.quiet_ok:
+            fields = outcome.json if self.as_json and outcome.json is not None else outcome.fields
+            self.ok(outcome.target, fields)
+        return False

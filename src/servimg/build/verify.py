@@ -23,15 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from servimg.build.bytecode import extract_runtime, tool
 from servimg.build.definition import ImageDefinition, Sentinel
 from servimg.build.lock import Lock
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
+from servimg.core.findings import Finding, Findings, Status
 from servimg.core.progress import Log
 from servimg.inimage import probe
 from servimg.oci.filesystem import LayeredFS
@@ -471,33 +469,9 @@ def _spec_interpreter(c: Any, image: str, spec_path: str) -> str:
 
 # -- report ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Check:
-    code: str
-    status: str
-    subject: str
-    message: str
-    hint: str = ""
-    details: Mapping[str, Any] = field(default_factory=dict)
+class VerifyReport(Findings):
+    """A probe report: one `Finding` per check the probe printed, plus the facts it ran under."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "status": self.status,
-            "subject": self.subject,
-            "message": self.message,
-            "hint": self.hint,
-            "details": dict(self.details),
-        }
-
-
-_STYLE = {probe.PASS: "green", probe.WARN: "yellow", probe.FAIL: "bold red", probe.ERROR: "bold magenta"}
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """A probe report: one `Check` per line the probe printed, plus the facts it ran under."""
-
-    checks: tuple[Check, ...]
     interpreter: Mapping[str, Any] = field(default_factory=dict)
     environment: Mapping[str, Any] = field(default_factory=dict)
     image: str | None = None
@@ -505,26 +479,15 @@ class VerifyReport:
     spec_sha256: str | None = None
     audit: bool = False
 
-    @property
-    def ok(self) -> bool:
-        """No FAIL and no probe ERROR (warnings do not fail a report)."""
-        return not any(c.status in (probe.FAIL, probe.ERROR) for c in self.checks)
-
-    def counts(self) -> dict[str, int]:
-        return {s: sum(1 for c in self.checks if c.status == s) for s in probe.STATUSES}
-
-    def failures(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if c.status in (probe.FAIL, probe.ERROR))
-
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> VerifyReport:
         if "error" in data and "checks" not in data:
             raise VerifyError(f"the probe failed: {data['error']}", hint="check the probe spec in the image")
         try:
             checks = tuple(
-                Check(
+                Finding(
                     str(c["code"]),
-                    str(c["status"]),
+                    Status(str(c["status"])),
                     str(c["subject"]),
                     str(c["message"]),
                     str(c.get("hint") or ""),
@@ -532,7 +495,7 @@ class VerifyReport:
                 )
                 for c in data["checks"]
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise VerifyError(
                 f"malformed probe report: {exc!r}", hint="probe and servimg versions differ?"
             ) from None
@@ -546,34 +509,18 @@ class VerifyReport:
             bool(data.get("audit", False)),
         )
 
-    def summary_table(self, width: int = 140) -> str:
-        table = Table(title=f"probe: {self.image or '?'}", title_justify="left")
-        for column in ("status", "code", "subject", "message"):
-            table.add_column(column, overflow="fold")
-        for check in self.checks:
-            message = check.message
-            if check.hint and check.status != probe.PASS:
-                message += f"\nfix: {check.hint}"
-            table.add_row(
-                f"[{_STYLE.get(check.status, '')}]{check.status}[/]", check.code, check.subject, message
-            )
-        counts = self.counts()
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=width, color_system=None, highlight=False)
+    def notes(self) -> list[str]:
+        """What the probe ran under: the image command's flags, Env and WorkingDir."""
         facts, env = self.interpreter, self.environment
-        if facts:  # what the probe ran under: the image command's flags, Env and WorkingDir
-            flags = " ".join(
-                f"{key}={facts.get(key)}" for key in ("optimize", "check_hash_based_pycs", "pycache_prefix")
-            )
-            line = (
-                f"interpreter {facts.get('executable')} {facts.get('version')}: {flags} cwd={env.get('cwd')}"
-            )
-            console.print(line, markup=False)
-        console.print(table)
-        console.print(
-            ", ".join(f"{counts[s]} {s}" for s in probe.STATUSES) + (" → OK" if self.ok else " → NOT OK")
+        if not facts:
+            return []
+        flags = " ".join(
+            f"{key}={facts.get(key)}" for key in ("optimize", "check_hash_based_pycs", "pycache_prefix")
         )
-        return buffer.getvalue()
+        return [f"interpreter {facts.get('executable')} {facts.get('version')}: {flags} cwd={env.get('cwd')}"]
+
+    def title(self) -> str:
+        return f"probe: {self.image or '?'}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -585,8 +532,20 @@ class VerifyReport:
             "summary": self.counts(),
             "interpreter": dict(self.interpreter),
             "environment": dict(self.environment),
-            "checks": [c.as_dict() for c in self.checks],
+            "checks": [c.as_dict() for c in self.findings],
         }
+
+
+class VerifyFailed(VerifyError):
+    """The probe ran and the image failed it; carries the report."""
+
+    def __init__(self, report: VerifyReport) -> None:
+        problems = report.problems()
+        super().__init__(f"{len(problems)} check(s) failed", problems=problems, hint=report.first_hint())
+        self.report = report
+
+    def as_dict(self) -> dict[str, object]:
+        return {**super().as_dict(), "report": self.report.as_dict()}
 
 
 # -- whole images ---------------------------------------------------------------------------------

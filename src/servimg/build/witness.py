@@ -22,6 +22,7 @@ from typing import Any
 
 from servimg.core import canonical
 from servimg.core.errors import ServimgError
+from servimg.core.findings import ERROR, FAIL, PASS, Finding, Findings
 from servimg.inimage import witness_hook
 
 HOOK_SOURCE = Path(witness_hook.__file__)
@@ -79,6 +80,16 @@ def witness_files(probe_spec: Mapping[str, Any]) -> dict[str, bytes]:
 
 # -- collecting -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class WitnessVerdict(Findings):
+    """What one container's witness records say: did every process run the patched code?"""
+
+    container: str = ""
+
+    def title(self) -> str:
+        return f"witness: {self.container}"
+
+
+@dataclass(frozen=True)
 class WitnessCollection:
     """The witness files of one container: one document per process that imported an overlay module."""
 
@@ -104,7 +115,41 @@ class WitnessCollection:
 
     @property
     def ok(self) -> bool:
-        return bool(self.records()) and not self.problems()
+        return self.verdict().ok
+
+    def verdict(self) -> WitnessVerdict:
+        """One finding per record (PASS when the patched code ran) and per hook error; no record at all
+        is a FAIL: a module never imported proves nothing."""
+        found: list[Finding] = []
+        for doc in self.documents:
+            pid = doc.get("pid")
+            for record in doc.get("records", []):
+                ran = bool(record.get("patched_code_ran"))
+                subject = f"pid {pid}: {record.get('module')}"
+                found.append(Finding("WITNESS", PASS if ran else FAIL, subject, describe(record)))
+            for error in doc.get("errors", []):
+                found.append(Finding("HOOK_ERROR", ERROR, f"pid {pid}", f"hook error: {error}"))
+        if not self.records():
+            found.append(
+                Finding(
+                    "NO_RECORDS",
+                    FAIL,
+                    self.directory,
+                    f"no witness records in {self.directory}: no process imported an overlay module",
+                    hint="exercise the service first; a module never imported proves nothing",
+                )
+            )
+        return WitnessVerdict(tuple(found), container=self.container)
+
+    def error(self) -> WitnessError | None:
+        """Why this collection does not prove the patched code ran (no records, or a process ran other
+        code), or None."""
+        if not self.records():
+            missing = self.verdict().failures()[-1]
+            return WitnessError(missing.message, hint=missing.hint)
+        if self.problems():
+            return WitnessError("a process ran code that is not the patched code", problems=self.problems())
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         return {

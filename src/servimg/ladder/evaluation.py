@@ -18,9 +18,8 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from servimg.core.findings import FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
 from servimg.ladder.definition import CACHED_ROLES, Detectors, Expect, Gate, LadderDefinition, Thresholds
-
-PASS, FAIL, NOT_EXERCISED = "PASS", "FAIL", "NOT_EXERCISED"
 
 # ------------------------------------------------------------------------------------------ metrics
 
@@ -369,16 +368,45 @@ class NoiseFloor:
 class ArmVerdict:
     arm: str
     role: str
-    result: str
+    result: Status
     reasons: tuple[str, ...]
     corrupted: int
     gates: tuple[GateResult, ...]
     comparison: Comparison | None
 
 
+def arm_finding(arm: str, role: str, result: Status, reasons: Sequence[str]) -> Finding:
+    """One arm's verdict as a finding (the receipt's arms are read back through this too)."""
+    return Finding("ARM", result, f"{arm} ({role})", "; ".join(reasons) or "within the pre-registered limits")
+
+
+@dataclass(frozen=True)
+class LadderVerdict(Findings):
+    """A ladder run as findings: one per arm, INVALID when the inputs changed, a WARN per deviation.
+    Its verdict is the ladder's: FAIL over NOT_EXERCISED over PASS."""
+
+    counted = (PASS, WARN, FAIL, NOT_EXERCISED)
+    ladder: str = ""
+
+    def title(self) -> str:
+        return f"ladder: {self.ladder}"
+
+
+def ladder_verdict(
+    ladder: str, arms: Sequence[Finding], *, valid: bool = True, deviations: Sequence[str] = ()
+) -> LadderVerdict:
+    invalid = (
+        ()
+        if valid
+        else (Finding("INVALID", FAIL, ladder, "the pre-registered inputs changed during the run"),)
+    )
+    warned = tuple(Finding("DEVIATION", WARN, ladder, d) for d in deviations)
+    return LadderVerdict((*invalid, *arms, *warned), ladder=ladder)
+
+
 @dataclass(frozen=True)
 class Verdict:
-    result: str
+    result: Status
     reasons: tuple[str, ...]
     arms: tuple[ArmVerdict, ...]
     noise: NoiseFloor
@@ -487,8 +515,9 @@ def evaluate(
     if not inputs_unchanged:
         reasons.insert(0, "INVALID: the pre-registered inputs changed during the run")
         return Verdict(FAIL, tuple(reasons), tuple(arms), noise, False, tuple(devs))
-    results = {a.result for a in arms}
-    result = FAIL if FAIL in results else NOT_EXERCISED if NOT_EXERCISED in results else PASS
+    result = ladder_verdict(
+        ladder.name, [arm_finding(a.arm, a.role, a.result, a.reasons) for a in arms]
+    ).verdict
     if result == PASS and not any(a.role in CACHED_ROLES for a in arms):
         devs.append("no cached arm: the ladder compared servers but exercised no cache")
     return Verdict(result, tuple(reasons), tuple(arms), noise, True, tuple(devs))

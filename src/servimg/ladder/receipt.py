@@ -21,6 +21,8 @@ from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import ServimgError
+from servimg.core.findings import Status
+from servimg.ladder.evaluation import LadderVerdict, arm_finding, ladder_verdict
 
 
 class ReceiptError(ServimgError):
@@ -49,6 +51,18 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or not check_seal(doc):
         raise ReceiptError(f"{path}: the receipt's sha256 does not match its content (edited or truncated)")
     return doc
+
+
+def verdict(doc: Mapping[str, Any]) -> LadderVerdict:
+    """A receipt's verdict as findings (one per arm), for the table `servimg ladder` prints."""
+    arms = [
+        arm_finding(
+            str(a.get("id")), str(a.get("role")), Status(str(a.get("verdict"))), a.get("reasons") or []
+        )
+        for a in doc.get("arms") or []
+    ]
+    name = str((doc.get("ladder") or {}).get("name"))
+    return ladder_verdict(name, arms, valid=bool(doc.get("valid")), deviations=doc.get("deviations") or [])
 
 
 def write(out: Path, doc: Mapping[str, Any]) -> Path:

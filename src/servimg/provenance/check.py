@@ -9,13 +9,13 @@ Three stages, I/O only in the first two:
    the trusted keys; the image's own statements about itself (`/opt/servimg/*` from its overlay layer,
    diffID-verified) and the changed files re-derived from that layer; with `deep`, a fresh probe run.
 3. `evaluate` (pure) applies a `Policy` to the evidence and returns a `CheckReport`: rows of
-   (what, verdict, why). The report passes only when no row is FAIL.
+   (what, verdict, why), each a `Finding`. The report passes only when no row is FAIL.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,19 +23,20 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from rich.console import Console
-from rich.table import Table
 
+from servimg.build.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core.digest import Digest
-from servimg.core.errors import ServimgError
+from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
 from servimg.core.progress import Log
 from servimg.oci.image import DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Image
+from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, dsse, referrers
 from servimg.provenance import statements as provenance
+from servimg.provenance.keys import load_trusted
 from servimg.provenance.statements import ChangedFile, ImageFacts
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 # Asked for explicitly, every time: a registry that falls back to another manifest type would otherwise
 # hand us a different document (and digest) than the one the tag names.
 MANIFEST_ACCEPT = (OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_LIST)
@@ -152,50 +153,35 @@ class Policy:
 
 # ------------------------------------------------------------------------------------------------ report
 
+# A row's code names the requirement it judges; the subject (`what`) may add which one.
+_CODE_PREFIXES = {"attestation ": "ATTESTATION", "ladder ": "LADDER", "requires ": "REQUIRES"}
+
+
+def row(what: str, verdict: Status, why: str) -> Finding:
+    """One row of a check (what, verdict, why) as a finding: `what` is its subject, and its code the
+    requirement (`base label` → BASE_LABEL, `attestation KIND DIGEST` → ATTESTATION)."""
+    code = next((c for prefix, c in _CODE_PREFIXES.items() if what.startswith(prefix)), None)
+    return Finding(code or re.sub(r"\W+", "_", what).strip("_").upper(), verdict, what, why)
+
+
+def row_dict(finding: Finding) -> dict[str, str]:
+    """The JSON shape of a check row, as `servimg check --json` has always printed it."""
+    return {"what": finding.subject, "verdict": str(finding.status), "why": finding.message}
+
 
 @dataclass(frozen=True)
-class Row:
-    what: str
-    verdict: str
-    why: str
+class CheckReport(Findings):
+    """The rows `evaluate` gave; passes only when no row is FAIL (WARN is reported, never failing)."""
 
-    def as_dict(self) -> dict[str, str]:
-        return {"what": self.what, "verdict": self.verdict, "why": self.why}
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    ref: str
-    digest: str
-    config_digest: str
-    rows: tuple[Row, ...]
+    counted = (PASS, WARN, FAIL)
+    ref: str = ""
+    digest: str = ""
+    config_digest: str = ""
     policy: Mapping[str, Any] = field(default_factory=dict)
     used: tuple[str, ...] = ()  # artifact digests of the attestations the verdict rests on
 
-    @property
-    def ok(self) -> bool:
-        return not any(r.verdict == FAIL for r in self.rows)
-
-    def failures(self) -> tuple[Row, ...]:
-        return tuple(r for r in self.rows if r.verdict == FAIL)
-
-    def counts(self) -> dict[str, int]:
-        return {v: sum(1 for r in self.rows if r.verdict == v) for v in (PASS, WARN, FAIL)}
-
-    def table(self, width: int = 150) -> str:
-        table = Table(title=f"check: {self.ref} ({self.digest})", title_justify="left")
-        for column in ("what", "verdict", "why"):
-            table.add_column(column, overflow="fold")
-        styles = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
-        for row in self.rows:
-            table.add_row(row.what, f"[{styles.get(row.verdict, '')}]{row.verdict}[/]", row.why)
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=width, color_system=None, highlight=False)
-        console.print(table)
-        counts = self.counts()
-        verdict = "policy PASSED" if self.ok else "policy FAILED"
-        console.print(f"{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL → {verdict}")
-        return buffer.getvalue()
+    def title(self) -> str:
+        return f"check: {self.ref} ({self.digest})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -204,7 +190,7 @@ class CheckReport:
             "digest": self.digest,
             "config_digest": self.config_digest,
             "summary": self.counts(),
-            "rows": [r.as_dict() for r in self.rows],
+            "rows": [row_dict(r) for r in self.findings],
             "policy": dict(self.policy),
             "used": list(self.used),
         }
@@ -217,7 +203,7 @@ class CheckFailed(ServimgError):
         failures = report.failures()
         super().__init__(
             f"{len(failures)} check(s) failed" + (f"; {consequence}" if consequence else ""),
-            problems=[f"{r.what}: {r.why}" for r in failures],
+            problems=[f"{r.subject}: {r.message}" for r in failures],
             hint="each FAIL row says why; `servimg show` prints the provenance card",
         )
         self.report = report
@@ -239,7 +225,7 @@ class Located:
     registry: str | None = None
     repository: str | None = None
     layout: Path | None = None
-    notes: tuple[Row, ...] = ()
+    notes: tuple[Finding, ...] = ()
 
     @property
     def digest(self) -> Digest:
@@ -291,7 +277,7 @@ def _locate_registry(ref_text: str, log: Log) -> Located:
     with RegistryClient(ref.registry) as client:
         image, media_type = _fetch_image(client, ref.repository, ref.reference)
     log(f"{ref_text} → {image.digest}")
-    note = Row(
+    note = row(
         "image",
         PASS,
         f"{ref} is {image.digest} ({media_type}; manifest and config re-hashed); "
@@ -333,7 +319,7 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
         (Reference.parse(text) for text in attrs.get("RepoDigests") or []),
         key=lambda r: (r.name != wanted, r.name != hint_name, str(r)),
     )
-    notes: list[Row] = []
+    notes: list[Finding] = []
     for candidate in candidates:
         assert candidate.digest is not None
         try:
@@ -341,14 +327,14 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
             with RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
                 image, _ = _fetch_image(client, candidate.repository, str(candidate.digest))
         except ServimgError as exc:
-            notes.append(Row("image", WARN, f"{candidate}: not usable: {exc.message}"))
+            notes.append(row("image", WARN, f"{candidate}: not usable: {exc.message}"))
             continue
         if image.config_digest != image_id:
-            notes.append(Row("image", FAIL, f"{candidate} has config {image.config_digest}, not {image_id}"))
+            notes.append(row("image", FAIL, f"{candidate} has config {image.config_digest}, not {image_id}"))
             continue
         log(f"local image {image_id.short} = {candidate}")
         notes.append(
-            Row(
+            row(
                 "image",
                 PASS,
                 f"local image {image_id} is {candidate.name}@{image.digest} (from its RepoDigests; "
@@ -361,7 +347,7 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
         found = _scan_by_config(repo_hint, image_id, log)
         if found is not None:
             image, tag, hinted = found
-            note = Row(
+            note = row(
                 "image",
                 PASS,
                 f"local image {image_id} has no RepoDigests; matched by config digest to "
@@ -374,7 +360,7 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
     image = engine.read_engine(str(image_id), store)
     searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
     notes.append(
-        Row(
+        row(
             "image",
             WARN,
             f"local image {image_id} (manifest {image.digest} as re-created from `docker save`) has no "
@@ -396,7 +382,7 @@ def _name_of(ref: str | None) -> str | None:
         return None
 
 
-def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Row]:
+def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Finding]:
     """A pulled tag may have moved since: say so (the check is about the local image)."""
     from servimg.backends.registry import RegistryClient
     from servimg.core.reference import Reference
@@ -413,10 +399,10 @@ def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Row]:
     except ServimgError:
         return []
     if head is None:
-        return [Row("tag", WARN, f"{ref} no longer exists in the registry; checked the local image")]
+        return [row("tag", WARN, f"{ref} no longer exists in the registry; checked the local image")]
     if head[0] != digest:
-        return [Row("tag", WARN, f"{ref} now points at {head[0]}; checked the local image {digest}")]
-    return [Row("tag", PASS, f"{ref} still points at {digest}")]
+        return [row("tag", WARN, f"{ref} now points at {head[0]}; checked the local image {digest}")]
+    return [row("tag", PASS, f"{ref} still points at {digest}")]
 
 
 def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Any] | None:
@@ -456,7 +442,7 @@ def _locate_layout(ref: str, root: Path, tag: str | None, store: BlobStore) -> L
             )
         digest = Digest.parse(str(images[0].get("digest")))
     image = read_layout(root, store, tag=tag, digest=digest)
-    note = Row(
+    note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
     return Located(ref, "oci", image, layout=root, notes=(note,))
@@ -496,7 +482,7 @@ class Evidence:
     layer_changes: tuple[ChangedFile, ...] | None
     trusted: tuple[str, ...]  # keyids of the trusted keys
     threshold: int
-    deep: Any = None  # VerifyReport of a fresh probe run
+    deep: VerifyReport | None = None  # a fresh probe run
     deep_problem: str | None = None
 
 
@@ -543,8 +529,6 @@ def collect(
 def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None = None) -> Path:
     """The image's top (overlay) layer, uncompressed, verified against the config's diffID; fetched from
     `source`'s registry when the store lacks it."""
-    from servimg.oci.layer import diff_id_of
-
     layers = image.layers
     if not layers:
         raise CheckError("the image has no layers")
@@ -584,8 +568,6 @@ def _attestations(
 
 
 def _registry_envelope(client: Any, located: Located, artifact: Digest) -> bytes:
-    from servimg.core.errors import RegistryError
-
     try:
         return referrers.fetch_envelope(client, str(located.repository), located.digest, artifact)
     except RegistryError as exc:
@@ -649,10 +631,8 @@ def _signature(
     return ("forged" if claimed & {k.keyid for k in trusted} else "untrusted"), ()
 
 
-def _deep(located: Located, store: BlobStore, log: Log) -> tuple[Any, str | None]:
+def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | None, str | None]:
     """Pull the whole image and run the probe in it again."""
-    from servimg.build.verify import VerifyReport, run_probe_in_docker, verify_image_value
-
     try:
         if located.source == "engine":
             log(f"running the probe in the local image {located.config_digest.short}")
@@ -675,66 +655,66 @@ def accepted(policy: Policy, evidence: Evidence) -> list[tuple[Found, attest.Sta
     return [(f, s) for f, _, usable in _judged(policy, evidence) for s in [f.statement] if s and usable]
 
 
-def _judged(policy: Policy, evidence: Evidence) -> list[tuple[Found, list[Row], bool]]:
+def _judged(policy: Policy, evidence: Evidence) -> list[tuple[Found, list[Finding], bool]]:
     return [(f, *_judge(policy, evidence, f)) for f in evidence.found]
 
 
-def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Row], bool]:
+def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]:
     """The rows for one attestation, and whether the policy may rest on it."""
     kind = f.artifact_type.removeprefix("application/vnd.in-toto.").removesuffix("+dsse")
     what = f"attestation {kind} {f.short}"
     if f.problem is not None:
-        return [Row(what, FAIL, f.problem)], False
+        return [row(what, FAIL, f.problem)], False
     signature = _signature_row(policy, ev, f, what)
-    if signature.verdict == FAIL:
+    if signature.status == FAIL:
         return [signature], False
     if f.statement is None:
-        return [signature, Row(what, FAIL, f"not an in-toto statement: {f.statement_problem}")], False
+        return [signature, row(what, FAIL, f"not an in-toto statement: {f.statement_problem}")], False
     statement = f.statement
     loc = ev.located
     if not (statement.covers(loc.digest) or statement.covers(loc.config_digest)):
         about = ", ".join(str(d) for _, d in statement.subjects)
         why = f"the statement is about {about}, not this image ({loc.digest}, config {loc.config_digest})"
-        return [signature, Row(what, FAIL, why)], False
+        return [signature, row(what, FAIL, why)], False
     if statement.predicate_type not in policy.predicates:
         why = f"predicate type {statement.predicate_type} is not allowed by the policy; ignored"
-        return [signature, Row(what, WARN, why)], False
+        return [signature, row(what, WARN, why)], False
     declared = attest.KINDS.get(statement.predicate_type)
     if declared is not None and attest.artifact_type(declared) != f.artifact_type:
         why = f"artifactType {f.artifact_type} but the statement is a {declared}"
-        return [signature, Row(what, FAIL, why)], False
+        return [signature, row(what, FAIL, why)], False
     covered = "manifest" if statement.covers(loc.digest) else "config"
-    good = Row(what, PASS, f"{_describe(statement)}; subject = this image's {covered} digest")
-    if signature.verdict == WARN:
+    good = row(what, PASS, f"{_describe(statement)}; subject = this image's {covered} digest")
+    if signature.status == WARN:
         return [signature, good], True
-    return [replace(good, why=f"{good.why}; {signature.why}")], True
+    return [replace(good, message=f"{good.message}; {signature.message}")], True
 
 
-def _signature_row(policy: Policy, ev: Evidence, f: Found, what: str) -> Row:
+def _signature_row(policy: Policy, ev: Evidence, f: Found, what: str) -> Finding:
     keys = ", ".join(k[:12] for k in f.hints) or "none"
     trusted = ", ".join(k[:12] for k in ev.trusted) or "none"
     if f.signature == "verified":
-        return Row(what, PASS, f"signed by trusted key(s) {', '.join(k[:12] for k in f.keyids)}")
+        return row(what, PASS, f"signed by trusted key(s) {', '.join(k[:12] for k in f.keyids)}")
     if f.signature == "unsigned":
         if policy.allow_unsigned:
-            return Row(what, WARN, "unsigned envelope (accepted: unsigned mode)")
-        return Row(what, FAIL, "unsigned envelope: no signature to verify (pass --allow-unsigned to accept)")
+            return row(what, WARN, "unsigned envelope (accepted: unsigned mode)")
+        return row(what, FAIL, "unsigned envelope: no signature to verify (pass --allow-unsigned to accept)")
     if f.signature == "no-keys":
         if policy.allow_unsigned:
-            return Row(
+            return row(
                 what, WARN, f"signature not verified: no trusted key given (unsigned mode; keyid hint {keys})"
             )
-        return Row(what, FAIL, f"signed (keyid hint {keys}) but no trusted key was given (--key PUB)")
+        return row(what, FAIL, f"signed (keyid hint {keys}) but no trusted key was given (--key PUB)")
     if f.signature == "forged":
-        return Row(
+        return row(
             what,
             FAIL,
             f"signature claims trusted key {keys} but does not verify: forged, "
             "or the payload was altered after signing",
         )
     if f.signature == "threshold":
-        return Row(what, FAIL, f"only {len(f.keyids)} of the required {ev.threshold} trusted key(s) signed")
-    return Row(what, FAIL, f"signed by a key that is not trusted (keyid hint {keys}); trusted: {trusted}")
+        return row(what, FAIL, f"only {len(f.keyids)} of the required {ev.threshold} trusted key(s) signed")
+    return row(what, FAIL, f"signed by a key that is not trusted (keyid hint {keys}); trusted: {trusted}")
 
 
 def _describe(statement: attest.Statement) -> str:
@@ -753,14 +733,14 @@ def _describe(statement: attest.Statement) -> str:
 def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
     """Apply `policy` to the evidence (pure). Every requirement yields a row; FAIL rows say why."""
     loc = ev.located
-    rows: list[Row] = list(loc.notes)
+    rows: list[Finding] = list(loc.notes)
     judged = _judged(policy, ev)
-    rows.append(Row("attestations", PASS if ev.found else WARN, f"{len(ev.found)} found via {ev.discovery}"))
+    rows.append(row("attestations", PASS if ev.found else WARN, f"{len(ev.found)} found via {ev.discovery}"))
     for _, attestation_rows, _ in judged:
         rows += attestation_rows
     if policy.allow_unsigned:
         rows.append(
-            Row("signatures", WARN, "unsigned mode: unsigned or unverified attestations are accepted")
+            row("signatures", WARN, "unsigned mode: unsigned or unverified attestations are accepted")
         )
     good = [(f, s) for f, _, usable in judged for s in [f.statement] if s is not None and usable]
     provs = [s for _, s in good if s.predicate_type == attest.PROVENANCE_V1]
@@ -775,38 +755,45 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
         vsas = [s for _, s in good if s.predicate_type == attest.VSA_V1]
         passed = [s for s in vsas if s.predicate.get("verificationResult") == "PASSED"]
         rows.append(
-            Row("vsa", PASS, f"{len(passed)} passing verification summary(ies)")
+            row("vsa", PASS, f"{len(passed)} passing verification summary(ies)")
             if passed
-            else Row("vsa", FAIL, "no verified, PASSED verification summary for this image")
+            else row("vsa", FAIL, "no verified, PASSED verification summary for this image")
         )
     for uri in (r for r in policy.require if r not in REQUIREMENTS):
         hits = [s for _, s in good if s.predicate_type == uri]
-        rows.append(Row(f"requires {uri}", PASS if hits else FAIL, f"{len(hits)} verified attestation(s)"))
+        rows.append(row(f"requires {uri}", PASS if hits else FAIL, f"{len(hits)} verified attestation(s)"))
     if ev.deep is not None or ev.deep_problem is not None:
         rows.append(_deep_row(ev))
     used = tuple(sorted({f.artifact for f, _ in good}))
-    return CheckReport(loc.ref, str(loc.digest), str(loc.config_digest), tuple(rows), policy.to_json(), used)
+    return CheckReport(
+        tuple(rows),
+        ref=loc.ref,
+        digest=str(loc.digest),
+        config_digest=str(loc.config_digest),
+        policy=policy.to_json(),
+        used=used,
+    )
 
 
-def _image_rows(ev: Evidence) -> list[Row]:
+def _image_rows(ev: Evidence) -> list[Finding]:
     """What the image says about itself, with or without attestations: label, lock, changes manifest."""
     if ev.facts is None:
-        return [Row("lock", FAIL, f"cannot read the lock inside the image: {ev.facts_problem}")]
+        return [row("lock", FAIL, f"cannot read the lock inside the image: {ev.facts_problem}")]
     facts, labels = ev.facts, ev.located.image.labels
     rows = []
     label, locked = labels.get(BASE_LABEL), facts.lock.base.manifest_digest
     if label is None:
-        rows.append(Row("base label", FAIL, f"the image has no {BASE_LABEL} label"))
+        rows.append(row("base label", FAIL, f"the image has no {BASE_LABEL} label"))
     elif label != locked:
         rows.append(
-            Row("base label", FAIL, f"label {BASE_LABEL} says {label}, the lock in the image says {locked}")
+            row("base label", FAIL, f"label {BASE_LABEL} says {label}, the lock in the image says {locked}")
         )
     else:
-        rows.append(Row("base label", PASS, f"label = lock in the image = {locked}"))
+        rows.append(row("base label", PASS, f"label = lock in the image = {locked}"))
     lock_label = labels.get(LOCK_LABEL)
     if lock_label != str(facts.lock_digest):
         rows.append(
-            Row(
+            row(
                 "lock label",
                 FAIL,
                 f"label {LOCK_LABEL} says {lock_label}, the lock in the image is {facts.lock_digest}",
@@ -814,42 +801,42 @@ def _image_rows(ev: Evidence) -> list[Row]:
         )
     if ev.layer_changes is None:
         why = f"cannot re-derive the changed files from the overlay layer: {ev.facts_problem}"
-        rows.append(Row("changes manifest", FAIL, why))
+        rows.append(row("changes manifest", FAIL, why))
     else:
         diff = _changes_diff(facts.changes, ev.layer_changes, "the manifest", "the overlay layer")
         rows.append(
-            Row(
+            row(
                 "changes manifest",
                 FAIL,
                 f"/{provenance.CHANGES_FILE} disagrees with the overlay layer: {diff}",
             )
             if diff
-            else Row("changes manifest", PASS, f"{len(facts.changes)} changed files, as in the overlay layer")
+            else row("changes manifest", PASS, f"{len(facts.changes)} changed files, as in the overlay layer")
         )
     return rows
 
 
-def _provenance_rows(policy: Policy, ev: Evidence, provs: Sequence[attest.Statement]) -> list[Row]:
+def _provenance_rows(policy: Policy, ev: Evidence, provs: Sequence[attest.Statement]) -> list[Finding]:
     if not provs:
-        return [Row("provenance", FAIL, f"no verified provenance attestation for {ev.located.digest}")]
-    rows = [Row("provenance", PASS, f"{len(provs)} verified provenance attestation(s)")]
+        return [row("provenance", FAIL, f"no verified provenance attestation for {ev.located.digest}")]
+    rows = [row("provenance", PASS, f"{len(provs)} verified provenance attestation(s)")]
     for statement in provs:
         rows += _one_provenance(policy, ev, statement.predicate)
     return rows
 
 
-def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[Row]:
+def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[Finding]:
     builder = provenance.builder_of(p)
     rows = [
-        Row("builder", PASS, f"{builder} is trusted")
+        row("builder", PASS, f"{builder} is trusted")
         if builder in policy.builders
-        else Row("builder", FAIL, f"builder {builder} is not trusted (trusted: {', '.join(policy.builders)})")
+        else row("builder", FAIL, f"builder {builder} is not trusted (trusted: {', '.join(policy.builders)})")
     ]
     facts = ev.facts
     if facts is None:
         return [
             *rows,
-            Row("provenance vs image", FAIL, "no lock in the image to compare the provenance with"),
+            row("provenance vs image", FAIL, "no lock in the image to compare the provenance with"),
         ]
     lock, labels = facts.lock, ev.located.image.labels
     bases = [
@@ -858,11 +845,11 @@ def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[
     want = lock.base.manifest_digest.removeprefix("sha256:")
     label = labels.get(BASE_LABEL, "").removeprefix("sha256:")
     if bases == [want] and label == want:
-        rows.append(Row("base digest", PASS, f"provenance = label = lock = sha256:{want}"))
+        rows.append(row("base digest", PASS, f"provenance = label = lock = sha256:{want}"))
     else:
         shown = ", ".join(f"sha256:{b}" for b in bases if b) or "none"
         rows.append(
-            Row(
+            row(
                 "base digest",
                 FAIL,
                 f"provenance says {shown}, label says sha256:{label or '-'}, lock says sha256:{want}",
@@ -889,11 +876,11 @@ def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[
     ]
     if probes == [facts.probe_sha256] and specs == [facts.spec_sha256]:
         rows.append(
-            Row("probe", PASS, f"probe.py sha256:{facts.probe_sha256[:12]}… and its spec as in the image")
+            row("probe", PASS, f"probe.py sha256:{facts.probe_sha256[:12]}… and its spec as in the image")
         )
     else:
         rows.append(
-            Row(
+            row(
                 "probe",
                 FAIL,
                 f"provenance names probe {probes} / spec {specs}; "
@@ -907,14 +894,16 @@ def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[
             listed, ev.layer_changes, "the provenance byproducts", "the overlay layer"
         )
     rows.append(
-        Row("changed files", FAIL, diff)
+        row("changed files", FAIL, diff)
         if diff
-        else Row("changed files", PASS, f"{len(listed)} byproducts = the overlay layer's files (re-derived)")
+        else row("changed files", PASS, f"{len(listed)} byproducts = the overlay layer's files (re-derived)")
     )
     return rows
 
 
-def _mapping_row(what: str, attested: Mapping[str, str | None], locked: Mapping[str, str], noun: str) -> Row:
+def _mapping_row(
+    what: str, attested: Mapping[str, str | None], locked: Mapping[str, str], noun: str
+) -> Finding:
     problems = []
     for key in sorted(set(attested) | set(locked)):
         if key not in locked:
@@ -924,8 +913,8 @@ def _mapping_row(what: str, attested: Mapping[str, str | None], locked: Mapping[
         elif attested[key] != locked[key]:
             problems.append(f"{noun} {key}: provenance sha256:{attested[key]}, lock sha256:{locked[key]}")
     if problems:
-        return Row(what, FAIL, _listed(problems))
-    return Row(what, PASS, f"{len(locked)} {noun}(s): provenance = lock in the image")
+        return row(what, FAIL, _listed(problems))
+    return row(what, PASS, f"{len(locked)} {noun}(s): provenance = lock in the image")
 
 
 def _changes_diff(
@@ -955,23 +944,23 @@ def _listed(problems: Sequence[str]) -> str:
     return "; ".join(problems[:MAX_LISTED]) + f"; … and {len(problems) - MAX_LISTED} more"
 
 
-def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Row:
+def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Finding:
     if not results:
-        return Row("verify", FAIL, "no verified test-result from `servimg verify` for this image")
+        return row("verify", FAIL, "no verified test-result from `servimg verify` for this image")
     spec = ev.facts.spec_sha256 if ev.facts is not None else None
     mine = [s for s in results if provenance.sha256_of(provenance.test_config(s.predicate) or {}) == spec]
     if not mine:
-        return Row("verify", FAIL, f"the verify result(s) ran another probe spec than the image's ({spec})")
+        return row("verify", FAIL, f"the verify result(s) ran another probe spec than the image's ({spec})")
     failed = [s for s in mine if s.predicate.get("result") == "FAILED"]
     if failed:
         tests = [t for s in failed for t in s.predicate.get("failedTests") or []]
-        return Row("verify", FAIL, f"verify FAILED: {_listed(tests)}")
+        return row("verify", FAIL, f"verify FAILED: {_listed(tests)}")
     p = mine[0].predicate
     counts = f"{len(p.get('passedTests') or [])} passed, {len(p.get('warnedTests') or [])} warned"
-    return Row("verify", PASS, f"{p.get('result')}: {counts} (the image's own probe spec)")
+    return row("verify", PASS, f"{p.get('result')}: {counts} (the image's own probe spec)")
 
 
-def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]) -> list[Row]:
+def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]) -> list[Finding]:
     by_name: dict[str, list[tuple[Found, attest.Statement]]] = {}
     for f, s in tests:
         name = provenance.ladder_name(s.predicate)
@@ -983,7 +972,7 @@ def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]
         results = by_name.get(name, [])
         if not results:
             rows.append(
-                Row(f"ladder {name}", FAIL, f"required ladder {name}: no verified test-result attestation")
+                row(f"ladder {name}", FAIL, f"required ladder {name}: no verified test-result attestation")
             )
             continue
         latest = max(results, key=lambda fs: (_finished(fs[1]), fs[0].created or ""))[1]
@@ -992,7 +981,7 @@ def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]
         passed = latest.predicate.get("result") == "PASSED"
         receipt = (provenance.sha256_of(config) or "")[:12]
         why = f"{verdict} (receipt sha256:{receipt}…, latest of {len(results)})"
-        rows.append(Row(f"ladder {name}", PASS if passed else (FAIL if required else WARN), why))
+        rows.append(row(f"ladder {name}", PASS if passed else (FAIL if required else WARN), why))
     return rows
 
 
@@ -1001,16 +990,16 @@ def _finished(statement: attest.Statement) -> str:
     return str((config.get("annotations") or {}).get("finished_at") or "")
 
 
-def _deep_row(ev: Evidence) -> Row:
+def _deep_row(ev: Evidence) -> Finding:
     if ev.deep is None:
-        return Row("deep: probe", FAIL, f"could not run the probe: {ev.deep_problem}")
+        return row("deep: probe", FAIL, f"could not run the probe: {ev.deep_problem}")
     report = ev.deep
     counts = report.counts()
     if report.ok:
-        return Row(
+        return row(
             "deep: probe", PASS, f"fresh run: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN"
         )
-    return Row(
+    return row(
         "deep: probe",
         FAIL,
         "fresh run: " + _listed([f"{c.code} {c.subject}: {c.message}" for c in report.failures()]),
@@ -1030,8 +1019,6 @@ def check(
     repo: str | None = None,
     remote: bool = False,
 ) -> tuple[CheckReport, Evidence]:
-    from servimg.provenance.keys import load_trusted
-
     trusted = load_trusted(policy.keys)
     located = locate(ref, store, log, repo=repo, remote=remote)
     evidence = collect(located, store, log, trusted=trusted, threshold=policy.threshold, deep=deep)

@@ -345,7 +345,7 @@ def verify_predicate(report: Any, facts: ImageFacts) -> dict[str, Any]:
             problems=problems,
             hint="run `servimg verify` on this image and pass that report",
         )
-    lists = _test_names([(c.status, f"{c.code} {c.subject}") for c in report.checks])
+    lists = _test_names([(c.status, f"{c.code} {c.subject}") for c in report.findings])
     configuration = [
         attest.resource(
             name=VERIFY_CONFIG,
