@@ -23,14 +23,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import fakebase as fb
 from servimg.backends import registry as registry_module
-from servimg.backends import transport
 from servimg.backends.registry import RegistryClient
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
@@ -240,7 +238,7 @@ def manifest_digest(registry: Any, repo: str, reference: str) -> Digest | None:
 
 
 def push(image: Image, proxy: FaultProxy, repo: str, store: BlobStore, tag: str = "v1") -> str:
-    return transport.push(image, f"{proxy.host}/{repo}", store, lambda _: None, tag=tag)
+    return registry_module.push(image, f"{proxy.host}/{repo}", store, lambda _: None, tag=tag)
 
 
 UPLOAD_START = r"/blobs/uploads/$"
@@ -280,15 +278,12 @@ def test_persistent_5xx_gives_up_after_bounded_retries_and_leaves_no_tag(
     assert tags(registry, repo) == ["v1"]
 
 
-def test_backoff_grows_exponentially(
-    monkeypatch: pytest.MonkeyPatch, proxy: FaultProxy, tmp_path: Path
-) -> None:
+def test_backoff_grows_exponentially(proxy: FaultProxy, tmp_path: Path) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(
-        registry_module, "time", SimpleNamespace(sleep=slept.append, monotonic=time.monotonic)
-    )
     proxy.add("GET", r"^/v2/$", "status", status=503)
-    client = RegistryClient(proxy.host, retries=5, backoff=0.5, docker_config=tmp_path / "none.json")
+    client = RegistryClient(
+        proxy.host, retries=5, backoff=0.5, docker_config=tmp_path / "none.json", sleep=slept.append
+    )
     with pytest.raises(RegistryError, match="gave up after 6 attempts"):
         client.ping()
     assert slept == [0.5, 1.0, 2.0, 4.0, 8.0]
@@ -412,7 +407,7 @@ def test_hostile_error_bodies_give_registry_errors(
 # ----------------------------------------------------------------------------------------------- pull
 def _pushed(registry: Any, repo: str, store: BlobStore, label: str) -> Image:
     image = _image(store, label)
-    transport.push(image, f"{registry.host}/{repo}", store, lambda _: None, tag="v1")
+    registry_module.push(image, f"{registry.host}/{repo}", store, lambda _: None, tag="v1")
     return image
 
 
@@ -446,7 +441,7 @@ def test_a_faulty_pull_leaves_nothing_in_the_cache(
     fresh = BlobStore(tmp_path / "fresh")
     with pytest.raises(ServimgError, match=fragment):
         expected = image.digest if fault != "not-json" else None
-        transport.pull(f"{proxy.host}/{repo}:v1", fresh, lambda _: None, expected=expected)
+        registry_module.pull(f"{proxy.host}/{repo}:v1", fresh, lambda _: None, expected=expected)
     assert not fresh.has(layer)
     assert fb.cache_is_sound(tmp_path / "fresh") == []
     assert not [p for p in (tmp_path / "fresh" / "blobs" / "sha256").iterdir() if p.name.startswith(".")]
@@ -488,7 +483,7 @@ def test_two_concurrent_pushes_of_one_image_to_one_tag(
 
     def one() -> None:
         try:
-            transport.push(image, f"{registry.host}/{repo}", store, lambda _: None, tag="v1")
+            registry_module.push(image, f"{registry.host}/{repo}", store, lambda _: None, tag="v1")
         except BaseException as exc:
             errors.append(exc)
 

@@ -369,7 +369,8 @@ def test_a_lock_without_a_ladder_keeps_its_exact_bytes_and_one_with_a_ladder_rou
 
 
 def test_completions_are_parsed_with_or_without_token_ids() -> None:
-    from servimg.ladder.runner import device_requests, parse_completion
+    from servimg.backends.engine import device_requests
+    from servimg.ladder.runner import parse_completion
 
     logprobs = {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-0.5, None]}
     with_ids = parse_completion({"choices": [{"text": " a b", "token_ids": [7, 9], "logprobs": logprobs}]})

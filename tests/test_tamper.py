@@ -275,7 +275,7 @@ def test_attestation_for_another_digest(
     keyring: dict[str, Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from servimg.backends.transport import push as push_plain
+    from servimg.backends.registry import push as push_plain
 
     variant = relabeled(built, **{"io.servimg.test.variant": "another-digest"})
     push_plain(variant, f"{registry.host}/{REPO_NAME}", built["store"], print, tag="another")

@@ -11,13 +11,16 @@ import io
 import json
 import os
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from servimg.backends.target import Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
+from servimg.core.progress import Log, Progress
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
 from servimg.oci.store import BlobStore
 
@@ -156,3 +159,35 @@ def _is_item(item: object) -> bool:
         and all(isinstance(n, str) for n in item["Layers"])
         and isinstance(item.get("RepoTags") or [], list)
     )
+
+
+def write_archive_file(image: Image, dest: Path, store: BlobStore, tag: str | None) -> None:
+    """Write the archive beside `dest` under a temp name and rename it into place: never half a file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write_archive(image, fh, store, tags=[tag] if tag else [])
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ArchiveBackend:
+    """`docker-archive:FILE`: read like `docker save` output, written whole (with the tag as RepoTag)."""
+
+    def read(
+        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+    ) -> Image:
+        return read_archive(Path(target.location), store)
+
+    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+        write_archive_file(image, Path(target.location), store, options.get("tag"))
+        return f"docker-archive:{target.location}"
+
+    def check_reachable(self, target: Target) -> None:
+        return None
+
+
+BACKEND = ArchiveBackend()

@@ -1,7 +1,9 @@
-"""The local Docker Engine as a base source (`docker save`) and a sink (thin `docker load`), via the SDK.
+"""The local Docker Engine, via the SDK: a base source (`docker save`), a sink (thin `docker load`), and the
+one way servimg runs a container of an image (compile, probe, witness, ladder servers, the tiny model).
 
 The tag is applied only after the engine reports the complete image under the expected ID (= config
-digest), so a failed or interrupted load never moves a tag.
+digest), so a failed or interrupted load never moves a tag. The SDK's objects stay inside this module:
+callers get a `Container` handle and `Exited` results with plain types.
 """
 
 from __future__ import annotations
@@ -9,14 +11,22 @@ from __future__ import annotations
 import contextlib
 import io
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
+import docker.errors
+import docker.types
+
 from servimg.backends.archive import read_archive, write_archive
+from servimg.backends.target import Target, WriteOptions
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
+from servimg.core.progress import Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
@@ -24,8 +34,6 @@ from servimg.oci.store import BlobStore
 def client() -> Any:
     """A docker SDK client from the environment (DOCKER_HOST …), or a clear error."""
     try:
-        import docker
-
         c = docker.from_env(timeout=600)
         c.ping()
         return c
@@ -77,9 +85,9 @@ def read_engine(ref: str, store: BlobStore) -> Image:
             hint="build or pull the base first (demo: `servimg base demo`)",
         ) from exc
     config_digest = Digest.parse(engine_image.id)
-    cached = _cached(config_digest, store)
-    if cached is not None:
-        return cached
+    known = cached(config_digest, store)
+    if known is not None:
+        return known
     stream = io.BufferedReader(_ChunkStream(iter(engine_image.save(named=False))), buffer_size=1 << 20)
     image = read_archive(stream, store)
     _remember(image, store)
@@ -90,7 +98,7 @@ def _index_path(config_digest: Digest, store: BlobStore) -> Path:
     return store.root / "engine" / config_digest.hex
 
 
-def _cached(config_digest: Digest, store: BlobStore) -> Image | None:
+def cached(config_digest: Digest, store: BlobStore) -> Image | None:
     """An engine image already read once: same image ID (= config digest) means the same content, so
     skip the multi-GB `docker save` when every blob is still in the store."""
     try:
@@ -170,3 +178,258 @@ def remove(config_digest: Digest) -> None:
     # Best effort: it may be in use or already gone; nothing was tagged either way.
     with contextlib.suppress(Exception):
         client().images.remove(str(config_digest), force=False, noprune=False)
+
+
+class EngineBackend:
+    """`docker-daemon:NAME` / `docker`: read with `docker save`, written by a thin `docker load`."""
+
+    def read(
+        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+    ) -> Image:
+        log(f"reading {target.location} from the Docker Engine")
+        return read_engine(target.location, store)
+
+    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+        tag = options.get("tag")
+        how = load(image, store, tag=tag, base_config=options.get("base_config"))
+        return f"docker engine {tag or image.config_digest} ({how} load)"
+
+    def check_reachable(self, target: Target) -> None:
+        client()
+
+
+BACKEND = EngineBackend()
+
+
+# ------------------------------------------------------------------------------------------ containers
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path bound into the container."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "ro" if self.read_only else "rw"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A container of `image` running `command`.
+
+    The image's entrypoint is bypassed unless `entrypoint` is None (a given list replaces it); its Env and
+    WorkingDir apply unless `env` / `workdir` override them. Without `network` the container has no network
+    at all (`--network none`: compilers and probes must not reach anything); `ports` are published on
+    127.0.0.1 only, each on an ephemeral host port (`Container.host_port`)."""
+
+    image: str
+    command: Sequence[str] = ()
+    entrypoint: Sequence[str] | None = ()
+    mounts: Sequence[Mount] = ()
+    env: Mapping[str, str] | None = None
+    workdir: str | None = None
+    user: str | None = None
+    network: bool = False
+    ports: Sequence[int] = ()
+    shm_size: str | None = None
+    gpus: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+
+    def sdk_arguments(self) -> dict[str, Any]:
+        """The docker SDK's `containers.create` keyword arguments for this spec."""
+        return {
+            "entrypoint": list(self.entrypoint) if self.entrypoint is not None else None,
+            "environment": dict(self.env) if self.env is not None else None,
+            "working_dir": self.workdir,
+            "user": self.user,
+            "network_mode": None if self.network else "none",
+            "ports": {f"{p}/tcp": ("127.0.0.1", None) for p in self.ports} or None,
+            "shm_size": self.shm_size,
+            "device_requests": device_requests(self.gpus) or None,
+            "volumes": {m.source: {"bind": m.target, "mode": m.mode} for m in self.mounts} or None,
+            "labels": dict(self.labels) or None,
+            "name": self.name,
+        }
+
+
+def device_requests(gpus: str | None) -> list[Any]:
+    """`--gpus all` or `--gpus 0,1` as docker device requests (none without the flag)."""
+    if not gpus:
+        return []
+    if gpus == "all":
+        return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [docker.types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A container that ran to the end: its exit status and what it printed."""
+
+    status: int
+    stdout: str
+    stderr: str
+
+
+class Container:
+    """A handle on one container (the SDK object stays inside)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    @property
+    def id(self) -> str:
+        return str(self._raw.id)
+
+    @property
+    def image_id(self) -> str:
+        return str(self._raw.image.id)
+
+    def env(self) -> dict[str, str]:
+        """The container's environment (its config's Env)."""
+        items = (self._raw.attrs.get("Config") or {}).get("Env") or []
+        return {key: value for key, _, value in (str(item).partition("=") for item in items)}
+
+    def status(self) -> str:
+        """created | running | exited | dead …, as the engine says now."""
+        self._raw.reload()
+        return str(self._raw.status)
+
+    def exit_code(self) -> int | None:
+        self._raw.reload()
+        code = (self._raw.attrs.get("State") or {}).get("ExitCode")
+        return int(code) if code is not None else None
+
+    def host_port(self, port: int, timeout: float = 30) -> int | None:
+        """The 127.0.0.1 port `port` is published on; None if the container exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._raw.reload()
+            ports = (self._raw.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+            bindings = ports.get(f"{port}/tcp")
+            if bindings:
+                return int(bindings[0]["HostPort"])
+            if self._raw.status in ("exited", "dead"):
+                return None
+            time.sleep(0.2)
+        return None
+
+    def start(self) -> None:
+        self._raw.start()
+
+    def wait(self, timeout: float) -> int:
+        return int(self._raw.wait(timeout=timeout).get("StatusCode", -1))
+
+    def logs(self, *, stdout: bool = True, stderr: bool = True, tail: int | None = None) -> bytes:
+        kwargs: dict[str, Any] = {"stdout": stdout, "stderr": stderr}
+        if tail is not None:
+            kwargs["tail"] = tail
+        return bytes(self._raw.logs(**kwargs))
+
+    def archive(self, path: str) -> bytes | None:
+        """`path` in the container as a tar stream (`docker cp`); None only when it does not exist. Any
+        other engine error is raised, never read as "absent"."""
+        try:
+            chunks, _ = self._raw.get_archive(path)
+            return b"".join(chunks)
+        except docker.errors.NotFound:
+            return None
+        except Exception as exc:
+            raise BackendError(f"cannot copy {path} out of container {self.id[:12]}: {exc}") from exc
+
+    def stop(self, timeout: float = 10) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.stop(timeout=timeout)
+
+    def remove(self) -> None:
+        """Remove it, running or not (best effort: it may be gone already)."""
+        with contextlib.suppress(Exception):
+            self._raw.remove(force=True)
+
+
+def create(spec: ContainerSpec) -> Container:
+    """Create (not start) a container of the spec; BackendError if the engine refuses."""
+    c = client()
+    try:
+        return Container(c.containers.create(spec.image, list(spec.command), **spec.sdk_arguments()))
+    except Exception as exc:
+        raise BackendError(
+            f"cannot create a container of {spec.image}: {exc}", hint="is the image loaded?"
+        ) from exc
+
+
+def start(spec: ContainerSpec) -> Container:
+    """A detached container of the spec, started (a server); the caller removes it."""
+    container = create(spec)
+    try:
+        container.start()
+    except Exception as exc:
+        container.remove()
+        raise BackendError(
+            f"cannot start a container of {spec.image}: {exc}", hint="see the dockerd log"
+        ) from exc
+    return container
+
+
+def run(spec: ContainerSpec, *, timeout: float = 1800.0) -> Exited:
+    """Run a container of the spec to the end and return what it printed; it is always removed."""
+    container = create(spec)
+    try:
+        container.start()
+        status = container.wait(timeout)
+        stdout = container.logs(stderr=False).decode("utf-8", "replace")
+        stderr = container.logs(stdout=False).decode("utf-8", "replace")
+    except Exception as exc:
+        raise BackendError(
+            f"running a container of {spec.image} failed: {exc}", hint="see the dockerd log"
+        ) from exc
+    finally:
+        container.remove()
+    return Exited(status, stdout, stderr)
+
+
+def copy_out(image: str, path: str) -> bytes | None:
+    """`path` in `image` as a tar stream, copied from a created, never started, container: nothing of the
+    image runs. None when the image has no such path."""
+    created = create(ContainerSpec(image, ["/servimg-never-run"]))
+    try:
+        return created.archive(path)
+    finally:
+        created.remove()
+
+
+def container(name: str) -> Container:
+    """An existing container by name or ID."""
+    try:
+        return Container(client().containers.get(name))
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"no container {name!r}: {exc}", hint="docker ps -a") from exc
+
+
+def remove_labelled(label: str) -> None:
+    """Remove every container carrying `label` (`key=value`), best effort."""
+    with contextlib.suppress(Exception):
+        for leftover in client().containers.list(all=True, filters={"label": label}):
+            Container(leftover).remove()
+
+
+def image_config(ref: str) -> dict[str, Any]:
+    """The engine's view of an image's config (`Entrypoint`, `Cmd`, `Env`, `WorkingDir` …)."""
+    return dict(inspect(ref).get("Config") or {})
+
+
+def inspect(ref: str) -> dict[str, Any]:
+    """`docker image inspect REF` (Id, RepoDigests, Config …); BackendError if the engine lacks it."""
+    c = client()
+    try:
+        return dict(c.images.get(ref).attrs)
+    except Exception as exc:
+        raise BackendError(
+            f"the Docker Engine has no image {ref!r}: {exc}", hint="build or pull it first"
+        ) from exc

@@ -15,27 +15,21 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servimg.backends.target import Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
+from servimg.core.progress import Log, Progress
 from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor, Image
 from servimg.oci.store import BlobStore
 
 REF_NAME = "org.opencontainers.image.ref.name"
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
-
-
-def split_layout_ref(text: str) -> tuple[Path, str | None]:
-    """`./out/demo` or `./out/demo:tag` (a tag is the part after the last ':' if it has no '/')."""
-    head, sep, tail = text.rpartition(":")
-    if sep and head and "/" not in tail:
-        return Path(head), tail
-    return Path(text), None
 
 
 def read_layout(
@@ -189,6 +183,23 @@ def _add_to_layout(
     _write_file(root / "index.json", canonical.dumps(index))
 
 
+def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, Any]) -> None:
+    """Add an artifact (its blobs, then its manifest's `descriptor` in index.json) to an existing layout,
+    under the layout's lock like every other index.json update, so no concurrent writer loses an entry."""
+    _read_index(root)
+    with _locked(root):
+        for blob in blobs:
+            _write_blob(root / "blobs" / "sha256" / Digest.of_bytes(blob).hex, blob)
+        index = _read_index(root)
+        kept = [
+            m
+            for m in index["manifests"]
+            if not (isinstance(m, dict) and m.get("digest") == descriptor["digest"])
+        ]
+        index["manifests"] = sorted([*kept, dict(descriptor)], key=canonical.dumps)
+        _write_file(root / "index.json", canonical.dumps(index))
+
+
 def _unique_tmp(dest: Path) -> Path:
     fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
@@ -218,3 +229,23 @@ def _write_blob(dest: Path, data: bytes) -> None:
 def _write_file(dest: Path, data: bytes) -> None:
     """Atomically replace `dest` (unique temp name: concurrent writers never share a temp file)."""
     atomic_write(dest, data, 0o644)
+
+
+class LayoutBackend:
+    """`oci:DIR[:TAG]`: the tag in the target wins over the build's tag; nothing to reach beforehand."""
+
+    def read(
+        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+    ) -> Image:
+        return read_layout(Path(target.location), store, tag=target.tag, digest=expected)
+
+    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+        chosen = target.tag or options.get("tag")
+        write_layout(image, Path(target.location), store, tag=chosen)
+        return f"oci:{target.location}" + (f":{chosen}" if chosen else "")
+
+    def check_reachable(self, target: Target) -> None:
+        return None
+
+
+BACKEND = LayoutBackend()

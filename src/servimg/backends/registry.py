@@ -29,14 +29,24 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from servimg.backends.target import Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
-from servimg.core.reference import is_valid_repository, is_valid_tag
+from servimg.core.progress import NULL, Advance, CountingReader, Log, Progress
+from servimg.core.reference import Reference, is_valid_repository, is_valid_tag
+from servimg.oci.image import (
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    INDEX_TYPES,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Descriptor,
+    Image,
+)
+from servimg.oci.store import BlobStore
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+# Asked for explicitly, every time: a registry that falls back to another manifest type would otherwise
+# hand us a different document (and digest) than the one the tag names.
 DEFAULT_ACCEPT: tuple[str, ...] = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 
 # Blobs larger than this go up in chunks (§Pushing a blob in chunks) so that one stalled request never has to
@@ -428,7 +438,9 @@ class RegistryClient:
         backoff: float = 0.5,
         session: requests.Session | None = None,
         docker_config: Path | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """`sleep` waits out each back-off (a seam: tests record the delays instead of sleeping)."""
         loopback = _is_loopback(_host_of(registry))
         scheme = scheme or ("http" if loopback else "https")
         if scheme not in ("http", "https"):
@@ -442,6 +454,7 @@ class RegistryClient:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.sleep = sleep
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
         if self._owns_session and loopback:
@@ -553,7 +566,7 @@ class RegistryClient:
                 if last.retry_after is not None:
                     delay = min(max(delay, last.retry_after), MAX_BACKOFF)
                 log.info("%s; retry %d/%d in %.2fs", self._auth.redact(last.what), n, self.retries, delay)
-                time.sleep(delay)
+                self.sleep(delay)
             try:
                 return attempt()
             except _Transient as exc:
@@ -986,3 +999,151 @@ class RegistryClient:
         applied = "artifacttype" in resp.headers.get("OCI-Filters-Applied", "").lower()
         next_url = urljoin(resp.url, following) if following else None
         return [d for d in manifests if isinstance(d, dict)], next_url, applied
+
+
+# ----------------------------------------------------------------------------------------------- images
+
+
+def read_image(
+    client: RegistryClient, repository: str, reference: str, *, expected: Digest | None = None
+) -> tuple[Image, str]:
+    """One single-platform image's manifest and config (both re-hashed) and the manifest's media type.
+
+    An index is refused: which platform it stands for is the caller's decision (`platform_manifest`)."""
+    name = f"{client.registry}/{repository}" + ("@" if ":" in reference else ":") + reference
+    data, media_type, digest = client.get_manifest(repository, reference)
+    if media_type in INDEX_TYPES:
+        raise RegistryError(
+            f"{name} is a multi-platform index ({digest})",
+            hint="name the platform's manifest by digest (REPO@sha256:…); a definition's base.digest may "
+            "pin the index (servimg picks linux/amd64)",
+        )
+    if expected is not None and digest != expected:
+        raise RegistryError(f"{name} resolved to {digest}, not the pinned {expected}")
+    config = Descriptor.from_json(_manifest_object(data, name).get("config"), "manifest.config")
+    return Image.parse(data, client.get_blob(repository, config.digest)), media_type
+
+
+def _manifest_object(data: bytes, name: str) -> dict[str, Any]:
+    """A manifest a registry served (which may be anything at all) as a JSON object."""
+    try:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise RegistryError(f"{name}: the registry served a manifest that is not a JSON object")
+    return manifest
+
+
+def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd64") -> Digest:
+    """The single-platform manifest a pinned digest stands for: itself, or, when the pin is a
+    multi-platform index (what `docker pull` shows for official images), the entry for `platform`."""
+    ref = Reference.parse(ref_text)
+    with RegistryClient(ref.registry) as client:
+        data, media_type, digest = client.get_manifest(ref.repository, str(pinned))
+    if media_type not in INDEX_TYPES:
+        return digest
+    os_name, _, arch = platform.partition("/")
+    for entry in json.loads(data).get("manifests") or []:
+        plat = entry.get("platform") or {}
+        if plat.get("os") == os_name and plat.get("architecture") == arch and not plat.get("variant"):
+            return Descriptor.from_json(entry, "index.manifests[]").digest
+    raise RegistryError(
+        f"{ref_text}@{pinned} is an index without a {platform} manifest",
+        hint="pin the digest of an image built for this platform",
+    )
+
+
+def pull(
+    ref_text: str, store: BlobStore, log: Log, expected: Digest | None = None, progress: Progress = NULL
+) -> Image:
+    """The image `ref_text` (or the pinned `expected` digest in its repository), every blob in `store`."""
+    ref = Reference.parse(ref_text)
+    with RegistryClient(ref.registry) as client:
+        image, _ = read_image(client, ref.repository, str(expected or ref.reference), expected=expected)
+        for desc in image.layer_descriptors:
+            if not store.has(desc.digest, desc.size):
+                log(f"pulling layer {desc.digest.short} ({desc.size / 1e6:.1f} MB)")
+                with progress.transfer(f"pull {desc.digest.short}", desc.size) as advance:
+                    client.download_blob(ref.repository, desc.digest, store.path(desc.digest))
+                    advance(desc.size)
+    store.put_bytes(image.config_bytes)
+    store.put_bytes(image.manifest_bytes)
+    return image
+
+
+def write_image(
+    client: RegistryClient,
+    repository: str,
+    image: Image,
+    store: BlobStore,
+    log: Log,
+    *,
+    mount_from: str | None = None,
+    progress: Progress = NULL,
+) -> None:
+    """Blobs first (skipped when present, cross-mounted from `mount_from`), then the manifest by digest
+    with its exact bytes. No tag: the caller tags last, once everything the tag promises is there."""
+    store.put_bytes(image.config_bytes)  # a freshly assembled image's config may exist only as bytes
+    for desc in [*image.layer_descriptors, image.config_descriptor]:
+        with progress.transfer(f"push {desc.digest.short}", desc.size) as advance:
+            opener = _opener(store.path(desc.digest), advance)
+            how = client.push_blob(repository, desc.digest, desc.size, opener, mount_from=mount_from)
+        log(f"blob {desc.digest.short}: {how}")
+    client.put_manifest(repository, str(image.digest), image.manifest_bytes, image.media_type)
+
+
+def _opener(path: Path, advance: Advance) -> Callable[[], BinaryIO]:
+    def open_blob() -> BinaryIO:
+        return CountingReader(path.open("rb"), advance)  # type: ignore[return-value]
+
+    return open_blob
+
+
+def push(
+    image: Image,
+    ref_text: str,
+    store: BlobStore,
+    log: Log,
+    *,
+    tag: str | None = None,
+    mount_from: str | None = None,
+    progress: Progress = NULL,
+) -> str:
+    """Blobs, the manifest by digest, the tag last (the ref's own tag wins over `tag`)."""
+    ref = Reference.parse(ref_text)
+    chosen = ref.tag or tag
+    with RegistryClient(ref.registry) as client:
+        write_image(client, ref.repository, image, store, log, mount_from=mount_from, progress=progress)
+        if chosen:
+            client.put_manifest(ref.repository, chosen, image.manifest_bytes, image.media_type)
+    return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
+
+
+class RegistryBackend:
+    """`HOST[:PORT]/REPO[:TAG]` through servimg's own distribution client."""
+
+    def read(
+        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+    ) -> Image:
+        return pull(target.location, store, log, expected, progress)
+
+    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+        progress = options.get("progress", NULL)
+        mount_from = options.get("mount_from")
+        return push(
+            image,
+            target.location,
+            store,
+            log,
+            tag=options.get("tag"),
+            mount_from=mount_from,
+            progress=progress,
+        )
+
+    def check_reachable(self, target: Target) -> None:
+        with RegistryClient(Reference.parse(target.location).registry) as client:
+            client.ping()
+
+
+BACKEND = RegistryBackend()

@@ -5,8 +5,9 @@ files at every optimisation level the base carried, and whiteout every legacy or
 interpreter happily runs a stale timestamp pyc whose recorded mtime/size still match the patched source.
 
 Two runners produce identical bytes (same interpreter binary, PYTHONHASHSEED=0, one process per file,
-fixed order): a Docker container with `--network none`, and a daemonless chroot over the interpreter's
-files extracted from the base layers (no engine; `unshare --map-root-user` when not root).
+fixed order): a Docker container with `--network none` (`backends.engine.run`), and a daemonless chroot
+over the interpreter's files extracted from the base layers (no engine; `unshare --map-root-user` when
+not root). `chroot_run` is the one daemonless runner: the probe (`build.verify`) uses it too.
 """
 
 from __future__ import annotations
@@ -14,17 +15,20 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import shlex
 import shutil
 import stat
 import subprocess
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from servimg.core.errors import BytecodeError
+from servimg.backends import engine
+from servimg.backends.engine import ContainerSpec, Mount
+from servimg.core.errors import BackendError, BytecodeError
 from servimg.oci.filesystem import LayeredFS
 
 COMPILE_SCRIPT = Path(__file__).parents[1] / "inimage" / "compile.py"
@@ -179,28 +183,27 @@ class DockerRunner:
     name: str = "docker"
 
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
-        from servimg.backends.engine import client
-
-        c = client()
+        spec = ContainerSpec(
+            self.image,
+            [interpreter, *_SCRIPT_ARGS],
+            user="0:0",
+            workdir="/",
+            env={"PYTHONHASHSEED": "0"},
+            mounts=(Mount(str(jobs_dir), WORK_IN_IMAGE),),
+        )
+        hint = "is the interpreter path right? try `--runner chroot`"
         try:
-            c.containers.run(
-                self.image,
-                [interpreter, *_SCRIPT_ARGS],
-                entrypoint=[],
-                network_mode="none",
-                remove=True,
-                user="0:0",
-                working_dir="/",
-                environment={"PYTHONHASHSEED": "0"},
-                volumes={str(jobs_dir): {"bind": WORK_IN_IMAGE, "mode": "rw"}},
-                stdout=False,
-                stderr=True,
-            )
-        except Exception as exc:
+            exited = engine.run(spec)
+        except BackendError as exc:
             raise BytecodeError(
-                f"docker runner: running {interpreter} in {self.image} failed: {exc}",
-                hint="is the interpreter path right? try `--runner chroot`",
+                f"docker runner: running {interpreter} in {self.image} failed: {exc.message}", hint=hint
             ) from exc
+        if exited.status != 0:
+            raise BytecodeError(
+                f"docker runner: {interpreter} in {self.image} failed ({exited.status}): "
+                f"{exited.stderr[-800:]}",
+                hint=hint,
+            )
         return _read_result(jobs_dir, self.name)
 
 
@@ -228,20 +231,8 @@ class ChrootRunner:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(jobs_dir, target)
         try:
-            prefix = [] if os.geteuid() == 0 else [tool("unshare"), "--user", "--map-root-user"]
-            argv = [
-                *prefix,
-                tool("chroot"),
-                str(root),
-                interpreter,
-                *_SCRIPT_ARGS,
-            ]
-            proc = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                env={"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"},
-            )
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
+            proc = chroot_run(root, [interpreter, *_SCRIPT_ARGS], env=env)
             if proc.returncode != 0:
                 raise BytecodeError(
                     f"chroot runner: {interpreter} failed ({proc.returncode}): {proc.stderr[-800:]}",
@@ -253,6 +244,28 @@ class ChrootRunner:
             return _read_result(jobs_dir, self.name)
         finally:
             shutil.rmtree(target, ignore_errors=True)
+
+
+def chroot_run(
+    root: Path, argv: Sequence[str], *, env: Mapping[str, str], workdir: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv` in a chroot of `root` (an extracted image), with exactly `env`.
+
+    chroot needs CAP_SYS_CHROOT: as a normal user (a Nix build) it runs in a user namespace where it is
+    root (`unshare --map-root-user`). With a `workdir` (the image's WorkingDir, as the service would
+    start) it goes through the image's /bin/sh (`cd`, then `exec`); without one the program runs
+    directly from /, so the compiler needs nothing of the image but its interpreter."""
+    prefix = [] if os.geteuid() == 0 else [tool("unshare"), "--user", "--map-root-user"]
+    command = list(argv)
+    if workdir is not None:
+        command = ["/bin/sh", "-c", f"cd {shlex.quote(workdir)} && exec {shlex.join(argv)}"]
+    return subprocess.run(
+        [*prefix, tool("chroot"), str(root), *command],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        check=False,
+    )
 
 
 def tool(name: str) -> str:

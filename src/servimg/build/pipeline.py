@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servimg.backends.transport import Target
+from servimg.backends import engine
+from servimg.backends.target import Target
 from servimg.build.bytecode import (
     CompileJob,
     InterpreterFacts,
@@ -41,11 +42,14 @@ from servimg.build.lock import (
 )
 from servimg.build.overlay import Patch, apply_patch
 from servimg.build.seams import DEFAULT, BaseSource, Seams, Verifier
+from servimg.build.verify import base_sentinel_verdicts, base_sources, probe_files, probe_spec
+from servimg.build.witness import WITNESS_DIR, witness_files
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
+from servimg.ladder.definition import load as load_ladder
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
@@ -139,8 +143,6 @@ def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderL
     and carried under /opt/servimg/ladder/ so the tag carries its own smoke test. None without one."""
     if definition.ladder is None:
         return None, {}
-    from servimg.ladder.definition import load as load_ladder
-
     repo_root = repo_root_for(definition_path)
     try:
         loaded = load_ladder(repo_root / definition.ladder, root=repo_root)
@@ -164,8 +166,6 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) 
     """Record, per overlay, the `absent_in_base` sentinels verified missing from the BASE's code. A sentinel
     the base already has does not discriminate (vLLM 0.33.0 adopted `supports_divergent_local_hybrid_hits`):
     a grep or co_names check would pass on an unpatched image, so refuse to lock it."""
-    from servimg.build.verify import base_sentinel_verdicts, base_sources
-
     overlays = []
     for spec, locked in zip(definition.overlays, lock.overlays, strict=True):
         wanted = [s for s in spec.sentinels if s.absent_in_base]
@@ -457,8 +457,6 @@ def _verify_or_refuse(
 
 
 def _default_target(definition_path: Path) -> Target:
-    from servimg.backends import engine
-
     if engine.engine_available():
         return Target("engine", "")
     return Target("oci", str(Path("out") / definition_path.stem.removesuffix(".lock")))
@@ -555,10 +553,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
     # Witness (opt-in, `witness: true`): the hook module (compiled like a patched source), its .pth and
     # spec (servimg.build.witness), and a world-writable witness dir for the serving processes' records.
     if resolution.definition.witness:
-        from servimg.build.verify import probe_spec as _probe_spec
-        from servimg.build.witness import WITNESS_DIR, witness_files
-
-        for path, data in witness_files(_probe_spec(locked, resolution.definition)).items():
+        for path, data in witness_files(probe_spec(locked, resolution.definition)).items():
             files[path] = Entry(path, Kind.FILE, 0o644, data=data)
             if path.endswith(".py"):
                 files.update(
@@ -594,8 +589,6 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
         f"{SERVIMG_DIR}/definition.json": resolution.definition.canonical_bytes(),
         f"{SERVIMG_DIR}/changes.json": canonical.dumps(sorted(manifest, key=lambda m: str(m["path"]))),
     }
-    from servimg.build.verify import probe_files, probe_spec
-
     servimg_files.update(probe_files(probe_spec(locked, resolution.definition)))
     for path, data in servimg_files.items():
         files[path] = Entry(path, Kind.FILE, 0o644, data=data)

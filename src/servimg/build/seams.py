@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Unpack
 
-from servimg.backends import engine
-from servimg.backends.transport import Target, check_reachable, fetch, platform_manifest, publish
+from servimg.backends import engine, registry, transport
+from servimg.backends.target import Target, WriteOptions
 from servimg.build.bytecode import ChrootRunner, DockerRunner, Runner
 from servimg.build.verify import VerifyReport, verify_image_value
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
-from servimg.core.progress import NULL, Log, Progress
+from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -44,10 +44,10 @@ class ByReference:
     """The base where the definition's `base.ref` says: engine, registry, OCI layout or archive."""
 
     def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
-        return fetch(ref, store, log, expected=expected)
+        return transport.fetch(ref, store, log, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
-        return platform_manifest(ref, pinned, platform)
+        return registry.platform_manifest(ref, pinned, platform)
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class FromRef:
 
     def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
         log(f"base {ref}: reading {self.source} (--base-from)")
-        return fetch(self.source, store, log, expected=expected)
+        return transport.fetch(self.source, store, log, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
         found = self.manifests.get(str(pinned))
@@ -115,17 +115,9 @@ class Sink(Protocol):
     def check(self, target: Target) -> None: ...
 
     def publish(
-        self,
-        image: Image,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        tag: str | None,
-        base_config: Digest | None,
-        progress: Progress = NULL,
+        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
     ) -> str:
-        """Write the image; return a human description of where it went."""
+        """Write the image (options: tag, base_config, progress); return where it went, for people."""
         ...
 
 
@@ -134,20 +126,12 @@ class TargetSink:
     """The target the user named: engine, OCI layout, docker-archive or registry (`backends.transport`)."""
 
     def check(self, target: Target) -> None:
-        check_reachable(target)
+        transport.check_reachable(target)
 
     def publish(
-        self,
-        image: Image,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        tag: str | None,
-        base_config: Digest | None,
-        progress: Progress = NULL,
+        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
     ) -> str:
-        return publish(image, target, store, log, tag=tag, base_config=base_config, progress=progress)
+        return transport.publish(image, target, store, log, **options)
 
 
 @dataclass(frozen=True)
@@ -159,15 +143,7 @@ class StoreOnly:
         return None
 
     def publish(
-        self,
-        image: Image,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        tag: str | None,
-        base_config: Digest | None,
-        progress: Progress = NULL,
+        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
     ) -> str:
         store.put_bytes(image.config_bytes)
         return f"the blob store ({image.digest}; not published)"

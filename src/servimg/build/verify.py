@@ -8,14 +8,10 @@ image's own interpreter and answers with a JSON report that `VerifyReport.from_j
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import posixpath
 import re
-import shlex
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servimg.build.bytecode import extract_runtime, tool
+from servimg.backends import engine, transport
+from servimg.backends.engine import ContainerSpec
+from servimg.build.bytecode import chroot_run, extract_runtime
 from servimg.build.definition import ImageDefinition, Sentinel
 from servimg.build.lock import Lock
 from servimg.core import canonical
 from servimg.core.digest import Digest
-from servimg.core.errors import ServimgError
+from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import Finding, Findings, Status
 from servimg.core.progress import Log
 from servimg.inimage import probe
@@ -332,12 +330,9 @@ def run_probe_in_docker(
     the spec names (read from the image without running it); `python_args` are interpreter flags such as
     `-O` or `--check-hash-based-pycs never`. Left None, the flags and the entry are the image command's
     own (`service_command`), so the probe runs as the service would."""
-    from servimg.backends.engine import client
-
-    c = client()
-    interpreter = python or _spec_interpreter(c, image, spec_path_in_image)
+    interpreter = python or _spec_interpreter(image, spec_path_in_image)
     if python_args is None:
-        service = service_command(_engine_config(c, image), interpreter)
+        service = service_command(_engine_config(image), interpreter)
         python_args = service.python_args
         entry = entry or service.entry
     command = [interpreter, *python_args, PROBE_IN_IMAGE, spec_path_in_image, "--json"]
@@ -345,48 +340,25 @@ def run_probe_in_docker(
         command.append("--audit")
     if entry:
         command += ["--entry", entry]
+    spec = ContainerSpec(image, command, env=env, workdir=workdir, user=user)
     try:
-        container = c.containers.create(
-            image,
-            command,
-            entrypoint=[],
-            network_mode="none",
-            environment=dict(env) if env is not None else None,
-            working_dir=workdir,
-            user=user,
-        )
-    except Exception as exc:
-        raise VerifyError(
-            f"cannot create a probe container of {image}: {exc}", hint="is the image loaded?"
-        ) from exc
-    try:
-        container.start()
-        status = int(container.wait(timeout=timeout).get("StatusCode", -1))
-        stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-        stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-    except Exception as exc:
-        raise VerifyError(f"running the probe in {image} failed: {exc}", hint="see the dockerd log") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            container.remove(force=True)
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        exited = engine.run(spec, timeout=timeout)
+    except BackendError as exc:
+        raise VerifyError(f"the probe in {image}: {exc.message}", hint=exc.hint) from exc
+    lines = [line for line in exited.stdout.splitlines() if line.startswith("{")]
     try:
         report = json.loads(lines[-1]) if lines else None
     except ValueError:
         report = None
-    if status not in (0, 1) or not isinstance(report, dict) or "checks" not in report:
+    if exited.status not in (0, 1) or not isinstance(report, dict) or "checks" not in report:
         detail = (report or {}).get("error") if isinstance(report, dict) else None
         raise VerifyError(
-            f"the probe in {image} exited {status}: {detail or stderr.strip()[-500:] or 'no report'}",
+            f"the probe in {image} exited {exited.status}: "
+            f"{detail or exited.stderr.strip()[-500:] or 'no report'}",
             hint=f"run it by hand: docker run --rm --network none --entrypoint {interpreter} {image} "
             f"{PROBE_IN_IMAGE} {spec_path_in_image}",
         )
     return report
-
-
-def _unprivileged_prefix() -> list[str]:
-    """chroot needs CAP_SYS_CHROOT: as a normal user (a Nix build), enter a user namespace first."""
-    return [] if os.geteuid() == 0 else [tool("unshare"), "--user", "--map-root-user"]
 
 
 def run_probe_in_chroot(
@@ -398,8 +370,9 @@ def run_probe_in_chroot(
     config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The daemonless path: materialise the whole image (packages included) and run the probe under the
-    image's interpreter in a chroot, with the image config's Env and WorkingDir (and, given the image
-    `config`, its command's interpreter flags and entry: `service_command`)."""
+    image's interpreter in a chroot (`bytecode.chroot_run`, the compile runner's too), with the image
+    config's Env and WorkingDir (and, given the image `config`, its command's interpreter flags and
+    entry: `service_command`)."""
     spec = json.loads(fs.read(SPEC_IN_IMAGE.lstrip("/")))
     interpreter = str(spec["interpreter"]["path"])
     service = service_command(config or {}, interpreter)
@@ -409,14 +382,7 @@ def run_probe_in_chroot(
         command = [interpreter, *service.python_args, PROBE_IN_IMAGE, SPEC_IN_IMAGE, "--json"]
         command += ["--audit"] if audit else []
         command += ["--entry", service.entry] if service.entry else []
-        script = f"cd {shlex.quote(workdir or '/')} && exec {' '.join(shlex.quote(c) for c in command)}"
-        proc = subprocess.run(
-            [*_unprivileged_prefix(), tool("chroot"), str(root), "/bin/sh", "-c", script],
-            capture_output=True,
-            text=True,
-            env=dict(config_env),
-            check=False,
-        )
+        proc = chroot_run(root, command, env=config_env, workdir=workdir or "/")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode not in (0, 1) or not lines:
         raise VerifyError(
@@ -427,39 +393,30 @@ def run_probe_in_chroot(
     return report
 
 
-def _engine_config(c: Any, image: str) -> dict[str, Any]:
+def _engine_config(image: str) -> dict[str, Any]:
     """The engine's view of the image config (`Entrypoint`, `Cmd`, `Env`, `WorkingDir` …)."""
     try:
-        config = c.images.get(image).attrs.get("Config") or {}
-    except Exception as exc:
-        raise VerifyError(f"cannot inspect {image}: {exc}", hint="is the image loaded?") from exc
-    return dict(config)
+        return engine.image_config(image)
+    except BackendError as exc:
+        raise VerifyError(f"cannot inspect {image}: {exc.message}", hint="is the image loaded?") from exc
 
 
-def _spec_interpreter(c: Any, image: str, spec_path: str) -> str:
-    """The interpreter path the image's probe spec names, copied out of a created (never started)
-    container."""
+def _spec_interpreter(image: str, spec_path: str) -> str:
+    """The interpreter path the image's probe spec names, copied out of the image without running it."""
+    hint = "was the image built by `servimg build`? pass python= to name the interpreter"
     try:
-        container = c.containers.create(image, ["/servimg-probe-not-run"], entrypoint=[], network_mode="none")
-    except Exception as exc:
-        raise VerifyError(
-            f"cannot create a container of {image}: {exc}", hint="is the image loaded?"
-        ) from exc
-    try:
-        chunks, _ = container.get_archive(spec_path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        data = engine.copy_out(image, spec_path)
+        if data is None:
+            raise VerifyError(f"{image} has no probe spec at {spec_path}", hint=hint)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             member = tar.next()
             handle = tar.extractfile(member) if member is not None else None
-            data = json.loads(handle.read()) if handle is not None else {}
-    except Exception as exc:
-        raise VerifyError(
-            f"{image} has no readable probe spec at {spec_path}: {exc}",
-            hint="was the image built by `servimg build`? pass python= to name the interpreter",
-        ) from exc
-    finally:
-        with contextlib.suppress(Exception):
-            container.remove(force=True)
-    path = (data.get("interpreter") or {}).get("path") if isinstance(data, dict) else None
+            doc = json.loads(handle.read()) if handle is not None else {}
+    except BackendError as exc:
+        raise VerifyError(exc.message, hint=exc.hint) from exc
+    except (tarfile.TarError, ValueError) as exc:
+        raise VerifyError(f"{image} has no readable probe spec at {spec_path}: {exc}", hint=hint) from exc
+    path = (doc.get("interpreter") or {}).get("path") if isinstance(doc, dict) else None
     if not isinstance(path, str) or not path:
         raise VerifyError(
             f"the probe spec in {image} names no interpreter", hint="rebuild with `servimg build`"
@@ -560,8 +517,6 @@ def verify_image_value(
     """Probe an image value whose blobs are in `store`: in a container when an engine runs (the image is
     loaded untagged, thin over its base, and removed again if the probe fails and it was not there
     before), otherwise in a chroot of its extracted layers."""
-    from servimg.backends import engine
-
     if not engine.engine_available():
         log("verifying in a chroot (no Docker Engine)")
         fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
@@ -588,10 +543,7 @@ def verify_image_value(
 
 def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> VerifyReport:
     """`servimg verify IMAGE`: an engine name/ID, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG."""
-    from servimg.backends import engine
-    from servimg.backends.transport import fetch, is_engine_ref
-
-    if is_engine_ref(ref):
+    if transport.is_engine_ref(ref):
         name = ref.removeprefix("docker-daemon:")
         if engine.engine_available():
             return VerifyReport.from_json(run_probe_in_docker(name, audit=audit))
@@ -599,4 +551,4 @@ def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> 
             f"{ref} names an engine image, but no Docker Engine is reachable",
             hint="start dockerd, or verify an OCI layout / registry ref instead",
         )
-    return verify_image_value(fetch(ref, store, log), store, log, audit=audit)
+    return verify_image_value(transport.fetch(ref, store, log), store, log, audit=audit)

@@ -10,7 +10,6 @@ forbidden names from the lock). Each process that imports an overlay module writ
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import posixpath
@@ -20,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servimg.backends import engine
 from servimg.core import canonical
-from servimg.core.errors import ServimgError
+from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import ERROR, FAIL, PASS, Finding, Findings
 from servimg.inimage import witness_hook
 
@@ -220,29 +220,17 @@ def read_documents(data: bytes) -> tuple[list[tuple[str, bytes]], list[Mapping[s
 
 
 def collect(container: str, out: Path | None = None) -> WitnessCollection:
-    """Copy the witness files out of a container (running or stopped) with the docker SDK
-    (`get_archive`), into `out` when given. The directory is the container's `SERVIMG_WITNESS_DIR`, else
-    /var/lib/servimg/witness."""
-    from servimg.backends.engine import client
-
-    c = client()
+    """Copy the witness files out of a container (running or stopped; `backends.engine`), into `out`
+    when given. The directory is the container's `SERVIMG_WITNESS_DIR`, else /var/lib/servimg/witness."""
+    hint = "was the image built with `witness: true`, and did a process import an overlay module?"
     try:
-        handle = c.containers.get(container)
-    except Exception as exc:
-        raise WitnessError(f"no container {container!r}: {exc}", hint="docker ps -a") from exc
-    env: dict[str, str] = {}
-    for item in (handle.attrs.get("Config") or {}).get("Env") or []:
-        key, _, value = str(item).partition("=")
-        env[key] = value
-    directory = env.get("SERVIMG_WITNESS_DIR") or WITNESS_DIR
-    try:
-        chunks, _ = handle.get_archive(directory)
-        data = b"".join(chunks)
-    except Exception as exc:
-        raise WitnessError(
-            f"{container} has no witness directory {directory}: {exc}",
-            hint="was the image built with `witness: true`, and did a process import an overlay module?",
-        ) from exc
+        handle = engine.container(container)
+        directory = handle.env().get("SERVIMG_WITNESS_DIR") or WITNESS_DIR
+        data = handle.archive(directory)
+    except BackendError as exc:
+        raise WitnessError(exc.message, hint=exc.hint or hint) from exc
+    if data is None:
+        raise WitnessError(f"{container} has no witness directory {directory}", hint=hint)
     files, docs = read_documents(data)
     written: list[Path] = []
     if out is not None:
@@ -253,6 +241,4 @@ def collect(container: str, out: Path | None = None) -> WitnessCollection:
             tmp.write_bytes(raw)
             tmp.replace(target)
             written.append(target)
-    with contextlib.suppress(Exception):
-        c.close()
     return WitnessCollection(container, directory, tuple(docs), tuple(written))

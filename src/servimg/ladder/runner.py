@@ -24,6 +24,7 @@ import datetime as dt
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -35,9 +36,12 @@ from typing import Any
 
 import requests
 
+from servimg.backends import engine
+from servimg.backends.engine import ContainerSpec, Mount
+from servimg.build.witness import collect
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import ServimgError
+from servimg.core.errors import BackendError, ServimgError
 from servimg.core.progress import Log
 from servimg.ladder import receipt
 from servimg.ladder.definition import ArmSpec, LadderDefinition, LadderError, LoadedLadder, Prompt, substitute
@@ -53,6 +57,7 @@ from servimg.ladder.evaluation import (
     judge,
     parse_prometheus,
 )
+from servimg.ladder.tinymodel import TinyModelRecipe, ensure_model
 from servimg.oci.store import BlobStore
 
 BUNDLE_DIR = "/opt/servimg/ladder"
@@ -149,7 +154,7 @@ class Server:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     facts: dict[str, Any] = field(default_factory=dict)
-    container: Any = None
+    container: engine.Container | None = None
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     witness: bool = False
@@ -157,19 +162,16 @@ class Server:
     def stop(self) -> None:
         if self.container is not None:
             try:
+                self.container.stop(timeout=10)
                 with contextlib.suppress(Exception):
-                    self.container.stop(timeout=10)
-                with contextlib.suppress(Exception):
-                    self.container.reload()
-                    self.facts["exit_code"] = self.container.attrs["State"].get("ExitCode")
+                    self.facts["exit_code"] = self.container.exit_code()
                 with contextlib.suppress(Exception):
                     logs = self.container.logs()
                     if self.log_path is not None:
                         self.log_path.write_bytes(logs)
                     self.facts["logs_sha256"] = sha256_hex(logs)
             finally:
-                with contextlib.suppress(Exception):
-                    self.container.remove(force=True)
+                self.container.remove()
                 self.container = None
         if self.process is not None:
             self.process.terminate()
@@ -182,39 +184,14 @@ class Server:
             self.process = None
 
 
-def device_requests(gpus: str | None) -> list[Any]:
-    """`--gpus all` or `--gpus 0,1` as docker device requests (none without the flag)."""
-    if not gpus:
-        return []
-    import docker
-
-    if gpus == "all":
-        return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    return [docker.types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
-
-
-def _host_port(container: Any, port: int, deadline: float) -> int:
-    while time.monotonic() < deadline:
-        container.reload()
-        bindings = ((container.attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{port}/tcp")
-        if bindings:
-            return int(bindings[0]["HostPort"])
-        if container.status in ("exited", "dead"):
-            break
-        time.sleep(0.2)
-    raise LadderRunError(f"the container never published port {port}")
-
-
 def wait_healthy(server: Server, health_path: str, timeout_s: float, log: Log) -> float:
     """Seconds until GET <health_path> answered 200; raise with the log tail if the server died or hung."""
     started = time.monotonic()
     last = started
     while time.monotonic() - started < timeout_s:
-        if server.container is not None:
-            server.container.reload()
-            if server.container.status in ("exited", "dead"):
-                tail = server.container.logs(tail=25).decode("utf-8", "replace").strip().splitlines()
-                raise LadderRunError("the server exited before it was healthy", problems=tail)
+        if server.container is not None and server.container.status() in ("exited", "dead"):
+            tail = server.container.logs(tail=25).decode("utf-8", "replace").strip().splitlines()
+            raise LadderRunError("the server exited before it was healthy", problems=tail)
         if server.process is not None and server.process.poll() is not None:
             raise LadderRunError(
                 f"the server process exited ({server.process.returncode}) before it was healthy"
@@ -538,20 +515,16 @@ def _start(
     spec = ladder.server
     args = [substitute(a, variables) for a in (*spec.args, *arm.args)]
     env = {**OFFLINE_ENV, **{k: substitute(v, variables) for k, v in {**spec.env, **arm.env}.items()}}
-    mounts: dict[str, dict[str, str]] = {}
+    mounts: dict[str, Mount] = {}  # by host path: a later mount of one path replaces an earlier one
     for mount in spec.mounts:
-        mounts[str(Path(substitute(mount.source, variables)).resolve())] = {
-            "bind": mount.target,
-            "mode": "ro" if mount.read_only else "rw",
-        }
+        source = str(Path(substitute(mount.source, variables)).resolve())
+        mounts[source] = Mount(source, mount.target, mount.read_only)
     cache_facts = {}
     for name, mode in sorted(arm.caches.items()):
         cache = ladder.caches[name]
         if mode == "wipe":
             path = config.out / "caches" / f"{arm.id}-{name}"
             if path.exists():
-                import shutil
-
                 shutil.rmtree(path)
             path.mkdir(parents=True)
         else:
@@ -565,7 +538,7 @@ def _start(
             "files_at_start": len(files),
             "bytes_at_start": sum(p.stat().st_size for p in files),
         }
-        mounts[str(path.resolve())] = {"bind": cache.target, "mode": "rw"}
+        mounts[str(path.resolve())] = Mount(str(path.resolve()), cache.target)
         env.update({k: substitute(v, variables) for k, v in cache.env.items()})
     facts["caches"] = cache_facts
     argv = (*spec.command, *args)
@@ -584,44 +557,46 @@ def _start(
                 list(argv), env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT
             )
         return Server(f"http://127.0.0.1:{port}", "command", argv, env, process=process, log_path=log_path)
-    from servimg.backends.engine import client
-
     assert config.image is not None
-    c = client()
-    container = c.containers.run(
-        config.image,
-        list(args),
-        entrypoint=list(spec.command),
-        detach=True,
-        environment=env,
-        ports={f"{spec.port}/tcp": ("127.0.0.1", None)},
-        shm_size=spec.shm_size,
-        volumes=mounts,
-        device_requests=device_requests(config.gpus),
-        labels={
-            "io.servimg.ladder": ladder.name,
-            "io.servimg.ladder.run": run_id,
-            "io.servimg.ladder.arm": arm.id,
-        },
-        name=f"servimg-ladder-{run_id}-{arm.id}",
+    container = engine.start(
+        ContainerSpec(
+            config.image,
+            args,
+            entrypoint=spec.command,
+            env=env,
+            mounts=tuple(mounts.values()),
+            network=True,
+            ports=(spec.port,),
+            shm_size=spec.shm_size,
+            gpus=config.gpus,
+            labels={
+                "io.servimg.ladder": ladder.name,
+                "io.servimg.ladder.run": run_id,
+                "io.servimg.ladder.arm": arm.id,
+            },
+            name=f"servimg-ladder-{run_id}-{arm.id}",
+        )
     )
     server = Server(
         "", "docker", argv, env, container=container, log_path=config.out / "logs" / f"{arm.id}.log"
     )
     try:
-        port = _host_port(container, spec.port, time.monotonic() + 30)
+        published = container.host_port(spec.port, timeout=30)
+        if published is None:
+            raise LadderRunError(f"the container never published port {spec.port}")
+        port = published
         server.url = f"http://127.0.0.1:{port}"
         server.facts.update(
             {
                 "container": container.id[:12],
-                "image": str(container.image.id),
+                "image": container.image_id,
                 "port": port,
                 "gpus": config.gpus,
                 "shm_size": spec.shm_size,
-                "mounts": {k: v["bind"] + ":" + v["mode"] for k, v in sorted(mounts.items())},
+                "mounts": {k: f"{m.target}:{m.mode}" for k, m in sorted(mounts.items())},
             }
         )
-        server.witness = _has_file(container, WITNESS_SPEC)
+        server.witness = container.archive(WITNESS_SPEC) is not None
         log(f"  started container {container.id[:12]} on 127.0.0.1:{port}")
     except BaseException:
         server.stop()
@@ -631,35 +606,13 @@ def _start(
 
 def _remove_run_containers(run_id: str) -> None:
     """Belt and braces: remove any container of this run still there (e.g. created just before Ctrl-C)."""
-    from servimg.backends.engine import client
-
-    with contextlib.suppress(Exception):
-        for leftover in client().containers.list(
-            all=True, filters={"label": f"io.servimg.ladder.run={run_id}"}
-        ):
-            with contextlib.suppress(Exception):
-                leftover.remove(force=True)
-
-
-def _has_file(container: Any, path: str) -> bool:
-    """Whether `path` exists in the container. Only "not found" means no; any other engine error is
-    raised, never read as "no witness" (which would silently skip the witness check)."""
-    import docker.errors
-
-    try:
-        chunks, _ = container.get_archive(path)
-        for _ in chunks:
-            pass
-        return True
-    except docker.errors.NotFound:
-        return False
+    engine.remove_labelled(f"io.servimg.ladder.run={run_id}")
 
 
 def _collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ...], dict[str, Any]]:
     """Witness records of the serving processes (`build.witness.collect`); none recorded is a problem."""
+    assert server.container is not None
     try:
-        from servimg.build.witness import collect
-
         result = collect(server.container.id, out)
     except ServimgError as exc:
         return (f"witness files could not be collected: {exc.message}",), {"error": exc.message}
@@ -704,24 +657,20 @@ def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, Any]:
     """The image under test: config digest (engine image ID), manifest digest when known, servimg labels."""
     if config.image is None:
         return {"ref": None, "digest": None, "config_digest": None, "deviations": ["no image: endpoint mode"]}
-    from servimg.backends.engine import _cached, client
-
     try:
-        engine_image = client().images.get(config.image)
-    except Exception as exc:
-        raise LadderRunError(
-            f"the Docker Engine has no image {config.image!r}: {exc}", hint="build or pull it"
-        ) from None
-    config_digest = str(engine_image.id)
+        attrs = engine.inspect(config.image)
+    except BackendError as exc:
+        raise LadderRunError(exc.message, hint="build or pull it") from None
+    config_digest = str(attrs["Id"])
     manifest: str | None = None
     if config.store is not None:
-        cached = _cached(Digest.parse(config_digest), config.store)
+        cached = engine.cached(Digest.parse(config_digest), config.store)
         manifest = str(cached.digest) if cached is not None else None
-    for repo_digest in engine_image.attrs.get("RepoDigests") or []:
+    for repo_digest in attrs.get("RepoDigests") or []:
         manifest = manifest or repo_digest.rpartition("@")[2]
     labels = {
         k: v
-        for k, v in sorted((engine_image.labels or {}).items())
+        for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
         if k.startswith(("io.servimg", "org.opencontainers"))
     }
     facts: dict[str, Any] = {
@@ -759,8 +708,6 @@ def _variables(loaded: LoadedLadder, config: RunConfig, log: Log) -> tuple[dict[
     if ladder.model.generate == "tiny-copy" and "model_dir" in ladder.vars and "model_dir" not in variables:
         if config.image is None:
             raise LadderRunError("the tiny model is generated inside the image: pass --var model_dir=DIR")
-        from servimg.ladder.tinymodel import TinyModelRecipe, ensure_model
-
         model_dir = ensure_model(TinyModelRecipe(), config.image, config.store or BlobStore(), log)
         variables["model_dir"] = str(model_dir)
     elif "model_dir" in variables:
@@ -898,22 +845,13 @@ def build_receipt(
 
 def bundled_ladder(image: str, dest: Path) -> Path:
     """Copy the image's bundled ladder (`/opt/servimg/ladder/`) into `dest`; return the ladder YAML path."""
-    from servimg.backends.engine import client
-
-    c = client()
-    container = c.containers.create(image, entrypoint=["/bin/true"], network_disabled=True)
+    hint = "build it from a definition with `ladder:`, or pass --ladder"
     try:
-        try:
-            chunks, _ = container.get_archive(BUNDLE_DIR)
-        except Exception as exc:
-            raise LadderError(
-                f"{image} carries no ladder under {BUNDLE_DIR}: {exc}",
-                hint="build it from a definition with `ladder:`, or pass --ladder",
-            ) from None
-        data = b"".join(chunks)
-    finally:
-        with contextlib.suppress(Exception):
-            container.remove(force=True)
+        data = engine.copy_out(image, BUNDLE_DIR)
+    except BackendError as exc:
+        raise LadderError(f"{image}: {exc.message}", hint=hint) from None
+    if data is None:
+        raise LadderError(f"{image} carries no ladder under {BUNDLE_DIR}", hint=hint)
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for member in tar.getmembers():

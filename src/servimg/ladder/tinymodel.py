@@ -11,7 +11,6 @@ recipe (`encode`), so probe sets are generated on the host (scripts/make-cpu-pro
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
@@ -20,9 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg.backends import engine
+from servimg.backends.engine import ContainerSpec, Mount
 from servimg.core import canonical
 from servimg.core.digest import sha256_hex
-from servimg.core.errors import ModelError
+from servimg.core.errors import BackendError, ModelError
 from servimg.core.progress import Log
 from servimg.inimage import tinymodel_gen as gen
 from servimg.oci.store import BlobStore
@@ -92,10 +93,10 @@ def ensure_model(
     timeout_s: float = 900,
 ) -> Path:
     """The model directory for `recipe` generated in `image` (engine ref), from the cache when present."""
-    from servimg.backends.engine import client
-
-    c = client()
-    config_digest = str(c.images.get(image).id)
+    try:
+        config_digest = str(engine.inspect(image)["Id"])
+    except BackendError as exc:
+        raise ModelError(exc.message, hint=exc.hint) from exc
     key = recipe.cache_key(config_digest)
     final = store.root / "models" / f"tiny-copy-{key[:16]}"
     if (final / "servimg-model.json").is_file():
@@ -108,27 +109,25 @@ def ensure_model(
     scripts.mkdir()
     shutil.copyfile(GENERATOR, scripts / "gen.py")
     log(f"tiny model: generating in {image} (key {key[:12]})")
-    container = None
+    spec = ContainerSpec(
+        config_digest,
+        ["/opt/venv/bin/python", "/gen/gen.py", json.dumps(recipe.as_json(), sort_keys=True), "/out"],
+        env={"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+        mounts=(Mount(str(scripts), "/gen", read_only=True), Mount(str(out), "/out")),
+        labels={"io.servimg.role": "tiny-model"},
+    )
     try:
-        container = c.containers.run(
-            config_digest,
-            ["/opt/venv/bin/python", "/gen/gen.py", json.dumps(recipe.as_json(), sort_keys=True), "/out"],
-            entrypoint=[],
-            detach=True,
-            network_disabled=True,
-            environment={"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-            volumes={str(scripts): {"bind": "/gen", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"}},
-            labels={"io.servimg.role": "tiny-model"},
-        )
-        status = container.wait(timeout=timeout_s)
-        logs = container.logs().decode("utf-8", "replace")
-        if status.get("StatusCode") != 0:
+        try:
+            exited = engine.run(spec, timeout=timeout_s)
+        except BackendError as exc:
+            raise ModelError(f"generating the tiny model: {exc.message}", hint=exc.hint) from exc
+        if exited.status != 0:
             raise ModelError(
-                f"generating the tiny model failed (exit {status.get('StatusCode')})",
-                problems=logs.strip().splitlines()[-15:],
+                f"generating the tiny model failed (exit {exited.status})",
+                problems=(exited.stdout + exited.stderr).strip().splitlines()[-15:],
                 hint="the image needs torch, transformers, tokenizers and safetensors (the CPU vLLM base)",
             )
-        for line in logs.splitlines():
+        for line in exited.stdout.splitlines():
             if line.startswith("self-check"):
                 log(f"tiny model: {line}")
         for path in out.iterdir():
@@ -141,7 +140,4 @@ def ensure_model(
                 raise
         return final
     finally:
-        if container is not None:
-            with contextlib.suppress(Exception):
-                container.remove(force=True)
         shutil.rmtree(work, ignore_errors=True)

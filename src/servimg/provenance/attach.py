@@ -19,13 +19,18 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
+from servimg.backends import registry, transport
+from servimg.backends.target import Target
+from servimg.build.pipeline import build
 from servimg.build.seams import DEFAULT, Seams, StoreOnly
+from servimg.build.verify import VerifyReport, verify_image_value
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
-from servimg.oci.image import Descriptor, Image
+from servimg.core.reference import Reference, is_valid_tag
+from servimg.oci.image import OCI_MANIFEST, Descriptor, Image
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, dsse, referrers
 from servimg.provenance import statements as provenance
@@ -39,6 +44,7 @@ from servimg.provenance.check import (
     locate,
     top_layer,
 )
+from servimg.provenance.keys import load_trusted
 from servimg.provenance.statements import ImageFacts, Invocation
 
 
@@ -108,7 +114,7 @@ def image_facts(image: Image, store: BlobStore, log: Log) -> ImageFacts:
 def build_statements(
     image: Image,
     facts: ImageFacts,
-    report: Any,
+    report: VerifyReport,
     key: dsse.SigningKey | None,
     *,
     invocation: Invocation,
@@ -135,36 +141,22 @@ def build_statements(
 # ------------------------------------------------------------------------------------------------ push
 
 
-def push(
-    image_ref: str,
-    dest: str,
-    store: BlobStore,
-    log: Log,
-    *,
-    key: dsse.SigningKey | None = None,
-    report: Any = None,
-    builder: str | None = None,
-    invocation: Invocation | None = None,
-    client: Any = None,
-    progress: Progress = NULL,
-) -> Pushed:
+class PushOptions(TypedDict, total=False):
+    """What `push` and `push_image` take beside the image and the destination."""
+
+    key: dsse.SigningKey | None
+    report: VerifyReport | None  # the probe runs when it is None
+    builder: str | None
+    invocation: Invocation | None
+    tag: str | None
+    progress: Progress
+
+
+def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
     verify result. `report` (a VerifyReport) is used instead of running the probe when given."""
-    from servimg.backends.transport import fetch
-
-    image = fetch(image_ref, store, log, progress=progress)
-    return push_image(
-        image,
-        dest,
-        store,
-        log,
-        key=key,
-        report=report,
-        builder=builder,
-        invocation=invocation,
-        client=client,
-        progress=progress,
-    )
+    image = transport.fetch(image_ref, store, log, progress=options.get("progress", NULL))
+    return push_image(image, dest, store, log, **options)
 
 
 def push_image(
@@ -174,16 +166,20 @@ def push_image(
     log: Log,
     *,
     key: dsse.SigningKey | None = None,
-    report: Any = None,
+    report: VerifyReport | None = None,
     builder: str | None = None,
     invocation: Invocation | None = None,
-    client: Any = None,
     tag: str | None = None,
     progress: Progress = NULL,
 ) -> Pushed:
-    """Push an image value whose blobs are in `store` (see `push`)."""
-    from servimg.build.verify import verify_image_value
-
+    """Push an image value whose blobs are in `store` (see `push`) to a registry or an OCI layout: the
+    places attestations can live beside the image."""
+    target = Target.parse(dest)
+    if target.kind not in ("registry", "oci"):
+        raise AttachError(
+            f"{dest}: attestations cannot live in a {target.kind}",
+            hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
+        )
     facts = image_facts(image, store, log)
     if report is None:
         report = verify_image_value(image, store, log)
@@ -195,9 +191,9 @@ def push_image(
         )
     invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
     envelopes = build_statements(image, facts, report, key, invocation=invocation, builder=builder)
-    if dest.startswith("oci:"):
-        return _push_layout(image, dest, store, log, envelopes, tag)
-    return _push_registry(image, dest, store, log, envelopes, client, tag, progress)
+    if target.kind == "oci":
+        return _push_layout(image, target, store, log, envelopes, tag)
+    return _push_registry(image, dest, store, log, envelopes, tag, progress)
 
 
 def _push_registry(
@@ -206,30 +202,21 @@ def _push_registry(
     store: BlobStore,
     log: Log,
     envelopes: Sequence[Envelope],
-    client: Any,
     tag: str | None,
     progress: Progress,
 ) -> Pushed:
-    from servimg.backends.registry import RegistryClient
-    from servimg.backends.transport import push as push_blobs
-    from servimg.core.reference import Reference
-
+    """Blobs and the manifest by digest (`backends.registry`), every attestation, the tag last."""
     ref = Reference.parse(dest)
     if ref.digest is not None:
         raise AttachError(f"{dest}: push to a repository (and tag), not a digest")
     chosen = ref.tag or tag
-    own = client is None
-    client = client or RegistryClient(ref.registry)
-    try:
-        push_blobs(image, ref.name, store, log, tag=None, progress=progress)  # blobs, manifest by digest
+    with registry.RegistryClient(ref.registry) as client:
+        registry.write_image(client, ref.repository, image, store, log, progress=progress)
         subject = _subject(image)
         attached = tuple(_attach_registry(client, ref.repository, subject, e, log) for e in envelopes)
         if chosen:
             client.put_manifest(ref.repository, chosen, image.manifest_bytes, image.media_type)
             _confirm(client, ref.repository, chosen, subject, "after tagging")
-    finally:
-        if own:
-            client.close()
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
     return Pushed(image.digest, image.config_digest, where, chosen, attached)
 
@@ -238,7 +225,9 @@ def _subject(image: Image) -> Descriptor:
     return Descriptor(image.media_type, image.digest, len(image.manifest_bytes))
 
 
-def _confirm(client: Any, repo: str, reference: str, subject: Descriptor, when: str) -> None:
+def _confirm(
+    client: registry.RegistryClient, repo: str, reference: str, subject: Descriptor, when: str
+) -> None:
     """HEAD the image manifest: it must still be exactly `subject` (attaching never changes it)."""
     head = client.head_manifest(repo, reference)
     if head is None or head[0] != subject.digest or head[2] != subject.size:
@@ -250,7 +239,9 @@ def _confirm(client: Any, repo: str, reference: str, subject: Descriptor, when: 
         )
 
 
-def _attach_registry(client: Any, repo: str, subject: Descriptor, env: Envelope, log: Log) -> Attached:
+def _attach_registry(
+    client: registry.RegistryClient, repo: str, subject: Descriptor, env: Envelope, log: Log
+) -> Attached:
     """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
     _confirm(client, repo, str(subject.digest), subject, "before attaching")
     artifact_type = attest.artifact_type(env.kind)
@@ -268,10 +259,8 @@ def _attach_registry(client: Any, repo: str, subject: Descriptor, env: Envelope,
 
 
 def _already_attached(
-    client: Any, repo: str, subject: Digest, artifact_type: str, envelope_digest: Digest
+    client: registry.RegistryClient, repo: str, subject: Digest, artifact_type: str, envelope_digest: Digest
 ) -> Digest | None:
-    from servimg.backends.registry import OCI_MANIFEST
-
     descriptors, _ = referrers.discover(client, repo, subject)
     for d in descriptors:
         if d.get("artifactType") != artifact_type:
@@ -291,14 +280,11 @@ def _already_attached(
 
 
 def _push_layout(
-    image: Image, dest: str, store: BlobStore, log: Log, envelopes: Sequence[Envelope], tag: str | None
+    image: Image, target: Target, store: BlobStore, log: Log, envelopes: Sequence[Envelope], tag: str | None
 ) -> Pushed:
-    from servimg.backends.transport import Target, publish
-
-    target = Target.parse(dest)
     root = Path(target.location)
     chosen = target.tag or tag
-    publish(image, Target("oci", str(root), chosen), store, log, tag=chosen)
+    transport.publish(image, Target("oci", str(root), chosen), store, log, tag=chosen)
     attached = tuple(_attach_layout(root, image, e) for e in envelopes)
     return Pushed(
         image.digest, image.config_digest, f"oci:{root}" + (f":{chosen}" if chosen else ""), chosen, attached
@@ -342,9 +328,6 @@ def build_and_push(
 ) -> dict[str, Any]:
     """`servimg build DEF --to REPO|oci:DIR --sign KEY`: build, verify once, then push with the signed
     provenance of this very build (its invocation times and id) and the verify result."""
-    from servimg.backends.transport import Target, check_reachable
-    from servimg.build.pipeline import build
-
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
     target = Target.parse(to)
@@ -353,7 +336,7 @@ def build_and_push(
             f"--sign needs a registry or an OCI layout target, not {target.kind}",
             hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
         )
-    check_reachable(target)
+    transport.check_reachable(target)
     started = provenance.now()
     # Build the image value only (StoreOnly sink): it is published below, with its attestations.
     result = build(
@@ -501,9 +484,6 @@ def promote(
     remote: bool = False,
 ) -> Promoted:
     """Check REF against `policy`; only if it passes, attach a VSA and then move `tag` to the digest."""
-    from servimg.core.reference import is_valid_tag
-    from servimg.provenance.keys import load_trusted
-
     if not is_valid_tag(tag):
         raise AttachError(f"invalid tag {tag!r}", hint="tags are 1-128 of [A-Za-z0-9_.-]")
     located = locate(ref, store, log, repo=repo, remote=remote)

@@ -24,12 +24,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from servimg.backends import engine, registry, transport
+from servimg.backends.registry import RegistryClient
+from servimg.backends.target import Target
 from servimg.build.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core.digest import Digest
-from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.errors import BackendError, RegistryError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
 from servimg.core.progress import Log
-from servimg.oci.image import DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Image
+from servimg.core.reference import Reference
+from servimg.oci.image import Image
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, dsse, referrers
@@ -37,9 +41,6 @@ from servimg.provenance import statements as provenance
 from servimg.provenance.keys import load_trusted
 from servimg.provenance.statements import ChangedFile, ImageFacts
 
-# Asked for explicitly, every time: a registry that falls back to another manifest type would otherwise
-# hand us a different document (and digest) than the one the tag names.
-MANIFEST_ACCEPT = (OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_LIST)
 BASE_LABEL = "org.opencontainers.image.base.digest"
 LOCK_LABEL = "io.servimg.lock.digest"
 KIND_NAMES = {"provenance": attest.PROVENANCE_V1, "test-result": attest.TEST_RESULT_V01, "vsa": attest.VSA_V1}
@@ -220,7 +221,7 @@ class Located:
     """REF resolved to exact, re-hashed manifest and config bytes, and where its attestations live."""
 
     ref: str
-    source: str  # registry | engine | oci
+    source: str  # registry | engine | oci | archive (the kinds of `backends.transport`)
     image: Image
     registry: str | None = None
     repository: str | None = None
@@ -241,41 +242,40 @@ class Located:
             return f"{self.registry}/{self.repository}"
         return str(self.layout or self.ref)
 
-    def client(self) -> Any:
-        from servimg.backends.registry import RegistryClient
-
+    def client(self) -> RegistryClient:
         if self.registry is None or self.repository is None:
             raise CheckError(f"{self.ref} has no registry location", hint="push it with `servimg push`")
-        return RegistryClient(self.registry)
+        # Looked up on the module when called (here and below), so a caller's configured client class
+        # (tests' fast retries) is the one used.
+        return registry.RegistryClient(self.registry)
 
 
 def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
-    """Resolve REF. A registry-style name the local engine holds (`docker pull`ed) is checked as the
-    local image, unless `remote`; `repo` says where to look for a local image without RepoDigests."""
-    from servimg.backends.transport import Target, is_engine_ref
-
-    if ref.startswith("oci:"):
-        target = Target.parse(ref)
-        return _locate_layout(ref, Path(target.location), target.tag, store)
-    if is_engine_ref(ref):
+    """Resolve REF by its kind (`backends.transport`). A registry-style name the local engine holds
+    (`docker pull`ed) is checked as the local image, unless `remote`; `repo` says where to look for a
+    local image without RepoDigests."""
+    kind = transport.kind_of(ref)
+    if kind == "engine":
         located = _locate_engine(ref, ref.removeprefix("docker-daemon:"), repo, store, log)
         if located is None:
             raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
         return located
-    if not remote:
-        located = _locate_engine(ref, ref, repo, store, log)
-        if located is not None:
-            return located
-    return _locate_registry(ref, log)
+    if kind == "registry":
+        located = None if remote else _locate_engine(ref, ref, repo, store, log)
+        return located or _locate_registry(ref, log)
+    target = Target.parse(ref)
+    if kind == "oci":
+        return _locate_layout(ref, target, store, log)
+    # Any other kind holds the image but no attestations: read it, so every row can say what is missing.
+    image = transport.fetch(ref, store, log)
+    note = row("image", WARN, f"{ref}: {image.digest} ({kind}: attestations cannot live there)")
+    return Located(ref, kind, image, notes=(note,))
 
 
 def _locate_registry(ref_text: str, log: Log) -> Located:
-    from servimg.backends.registry import RegistryClient
-    from servimg.core.reference import Reference
-
     ref = Reference.parse(ref_text)
-    with RegistryClient(ref.registry) as client:
-        image, media_type = _fetch_image(client, ref.repository, ref.reference)
+    with registry.RegistryClient(ref.registry) as client:
+        image, media_type = registry.read_image(client, ref.repository, ref.reference)
     log(f"{ref_text} → {image.digest}")
     note = row(
         "image",
@@ -286,31 +286,10 @@ def _locate_registry(ref_text: str, log: Log) -> Located:
     return Located(ref_text, "registry", image, ref.registry, ref.repository, notes=(note,))
 
 
-def _fetch_image(client: Any, repository: str, reference: str) -> tuple[Image, str]:
-    data, media_type, _ = client.get_manifest(repository, reference, accept=MANIFEST_ACCEPT)
-    if media_type in INDEX_TYPES:
-        raise CheckError(
-            f"{client.registry}/{repository}:{reference} is a multi-platform index",
-            hint="check the platform's manifest by digest (REPO@sha256:…)",
-        )
-    doc = json.loads(data)
-    config_digest = Digest.parse(str((doc.get("config") or {}).get("digest")))
-    return Image.parse(data, client.get_blob(repository, config_digest)), media_type
-
-
 def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore, log: Log) -> Located | None:
-    from servimg.backends import engine
-    from servimg.backends.registry import RegistryClient
-    from servimg.core.errors import BackendError
-    from servimg.core.reference import Reference
-
     try:
-        c = engine.client()
-    except BackendError:
-        return None
-    try:
-        attrs = c.images.get(name).attrs
-    except Exception:  # the SDK's NotFound and friends
+        attrs = engine.inspect(name)
+    except BackendError:  # no engine, or it lacks the image
         return None
     image_id = Digest.parse(attrs["Id"])
     wanted = _name_of(ref)
@@ -324,8 +303,8 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
         assert candidate.digest is not None
         try:
             # One retry: a RepoDigest can name a registry long gone; that is a note, not a wait.
-            with RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
-                image, _ = _fetch_image(client, candidate.repository, str(candidate.digest))
+            with registry.RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
+                image, _ = registry.read_image(client, candidate.repository, str(candidate.digest))
         except ServimgError as exc:
             notes.append(row("image", WARN, f"{candidate}: not usable: {exc.message}"))
             continue
@@ -357,7 +336,7 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
     # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
     # every row can say what is missing and why.
     log(f"local image {image_id.short} has no registry location; reading it from the engine")
-    image = engine.read_engine(str(image_id), store)
+    image = transport.fetch(f"docker-daemon:{image_id}", store, log)
     searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
     notes.append(
         row(
@@ -372,8 +351,6 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
 
 
 def _name_of(ref: str | None) -> str | None:
-    from servimg.core.reference import Reference
-
     if not ref:
         return None
     try:
@@ -382,11 +359,8 @@ def _name_of(ref: str | None) -> str | None:
         return None
 
 
-def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Finding]:
+def _tag_drift(ref: str, candidate: Reference, digest: Digest) -> list[Finding]:
     """A pulled tag may have moved since: say so (the check is about the local image)."""
-    from servimg.backends.registry import RegistryClient
-    from servimg.core.reference import Reference
-
     try:
         parsed = Reference.parse(ref)
     except ServimgError:
@@ -394,8 +368,8 @@ def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Finding]:
     if parsed.tag is None or parsed.name != candidate.name:
         return []
     try:
-        with RegistryClient(parsed.registry) as client:
-            head = client.head_manifest(parsed.repository, parsed.tag, accept=MANIFEST_ACCEPT)
+        with registry.RegistryClient(parsed.registry) as client:
+            head = client.head_manifest(parsed.repository, parsed.tag)
     except ServimgError:
         return []
     if head is None:
@@ -405,17 +379,14 @@ def _tag_drift(ref: str, candidate: Any, digest: Digest) -> list[Finding]:
     return [row("tag", PASS, f"{ref} still points at {digest}")]
 
 
-def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Any] | None:
-    from servimg.backends.registry import RegistryClient
-    from servimg.core.reference import Reference
-
+def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Reference] | None:
     hinted = Reference.parse(repo_text)
-    with RegistryClient(hinted.registry) as client:
+    with registry.RegistryClient(hinted.registry) as client:
         for tag in sorted(client.list_tags(hinted.repository)):
             if tag.startswith("sha256-"):
                 continue  # referrers fallback indexes
             try:
-                image, _ = _fetch_image(client, hinted.repository, tag)
+                image, _ = registry.read_image(client, hinted.repository, tag)
             except ServimgError:
                 continue
             if image.config_digest == image_id:
@@ -424,11 +395,10 @@ def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, 
     return None
 
 
-def _locate_layout(ref: str, root: Path, tag: str | None, store: BlobStore) -> Located:
-    from servimg.backends.layout import read_layout
-
+def _locate_layout(ref: str, target: Target, store: BlobStore, log: Log) -> Located:
+    root = Path(target.location)
     digest = None
-    if tag is None:  # attestations share index.json with the image: pick the one image entry
+    if target.tag is None:  # attestations share index.json with the image: pick the one image entry
         try:
             index = json.loads((root / "index.json").read_bytes())
         except (OSError, ValueError):
@@ -441,7 +411,7 @@ def _locate_layout(ref: str, root: Path, tag: str | None, store: BlobStore) -> L
                 f"{root} holds {len(images)} images", hint="name one with oci:DIR:TAG or oci:DIR@sha256:…"
             )
         digest = Digest.parse(str(images[0].get("digest")))
-    image = read_layout(root, store, tag=tag, digest=digest)
+    image = transport.fetch(ref, store, log, expected=digest)
     note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
@@ -638,9 +608,7 @@ def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | 
             log(f"running the probe in the local image {located.config_digest.short}")
             return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
         if located.source == "registry":
-            from servimg.backends.transport import pull
-
-            pull(f"{located.name}@{located.digest}", store, log, expected=located.digest)
+            registry.pull(f"{located.name}@{located.digest}", store, log, expected=located.digest)
         return verify_image_value(located.image, store, log), None
     except ServimgError as exc:
         return None, exc.message

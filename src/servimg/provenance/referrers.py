@@ -30,12 +30,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from servimg.backends.registry import DEFAULT_ACCEPT, OCI_INDEX, OCI_MANIFEST, RegistryClient
+from servimg.backends import layout
+from servimg.backends.registry import DEFAULT_ACCEPT, RegistryClient
 from servimg.core import canonical
-from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
-from servimg.oci.image import MANIFEST_TYPES, Descriptor
+from servimg.oci.image import MANIFEST_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor
 from servimg.provenance import dsse
 from servimg.provenance.attest import ENVELOPE_MEDIA_TYPE, timestamp
 
@@ -375,21 +375,14 @@ def write_to_layout(
     """Store an attestation in an OCI image layout beside its image (image-spec `image-layout.md`).
 
     Blobs (empty config, envelope, artifact manifest) go to `blobs/sha256/`; the artifact's descriptor is
-    added to `index.json`, which is replaced atomically last. The subject must be in the layout.
+    added to `index.json`, which is replaced atomically last (`backends.layout`, under the layout's lock).
+    The subject must be in the layout.
     """
-    index = _layout_index(layout_dir)
-    blobs = layout_dir / "blobs" / "sha256"
-    if not (blobs / subject.digest.hex).is_file():
+    _layout_index(layout_dir)
+    if not (layout_dir / "blobs" / "sha256" / subject.digest.hex).is_file():
         raise ReferrersError(f"{layout_dir}: the subject {subject.digest} is not in this layout")
     manifest = artifact_manifest(subject, envelope_bytes, artifact_type, annotations)
-    for blob in (EMPTY_BLOB, envelope_bytes, manifest):
-        _write_blob(blobs / Digest.of_bytes(blob).hex, blob)
-    descriptor = referrer_descriptor(manifest)
-    kept = [
-        m for m in index["manifests"] if not (isinstance(m, dict) and m.get("digest") == descriptor["digest"])
-    ]
-    index["manifests"] = sorted([*kept, descriptor], key=canonical.dumps)
-    _write_blob(layout_dir / "index.json", canonical.dumps(index), replace=True)
+    layout.add_artifact(layout_dir, (EMPTY_BLOB, envelope_bytes, manifest), referrer_descriptor(manifest))
     return Digest.of_bytes(manifest)
 
 
@@ -404,13 +397,6 @@ def _layout_index(layout_dir: Path) -> dict[str, Any]:
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         raise ReferrersError(f"{layout_dir}/index.json has no manifests list")
     return index
-
-
-def _write_blob(path: Path, data: bytes, *, replace: bool = False) -> None:
-    """Write via a temp file and rename; a content-addressed blob that exists is already right."""
-    if path.exists() and not replace:
-        return
-    atomic_write(path, data, 0o644)
 
 
 def layout_referrers(layout_dir: Path, subject: Digest) -> list[dict[str, Any]]:

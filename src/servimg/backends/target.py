@@ -1,0 +1,89 @@
+"""The one interface every backend (engine, registry, OCI layout, docker-archive) implements.
+
+A `Target` names a place (`docker`, `oci:DIR[:TAG]`, `docker-archive:FILE`, `HOST/REPO[:TAG]`); a
+`Backend` reads an image from a place of its kind and writes one to it. `backends.transport` is the table
+from kind to backend. This module sits below every backend, so each can name the types without a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypedDict
+
+from servimg.core.digest import Digest
+from servimg.core.errors import BackendError
+from servimg.core.progress import Log, Progress
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+
+# `docker-daemon:` names an engine image, `oci:` a layout, `docker-archive:` a file; else a registry ref.
+PREFIXES = (("docker-daemon:", "engine"), ("oci:", "oci"), ("docker-archive:", "archive"))
+
+
+def split_layout_ref(text: str) -> tuple[Path, str | None]:
+    """`./out/demo` or `./out/demo:tag` (a tag is the part after the last ':' if it has no '/')."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head and "/" not in tail:
+        return Path(head), tail
+    return Path(text), None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed `--to`/base location. kind: engine | oci | archive | registry."""
+
+    kind: str
+    location: str
+    tag: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        if text in ("docker", "docker-daemon", "engine"):
+            return cls("engine", "")
+        for prefix, kind in PREFIXES:
+            if text.startswith(prefix):
+                rest = text[len(prefix) :]
+                if kind == "oci":
+                    path, tag = split_layout_ref(rest)
+                    return cls(kind, str(path), tag)
+                return cls(kind, rest)
+        if "/" not in text:
+            raise BackendError(
+                f"not a target: {text!r}",
+                hint="use docker, oci:DIR[:TAG], docker-archive:FILE or HOST[:PORT]/REPO[:TAG]",
+            )
+        return cls("registry", text)
+
+
+class WriteOptions(TypedDict, total=False):
+    """How to write an image; each backend uses what applies to it.
+
+    tag: the name published last (engine tag, layout ref name, archive RepoTag, registry tag) unless the
+    target names its own; base_config: the base's image ID (the engine loads thin over it); mount_from: a
+    repository on the same registry to cross-mount blobs from; progress: transfer progress."""
+
+    tag: str | None
+    base_config: Digest | None
+    mount_from: str | None
+    progress: Progress
+
+
+class Backend(Protocol):
+    """Reads and writes images at targets of one kind. Every write publishes its name last (tag after the
+    image is complete), so a failure never leaves a tag or a half-written output behind."""
+
+    def read(
+        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+    ) -> Image:
+        """The image at `target` (manifest, config, every layer blob in `store`); `expected` is the
+        digest it must have (a layout selects by it)."""
+        ...
+
+    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+        """Write `image` (blobs from `store`) to `target`; return a human description of where it went."""
+        ...
+
+    def check_reachable(self, target: Target) -> None:
+        """Fail before any work when `target` cannot possibly accept an image."""
+        ...
