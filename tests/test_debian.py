@@ -71,14 +71,14 @@ def test_the_committed_pins_match_what_each_base_asks_for() -> None:
     for name, base in bases.BASES.items():
         pins = debian.load_pins(name)
         assert (pins.suite, pins.variant, pins.include) == (
-            base.request.suite,
-            base.request.variant,
-            base.request.include,
+            base.suite,
+            base.variant,
+            base.include,
         ), name
         assert pins.mirror == bases.MIRROR
         assert all(p.filename.startswith("pool/main/") for p in pins.packages)
         names = {p.name for p in pins.packages}
-        assert set(base.request.include) <= names and {"dpkg", "libc6", "apt"} <= names
+        assert set(base.include) <= names and {"dpkg", "libc6", "apt"} <= names
 
 
 def test_moved_lists_every_changed_pin() -> None:

@@ -1,4 +1,5 @@
-"""Tests for servimg.bases.demo: fast unit tests, plus the slow real build (demo + root markers)."""
+"""Tests for servimg.bases.demo (the demo base and the steps every base shares): fast unit tests, plus
+the slow real build (demo + root markers)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,21 @@ import struct
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from servimg.bases import debian
 from servimg.bases import demo as demo_base
+from servimg.bases.catalog import pinned_recipe
 from servimg.bases.demo import (
     DEFAULT_WHEELS,
-    DemoRecipe,
-    PinnedWheel,
     build_rootfs,
     fetch_wheels,
     resolve_in_root,
     tree_manifest,
 )
+from servimg.bases.recipe import PinnedWheel, Recipe
 from servimg.core.errors import ServimgError
 from servimg.oci.store import BlobStore
 
@@ -34,15 +36,20 @@ EXPECTED_DEFAULT_KEY = "d9cfba30a85c0d09e3ef0358c955d3788129af9cb634bc9e6ec54511
 # ------------------------------------------------------------------------------------ recipe
 
 
+def demo_recipe(**changes: Any) -> Recipe:
+    """The demo base's recipe from its committed pins, with `changes`."""
+    return dataclasses.replace(pinned_recipe("demo"), **changes)
+
+
 def test_cache_key_is_stable_and_hex() -> None:
-    key = DemoRecipe().cache_key()
-    assert key == DemoRecipe().cache_key()
+    key = demo_recipe().cache_key()
+    assert key == demo_recipe().cache_key()
     assert len(key) == 64 and int(key, 16) >= 0
     assert key == EXPECTED_DEFAULT_KEY
 
 
 def test_cache_key_changes_with_every_input() -> None:
-    base = DemoRecipe()
+    base = demo_recipe()
     pins = base.debian_pins
     first = pins.packages[0]
     variants = [
@@ -83,7 +90,7 @@ def _pin_for(path: Path, name: str = "demo") -> PinnedWheel:
 def test_fetch_wheels_uses_a_cached_file_that_matches(tmp_path: Path) -> None:
     wheel_file = tmp_path / "demo-1.0-py3-none-any.whl"
     wheel_file.write_bytes(b"not really a zip, but pinned")
-    recipe = DemoRecipe(wheels=(_pin_for(wheel_file),))
+    recipe = demo_recipe(wheels=(_pin_for(wheel_file),))
     assert fetch_wheels(recipe, tmp_path) == [wheel_file]
 
 
@@ -91,7 +98,7 @@ def test_fetch_wheels_refuses_a_cached_file_with_the_wrong_sha256(tmp_path: Path
     pinned = DEFAULT_WHEELS[1]
     (tmp_path / pinned.filename).write_bytes(b"tampered")
     with pytest.raises(ServimgError) as info:
-        fetch_wheels(DemoRecipe(wheels=(pinned,)), tmp_path)
+        fetch_wheels(demo_recipe(wheels=(pinned,)), tmp_path)
     assert pinned.sha256 in str(info.value)
     assert "delete" in info.value.hint
 
@@ -157,7 +164,7 @@ def test_refuses_when_not_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ServimgError, match="root"):
         build_rootfs(
-            DemoRecipe(), tmp_path / "w", tmp_path / "c", log=lambda _: None, deb_cache=tmp_path / "d"
+            demo_recipe(), tmp_path / "w", tmp_path / "c", log=lambda _: None, deb_cache=tmp_path / "d"
         )
     assert not (tmp_path / "w").exists()
 
@@ -167,13 +174,13 @@ def test_refuses_without_mmdebstrap(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(shutil, "which", lambda name, path=None: None)
     with pytest.raises(ServimgError) as info:
         build_rootfs(
-            DemoRecipe(), tmp_path / "w", tmp_path / "c", log=lambda _: None, deb_cache=tmp_path / "d"
+            demo_recipe(), tmp_path / "w", tmp_path / "c", log=lambda _: None, deb_cache=tmp_path / "d"
         )
     assert info.value.hint == "apt-get install mmdebstrap"
 
 
 def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing_bootstrap(recipe: DemoRecipe, rootfs: Path, log: object, **_: object) -> None:
+    def failing_bootstrap(recipe: Recipe, rootfs: Path, log: object, **_: object) -> None:
         (rootfs / "etc").mkdir(parents=True)
         raise ServimgError("mmdebstrap failed with exit status 1")
 
@@ -182,7 +189,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(demo_base, "build_debian_layer", failing_bootstrap)
     workdir = tmp_path / "w"
     with pytest.raises(ServimgError, match="mmdebstrap failed"):
-        build_rootfs(DemoRecipe(), workdir, tmp_path / "c", log=lambda _: None, deb_cache=tmp_path / "d")
+        build_rootfs(demo_recipe(), workdir, tmp_path / "c", log=lambda _: None, deb_cache=tmp_path / "d")
     assert list(workdir.iterdir()) == []
 
 
@@ -205,7 +212,7 @@ def _pyc_header(path: Path) -> tuple[int, int, int]:
 def test_demo_base_trees_hold_what_the_layers_promise(tmp_path: Path) -> None:
     """The two trees' shape (their bit-for-bit reproducibility: tests/test_reproducible.py)."""
     store = BlobStore()
-    recipe = DemoRecipe()
+    recipe = demo_recipe()
     started = time.monotonic()
     first = build_rootfs(
         recipe, tmp_path / "one", store.root / "wheels", log=lambda _: None, deb_cache=store.root / "debs"

@@ -37,9 +37,9 @@ CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
 def cpu_base(store: Any) -> dict[str, Any]:
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
-    from servimg.bases.cpu_vllm import build_base
+    from servimg.bases.catalog import build_base
 
-    return build_base(store, print, targets=["docker"])
+    return build_base("cpu-vllm", store, print, targets=["docker"])
 
 
 def test_cpu_vllm_base_has_the_pinned_digest(cpu_base: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from conftest import REPO
 from servimg.bases import catalog as bases
 from servimg.bases import debian
 from servimg.bases import pinned as basepin
+from servimg.bases.assemble import base_image
 from servimg.bases.demo import tree_manifest
 from servimg.build.definition import ImageDefinition
 from servimg.oci.store import BlobStore
@@ -130,7 +131,7 @@ def test_without_the_clamps_the_shifted_clock_reaches_the_tree(tmp_path: Path) -
     pins = debian.load_pins("test-bookworm")
     shift_days = 40
     clock = debian.FaketimeClock(f"+{shift_days}d")
-    epoch = bases.get("test-bookworm").pinned_recipe().source_date_epoch
+    epoch = bases.pinned_recipe("test-bookworm").source_date_epoch
     cache = BlobStore().root / "debs"
     raw, clamped = tmp_path / "raw", tmp_path / "clamped"
     today = int(time.time()) // 86400
@@ -148,10 +149,8 @@ def test_without_the_clamps_the_shifted_clock_reaches_the_tree(tmp_path: Path) -
 
 @needs_build
 def test_test_bases_have_their_pinned_digests() -> None:
-    from servimg.bases import tiny as testbase
-
     store = BlobStore()
     for suite in ("bookworm", "trixie"):
-        image = testbase.tiny_base_image(testbase.RECIPES[suite], store, lambda _: None)
+        image = base_image(bases.pinned_recipe(f"test-{suite}"), store, lambda _: None)
         pinned = basepin.load(f"test-{suite}")
         assert pinned is not None and image.digest == pinned.digest

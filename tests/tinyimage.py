@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from servimg.backends import engine
-from servimg.bases import tiny as testbase
+from servimg.bases import catalog as bases
+from servimg.bases.assemble import base_image
 from servimg.build.definition import ImageDefinition
 from servimg.build.lock import Lock
 from servimg.build.pipeline import build, lock
@@ -128,12 +129,12 @@ def build_tiny(
     edit: Callable[[str], str] = lambda t: t,
 ) -> Tiny:
     """Test base (cached) → lock → build to the engine (the build runs the probe and refuses a failure)."""
-    recipe = testbase.RECIPES[suite]
-    base_info = testbase.tiny_base(store, log, recipe)
+    recipe = bases.pinned_recipe(f"test-{suite}")
+    base_info = bases.build_base(recipe, store, log, targets=["docker"])
     path = prepare_repo(root, base_info, edit)
     lock(path, store, log, runner="docker")
     result = build(path, store, log, to="docker", runner="docker")
-    base = testbase.tiny_base_image(recipe, store, log)
+    base = base_image(recipe, store, log)
     definition = ImageDefinition.load(path)
     return Tiny(
         suite=suite,
@@ -144,7 +145,7 @@ def build_tiny(
         lock=Lock.load(root / "images" / "tiny.lock.json"),
         image=result.image,
         base=base,
-        python=str(base_info["python"]),
+        python=base.labels["io.servimg.test.python"],
         tag=f"{definition.repository}:{result.tag}",
     )
 

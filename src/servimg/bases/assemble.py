@@ -1,8 +1,9 @@
-"""The embedded default: the demo base image, built locally and bit-for-bit reproducibly.
+"""Any locally built base as an image: two deterministic uncompressed layers under a canonical config.
 
-No public container registry is reachable from CI, so the base every test and the README job use is
-made here: the rootfs trees from `demo_base` become two deterministic, uncompressed layers (Debian; the
-venv with vllm + lmcache) under a canonical config. Uncompressed layers keep the manifest digest
+No public container registry is reachable from CI, so the bases every test and the README job use are
+made here (`base_image`, for any `Recipe`): the rootfs trees from `servimg.bases.demo.build_rootfs` become
+two uncompressed layers (Debian; the venv) under the config every base shares (`base_config`; the kind
+adds its labels and the venv layer's history line). Uncompressed layers keep the manifest digest
 independent of zlib, and they are exactly what `docker save` gives back, so reading the base from the
 engine reconstructs the same manifest digest the definition pins.
 """
@@ -16,22 +17,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servimg.backends import layout
+from servimg.backends import engine, layout
 from servimg.backends.transport import Target, publish
 from servimg.bases import pinned as basepin
 from servimg.bases.debian import Clock, DebianPins
-from servimg.bases.demo import DemoRecipe, build_rootfs
+from servimg.bases.demo import VENV, build_rootfs, python_version
+from servimg.bases.recipe import Recipe
 from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import entries_from_dir, write_layer
 from servimg.oci.store import BlobStore
-
-DEMO_BASE_NAME = "servimg/demo-base"
-VENV = "/opt/venv"
-
-
-def demo_base_tag(recipe: DemoRecipe) -> str:
-    return f"{DEMO_BASE_NAME}:{recipe.suite}-{recipe.cache_key()[:12]}"
 
 
 def venv_base_config(
@@ -67,19 +62,19 @@ def debian_history(pins: DebianPins) -> str:
     )
 
 
-def demo_base_config(recipe: DemoRecipe, diff_ids: Sequence[str]) -> dict[str, Any]:
-    wheels = " ".join(f"{w.name}=={w.version}" for w in recipe.wheels)
+def base_config(recipe: Recipe, python: str, diff_ids: Sequence[str]) -> dict[str, Any]:
+    """The config of a base built from `recipe` whose Debian tree has python`python`: the shared one, with
+    the recipe key as ``io.servimg.<kind>.recipe`` and the kind's own labels and venv history line."""
+    kind = recipe.kind
     return venv_base_config(
         source_date_epoch=recipe.source_date_epoch,
         diff_ids=diff_ids,
         labels={
-            "org.opencontainers.image.title": "servimg demo base",
-            "io.servimg.demo.recipe": recipe.cache_key(),
+            "org.opencontainers.image.title": kind.title,
+            f"io.servimg.{kind.name}.recipe": recipe.cache_key(),
+            **kind.labels(recipe, python),
         },
-        history=[
-            debian_history(recipe.debian_pins),
-            f"python3 -m venv {VENV} && pip install --no-deps {wheels}",
-        ],
+        history=[debian_history(recipe.debian_pins), kind.history(recipe)],
     )
 
 
@@ -145,8 +140,6 @@ def publish_base(
     image: Image, tag: str, targets: Sequence[str] | None, store: BlobStore, log: Log
 ) -> list[str]:
     """Publish a base to each target (default: the engine when one runs), tagged in the engine."""
-    from servimg.backends import engine
-
     chosen = list(targets if targets is not None else (["docker"] if engine.engine_available() else []))
     published = []
     for text in chosen:
@@ -155,8 +148,13 @@ def publish_base(
     return published
 
 
-def demo_base_image(
-    recipe: DemoRecipe,
+def layout_path(recipe: Recipe, store: BlobStore) -> Path:
+    """Where the base of `recipe` is cached: one OCI layout per recipe key, tagged with its suite."""
+    return store.root / recipe.kind.layout_dir / recipe.cache_key()
+
+
+def base_image(
+    recipe: Recipe,
     store: BlobStore,
     log: Log,
     workdir: Path | None = None,
@@ -164,47 +162,46 @@ def demo_base_image(
     clock: Clock | None = None,
     check_pin: bool = True,
 ) -> Image:
-    """Build (or reuse from the cache) the demo base as an OCI layout keyed by the recipe."""
+    """Build (or reuse from the cache) the base of any recipe as an OCI layout keyed by the recipe.
+
+    With `check_pin`, the image must have the digest committed for the recipe's key in
+    verify/bases/<name>.lock.json (a recipe with no pin there is only logged)."""
+    key = recipe.cache_key()
+    what = f"{recipe.name} base"
 
     def build(work: Path) -> Image:
-        log("demo base: mmdebstrap from pinned packages + wheels (a minute or two on first run)")
-        trees = build_rootfs(
-            recipe, work, store.root / "wheels", log, deb_cache=store.root / "debs", clock=clock
+        log(f"{what}: mmdebstrap from pinned packages + {_installs(recipe)} (minutes on first run)")
+        debian_dir, venv_dir = build_rootfs(
+            recipe,
+            work,
+            store.root / recipe.kind.wheel_cache,
+            log,
+            deb_cache=store.root / "debs",
+            clock=clock,
         )
+        python = python_version(debian_dir)
         return image_from_trees(
-            list(zip(("debian", "venv"), trees, strict=True)),
+            [("debian", debian_dir), ("venv", venv_dir)],
             store,
             log,
             mtime=recipe.source_date_epoch,
-            prefix=f"demo-{recipe.cache_key()[:12]}",
-            config=lambda diff_ids: demo_base_config(recipe, diff_ids),
+            prefix=f"{recipe.kind.name}-{key[:12]}",
+            config=lambda diff_ids: base_config(recipe, python, diff_ids),
         )
 
-    cache = store.root / "demo-base" / recipe.cache_key()
-    pinned = ("demo", recipe.cache_key()) if check_pin else None
+    pinned = (recipe.name, key) if check_pin else None
     return cached_base(
-        cache, store, log, "demo base", build, tag=recipe.suite, workdir=workdir, pinned=pinned
+        layout_path(recipe, store),
+        store,
+        log,
+        what,
+        build,
+        tag=recipe.suite,
+        workdir=workdir,
+        pinned=pinned,
     )
 
 
-def build_demo_base(
-    store: BlobStore,
-    log: Log,
-    *,
-    targets: Sequence[str] | None = None,
-    workdir: Path | None = None,
-    recipe: DemoRecipe | None = None,
-    clock: Clock | None = None,
-) -> dict[str, Any]:
-    recipe = recipe or DemoRecipe()
-    image = demo_base_image(recipe, store, log, workdir, clock=clock)
-    tag = demo_base_tag(recipe)
-    published = publish_base(image, tag, targets, store, log)
-    return {
-        "digest": str(image.digest),
-        "config_digest": str(image.config_digest),
-        "tag": tag,
-        "ref": f"docker-daemon:{tag}",
-        "published": published,
-        "layout": str(store.root / "demo-base" / recipe.cache_key()),
-    }
+def _installs(recipe: Recipe) -> str:
+    source = recipe.kind.source_wheel
+    return source.filename if source is not None else f"{len(recipe.wheels)} pinned wheel(s)"

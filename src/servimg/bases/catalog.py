@@ -11,26 +11,28 @@ reviewer's diff shows what moved.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from servimg.bases import assemble as demo
-from servimg.bases import cpu_vllm, debian
+from servimg.bases import debian
 from servimg.bases import pinned as basepin
-from servimg.bases import tiny as testbase
+from servimg.bases.assemble import base_image, layout_path, publish_base
+from servimg.bases.cpu_vllm import CPU_VLLM
+from servimg.bases.cpu_vllm import load_pins as load_wheel_pins
 from servimg.bases.debian import DebianError, DebianPins
-from servimg.bases.demo import DemoRecipe
+from servimg.bases.demo import DEFAULT_WHEELS, DEMO
+from servimg.bases.recipe import Recipe
+from servimg.bases.tiny import TEST
 from servimg.build.pipeline import lock as lock_definition
 from servimg.core.atomic import atomic_write
 from servimg.core.progress import Log
-from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
 MIRROR = "http://deb.debian.org/debian"
@@ -38,77 +40,50 @@ PY_VENV = ("python3", "python3-venv")
 
 
 def _request(suite: str, *include: str) -> DebianPins:
+    """What a base asks Debian for; `--repin` resolves it to the closure its pin file holds."""
     return DebianPins(suite=suite, mirror=MIRROR, variant="minbase", include=include, release="", packages=())
 
 
-@dataclass(frozen=True)
-class LocalBase:
-    """One locally built base: its Debian request, how its recipe, image and engine tag are made."""
-
-    name: str
-    engine_name: str
-    request: DebianPins
-    recipe: Callable[[DebianPins], Any]
-    image: Callable[..., Image]
-    tag: Callable[[Any], str]
-
-    def pinned_recipe(self) -> Any:
-        """The recipe from the committed pins, refusing pins made for another request."""
-        pins = debian.load_pins(self.name)
-        wanted = (self.request.suite, self.request.variant, self.request.include)
-        if (pins.suite, pins.variant, pins.include) != wanted:
-            raise DebianError(
-                f"verify/bases/{self.name}.debian.txt pins {pins.suite}/{pins.variant} {pins.include}, but "
-                f"the {self.name} base asks for {wanted[0]}/{wanted[1]} {wanted[2]}",
-                hint=f"re-pin it: servimg base {self.name} --repin",
-            )
-        return self.recipe(pins)
-
-
-BASES: Mapping[str, LocalBase] = {
-    "demo": LocalBase(
-        name="demo",
-        engine_name=demo.DEMO_BASE_NAME,
-        request=_request("bookworm", *PY_VENV, "ca-certificates"),
-        recipe=lambda pins: DemoRecipe(debian_pins=pins),
-        image=demo.demo_base_image,
-        tag=demo.demo_base_tag,
-    ),
-    "cpu-vllm": LocalBase(
-        name="cpu-vllm",
-        engine_name=cpu_vllm.CPU_VLLM_BASE_NAME,
-        request=_request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
-        recipe=lambda pins: cpu_vllm.CpuVllmRecipe(wheels=cpu_vllm.load_pins(), debian_pins=pins),
-        image=cpu_vllm.base_image,
-        tag=cpu_vllm.base_tag,
-    ),
-    "test-bookworm": LocalBase(
-        name="test-bookworm",
-        engine_name=testbase.TEST_BASE_NAME,
-        request=_request("bookworm", "python3"),
-        recipe=testbase.TinyBaseRecipe,
-        image=testbase.tiny_base_image,
-        tag=testbase.tiny_base_tag,
-    ),
-    "test-trixie": LocalBase(
-        name="test-trixie",
-        engine_name=testbase.TEST_BASE_NAME,
-        request=_request("trixie", "python3"),
-        recipe=testbase.TinyBaseRecipe,
-        image=testbase.tiny_base_image,
-        tag=testbase.tiny_base_tag,
-    ),
+# Each base as its recipe, with the Debian request in place of the pins (`pinned_recipe` fills them in).
+BASES: Mapping[str, Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Recipe(DEMO, "demo", _request("bookworm", *PY_VENV, "ca-certificates"), DEFAULT_WHEELS),
+        Recipe(
+            CPU_VLLM,
+            "cpu-vllm",
+            _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
+            load_wheel_pins(),
+        ),
+        Recipe(TEST, "test-bookworm", _request("bookworm", "python3")),  # Debian 12: python3.11
+        Recipe(TEST, "test-trixie", _request("trixie", "python3")),  # Debian 13: python3.13
+    )
 }
 
 
-def get(name: str) -> LocalBase:
+def get(name: str) -> Recipe:
+    """The base `name` as it asks Debian (unpinned)."""
     if name not in BASES:
         raise DebianError(f"no base named {name!r}", hint=f"choose one of: {', '.join(sorted(BASES))}")
     return BASES[name]
 
 
+def pinned_recipe(name: str) -> Recipe:
+    """The recipe of base `name` from its committed pins, refusing pins made for another request."""
+    base = get(name)
+    pins = debian.load_pins(name)
+    wanted = (base.suite, base.variant, base.include)
+    if (pins.suite, pins.variant, pins.include) != wanted:
+        raise DebianError(
+            f"verify/bases/{name}.debian.txt pins {pins.suite}/{pins.variant} {pins.include}, but "
+            f"the {name} base asks for {wanted[0]}/{wanted[1]} {wanted[2]}",
+            hint=f"re-pin it: servimg base {name} --repin",
+        )
+    return dataclasses.replace(base, debian_pins=pins)
+
+
 def build_base(
-    name: str,
+    base: str | Recipe,
     store: BlobStore,
     log: Log,
     *,
@@ -116,20 +91,24 @@ def build_base(
     workdir: Path | None = None,
     clock: debian.Clock | None = None,
 ) -> dict[str, Any]:
-    """Build (or reuse) a base from its committed pins, check its pinned digest, publish it.
+    """Build (or reuse) any base — by name from its committed pins, or a recipe — check its pinned digest,
+    publish it (default: the engine, when one runs); returns what a definition or a test needs of it.
 
     `clock` is the seam the reproducibility tests use to build under another clock."""
-    base = get(name)
-    recipe = base.pinned_recipe()
-    image = base.image(recipe, store, log, workdir, clock=clock)
-    tag = base.tag(recipe)
-    published = demo.publish_base(image, tag, targets, store, log)
+    recipe = pinned_recipe(base) if isinstance(base, str) else base
+    image = base_image(recipe, store, log, workdir, clock=clock)
+    tag = recipe.tag()
+    published = publish_base(image, tag, targets, store, log)
+    cached = layout_path(recipe, store)
     return {
-        "base": name,
+        "base": recipe.name,
         "digest": str(image.digest),
         "config_digest": str(image.config_digest),
         "tag": tag,
         "ref": f"docker-daemon:{tag}",
+        "oci_ref": f"oci:{cached}:{recipe.suite}",
+        "layout": str(cached),
+        "key": recipe.cache_key(),
         "published": published,
         "pinned": str(recipe.debian_pins.release),
     }
@@ -147,7 +126,7 @@ def repin(
     workdir: Path | None = None,
 ) -> dict[str, Any]:
     """Re-pin one base deliberately; returns what moved. Nothing is written unless every step succeeded."""
-    base = get(name)
+    request = get(name)
     pin_dir = repo / "verify" / "bases"
     try:
         old = debian.load_pins(name, pin_dir)
@@ -155,17 +134,17 @@ def repin(
         old = None
     work = Path(tempfile.mkdtemp(prefix="servimg-repin-", dir=workdir))
     try:
-        log(f"{name}: resolving {' '.join(base.request.include)} on {base.request.suite} from {MIRROR}")
-        pins = debian.resolve_pins(base.request, work, store.root / "debs", log)
-        recipe = base.recipe(pins)
-        image = base.image(recipe, store, log, work, check_pin=False)
+        log(f"{name}: resolving {' '.join(request.include)} on {request.suite} from {MIRROR}")
+        pins = debian.resolve_pins(request.debian_pins, work, store.root / "debs", log)
+        recipe = dataclasses.replace(request, debian_pins=pins)
+        image = base_image(recipe, store, log, work, check_pin=False)
         pin = basepin.BasePin.of(name, recipe.cache_key(), image)
         files: dict[Path, bytes] = {debian.pin_path(name, pin_dir): pins.render().encode()}
         files.update({pin_dir / n: data for n, data in basepin.pin_files(pin, image, store).items()})
-        tag = base.tag(recipe)
-        dependents = _dependents(repo, base.engine_name)
+        tag = recipe.tag()
+        dependents = _dependents(repo, recipe.kind.engine_name)
         if dependents:
-            demo.publish_base(image, tag, ["docker"], store, log)
+            publish_base(image, tag, ["docker"], store, log)
         for definition in dependents:
             files.update(
                 _relock(repo, definition, f"docker-daemon:{tag}", str(image.digest), work, store, log)

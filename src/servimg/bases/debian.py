@@ -196,24 +196,6 @@ class DebianPins:
         return sha256_hex(self.render().encode())
 
 
-class OnPinnedDebian:
-    """Mixin for base recipes with a `debian_pins` field: what the Debian layer bootstraps."""
-
-    debian_pins: DebianPins
-
-    @property
-    def suite(self) -> str:
-        return self.debian_pins.suite
-
-    @property
-    def include(self) -> tuple[str, ...]:
-        return self.debian_pins.include
-
-    @property
-    def variant(self) -> str:
-        return self.debian_pins.variant
-
-
 def pin_path(base: str, directory: Path | None = None) -> Path:
     return (directory or PIN_DIR) / f"{base}.debian.txt"
 

@@ -1,0 +1,71 @@
+"""Every base's recipe key and image config, pinned (fast, no root): one `Recipe` type serves all kinds.
+
+The key is a label of each base image and the config is hashed into its digest, so a change to either
+moves the digest committed in verify/bases. These values were taken from the code before the demo, CPU
+vLLM and test recipes became one type; they may change only together with a deliberate re-pin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from servimg.bases import catalog
+from servimg.bases import pinned as basepin
+from servimg.bases.assemble import base_config
+from servimg.bases.demo import DEMO
+from servimg.bases.recipe import Recipe
+from servimg.bases.tiny import TEST
+from servimg.core.errors import BaseBuildError
+
+KEYS = {
+    "demo": "d9cfba30a85c0d09e3ef0358c955d3788129af9cb634bc9e6ec545116bf27739",
+    "cpu-vllm": "e4d4b295f5ad203496cdd6c9cd1bf442c9109cf9e653b791aab2e8d15a62052a",
+    "test-bookworm": "db71e6ebb4d4625250482eab2e9ea6a7dacb7195b9f6623968d1dffb66f665a9",
+    "test-trixie": "8f95bc94edbe64d28d44623a391a9ccd1896b6cb4eb7b3cc30fbe298a32b19f1",
+}
+PYTHON = {"demo": "3.11", "cpu-vllm": "3.11", "test-bookworm": "3.11", "test-trixie": "3.13"}
+
+
+def test_the_catalog_lists_every_pinned_base() -> None:
+    assert set(catalog.BASES) == set(KEYS)
+
+
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_each_base_keeps_its_recipe_key_and_tag(name: str) -> None:
+    recipe = catalog.pinned_recipe(name)
+    pin = basepin.load(name)
+    assert pin is not None
+    assert recipe.cache_key() == KEYS[name] == pin.recipe_key
+    engine = {"demo": "demo-base", "cpu-vllm": "cpu-vllm-base"}.get(name, "test-base")
+    assert recipe.tag() == f"servimg/{engine}:{recipe.suite}-{KEYS[name][:12]}"
+
+
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_each_base_config_is_the_pinned_config(name: str) -> None:
+    """The config a build writes (labels, history, env) is byte for byte the committed one."""
+    recipe = catalog.pinned_recipe(name)
+    pin = basepin.load(name)
+    assert pin is not None
+    diff_ids = [str(diff_id) for _, diff_id in pin.layers]
+    assert base_config(recipe, PYTHON[name], diff_ids) == pin.config
+
+
+def test_an_unpinned_recipe_has_no_key() -> None:
+    with pytest.raises(BaseBuildError, match="no Debian packages pinned"):
+        catalog.get("demo").cache_key()
+
+
+def test_a_source_wheel_kind_refuses_pinned_wheels() -> None:
+    demo = catalog.pinned_recipe("demo")
+    with pytest.raises(BaseBuildError):
+        Recipe(TEST, "test-x", demo.debian_pins, demo.wheels)
+
+
+def test_the_kind_and_name_are_no_input_of_the_key() -> None:
+    """Two names for the same inputs are the same base; another kind's key document is another key."""
+    demo = catalog.pinned_recipe("demo")
+    assert dataclasses.replace(demo, name="other").cache_key() == demo.cache_key()
+    test = catalog.pinned_recipe("test-bookworm")
+    assert Recipe(DEMO, "d", test.debian_pins).cache_key() != test.cache_key()
