@@ -12,6 +12,7 @@ here weakens what is under test: layer reading, overlay application, the cache, 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -20,17 +21,21 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Unpack
 
+from servimg.backends.target import Target, WriteOptions
 from servimg.build.bytecode import WORK_IN_IMAGE, InterpreterFacts, _read_result
-from servimg.build.seams import Seams
+from servimg.build.seams import ByReference, Seams, TargetSink
 from servimg.build.verify import VerifyReport
 from servimg.core.digest import Digest
+from servimg.core.progress import Log
+from servimg.oci import layer as layer_module
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Tap
 
 SITE = "usr/lib/python3/dist-packages"
 MOD = b"def answer():\n    return 41\n"
@@ -239,11 +244,11 @@ class NoProbe:
 FAKE_SEAMS = Seams(runners=HostRunners(), verifier=NoProbe())
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], seams: Seams = FAKE_SEAMS) -> int:
     """The real CLI with the fake base's seams (passed in; nothing in servimg is patched)."""
     from servimg.cli import main as cli_main
 
-    return cli_main(argv, seams=FAKE_SEAMS)
+    return cli_main(argv, seams=seams)
 
 
 # ------------------------------------------------------------------------------------------ assertions
@@ -296,56 +301,111 @@ def read_json(path: Path) -> Any:
 
 # A `servimg` entry point for subprocess tests (concurrency, signals, secrets): the real CLI with the
 # fake runner installed. Usage: python tests/fakebase.py build DEF --to ... --cache ...
-def install_stall(spec: str, marker: Path) -> None:
-    """Freeze the process at a chosen point (for SIGINT/SIGKILL tests): `marker` is created, then the
-    process sleeps until killed. `writer:<dir>`: inside the first cache write into `<dir>` (blobs, diffs),
-    after its first block; `call:<module>:<function>`: on entry to that function."""
-    import contextlib
-    import importlib
-    import time
+def stall(marker: Path) -> None:
+    """Freeze the process (for SIGINT/SIGKILL tests): `marker` is created, then it sleeps until killed."""
+    marker.write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
 
-    def stall() -> None:
-        marker.write_text(str(os.getpid()))
-        while True:
-            time.sleep(0.05)
 
+def stalling_tap(where: str, marker: Path) -> Tap:
+    """A BlobStore tap that freezes inside the first write into `<cache>/<where>/` (blobs, diffs), after
+    its first block reached the temp file."""
+
+    def tap(directory: Path, stream: BinaryIO) -> BinaryIO:
+        if directory.parent.name != where:
+            return stream
+
+        class Stalling(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, data: Any) -> int:
+                stream.write(data)
+                stream.flush()
+                stall(marker)
+                return len(data)
+
+        return Stalling()  # type: ignore[return-value]
+
+    return tap
+
+
+@dataclass(frozen=True)
+class StallingSource:
+    """BaseSource seam: the real fetch, through a view of the build's own store (same root) whose writes
+    pass through `tap`; the layers are then decompressed through it too, as the build does next (so a
+    stall in `diffs` freezes inside a decompression write of the build's cache)."""
+
+    tap: Tap
+    inner: ByReference = dataclasses.field(default_factory=ByReference)
+
+    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
+        tapped = store.tapped(self.tap)
+        image = self.inner.fetch(ref, tapped, log, expected=expected)
+        for layer in image.layers:
+            tapped.uncompressed(layer.descriptor.digest, layer.diff_id)
+        return image
+
+    def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
+        return self.inner.platform_manifest(ref, pinned, platform)
+
+
+class _StallOnLookup(BlobStore):
+    """A view of the build's store that freezes the first time a blob's path is looked up: the sink has
+    begun writing the output (an OCI layout's temp directory exists) and nothing is in place yet."""
+
+    def __init__(self, root: Path, marker: Path) -> None:
+        super().__init__(root)
+        self.marker = marker
+
+    def path(self, digest: Digest) -> Path:
+        stall(self.marker)
+        return super().path(digest)
+
+
+@dataclass(frozen=True)
+class StallingSink:
+    """Sink seam: the real publish, reading blobs through a store view that freezes on the first one."""
+
+    marker: Path
+    inner: TargetSink = dataclasses.field(default_factory=TargetSink)
+
+    def check(self, target: Target) -> None:
+        self.inner.check(target)
+
+    def publish(
+        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
+    ) -> str:
+        return self.inner.publish(image, target, _StallOnLookup(store.root, self.marker), log, **options)
+
+
+def stall_seams(spec: str, marker: Path) -> Seams:
+    """The fake base's seams with a freeze at a chosen point, for the SIGINT/SIGKILL tests:
+    `writer:<dir>` inside the first cache write into `<dir>` (blobs, diffs), after its first block;
+    `publish` inside the sink's first blob lookup; `layer` on entry to the overlay layer's tar writer."""
     kind, _, where = spec.partition(":")
     if kind == "writer":
-        from servimg.oci.store import BlobStore
+        return dataclasses.replace(FAKE_SEAMS, base_source=StallingSource(stalling_tap(where, marker)))
+    if kind == "publish":
+        return dataclasses.replace(FAKE_SEAMS, sink=StallingSink(marker))
+    if kind == "layer":
+        # No seam reaches the build's own store while it writes its layer (the CLI makes that store
+        # from --cache), so this one stall replaces a public function of the layer writer in this process.
+        write_tar = layer_module.write_tar
 
-        original = BlobStore._writer
+        def stalled(*args: Any, **kwargs: Any) -> None:
+            stall(marker)
+            write_tar(*args, **kwargs)
 
-        @contextlib.contextmanager
-        def writer(self: BlobStore, directory: Path) -> Any:
-            with original(self, directory) as (fh, tmp):
-                if directory.parent.name != where:
-                    yield fh, tmp
-                    return
-
-                class Stalling(io.RawIOBase):
-                    def write(self, data: Any) -> int:
-                        fh.write(data)
-                        fh.flush()
-                        stall()
-                        return len(data)
-
-                yield Stalling(), tmp
-
-        BlobStore._writer = writer  # type: ignore[method-assign,assignment]
-    else:
-        module_name, _, attr = where.partition(":")
-        module = importlib.import_module(module_name)
-        target = getattr(module, attr)
-
-        def stalled(*args: Any, **kwargs: Any) -> Any:
-            stall()
-            return target(*args, **kwargs)
-
-        setattr(module, attr, stalled)
+        setattr(layer_module, "write_tar", stalled)  # noqa: B010
+        return FAKE_SEAMS
+    raise ValueError(f"unknown stall {spec!r}")
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(TESTS))
+    chosen = FAKE_SEAMS
     if os.environ.get("FAKEBASE_STALL"):
-        install_stall(os.environ["FAKEBASE_STALL"], Path(os.environ["FAKEBASE_MARKER"]))
-    sys.exit(main(sys.argv[1:]))
+        chosen = stall_seams(os.environ["FAKEBASE_STALL"], Path(os.environ["FAKEBASE_MARKER"]))
+    sys.exit(main(sys.argv[1:], chosen))

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from servimg.core import canonical
 from servimg.core.digest import Digest
@@ -144,7 +145,7 @@ class ImageDefinition(_Frozen):
     def parse(cls, text: str | bytes, *, origin: str = "<definition>") -> ImageDefinition:
         """Parse YAML text; raise one DefinitionError listing every problem with its YAML path."""
         try:
-            data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+            data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
         except (yaml.YAMLError, ValueError, RecursionError) as exc:
             # ValueError: an integer past Python's digit limit; RecursionError: nesting too deep.
             reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
@@ -160,7 +161,7 @@ class ImageDefinition(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = [_describe(err) for err in exc.errors()]
+            problems = [describe_problem(err) for err in exc.errors()]
             raise DefinitionError(
                 f"{origin}: {len(problems)} problem(s) in the image definition",
                 problems=problems,
@@ -179,11 +180,12 @@ class ImageDefinition(_Frozen):
         return cls.parse(text, origin=str(path))
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently, hiding edits)."""
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently, hiding edits); the
+    ladder definition is read with it too."""
 
 
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -199,12 +201,13 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
-def _describe(err: Mapping[str, Any]) -> str:
+def describe_problem(err: ErrorDetails) -> str:
+    """One pydantic error as `yaml.path: message` (the ladder definition reports its problems alike)."""
     path = ""
-    for part in err.get("loc", ()):
+    for part in err["loc"]:
         if isinstance(part, int):
             path += f"[{part}]"
         elif part in ("int", "str", "constrained-int", "literal['base']") or str(part).startswith(
@@ -213,10 +216,10 @@ def _describe(err: Mapping[str, Any]) -> str:
             continue
         else:
             path += ("." if path else "") + str(part)
-    msg = str(err.get("msg", "invalid"))
-    if err.get("type") == "extra_forbidden":
+    msg = err["msg"] or "invalid"
+    if err["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; see images/demo.yaml)"
-    elif err.get("type") == "missing":
+    elif err["type"] == "missing":
         msg = "required key is missing"
     return f"{path or '<root>'}: {msg}"
 

@@ -135,7 +135,7 @@ class Lock:
         raise LockError(f"package {import_name!r} is not in the lock", hint="run `servimg lock`")
 
     @classmethod
-    def from_json(cls, data: Any, origin: str = "<lock>") -> Lock:
+    def from_json(cls, data: object, origin: str = "<lock>") -> Lock:
         """Validate strictly (every problem collected, unknown keys refused)."""
         try:
             return _ADAPTER.validate_python(data)
@@ -183,8 +183,8 @@ def lock_to_definition(lock: Path) -> Path:
     return lock.with_name(lock.name.removesuffix(".lock.json") + ".yaml")
 
 
-def drift(locked: Any, actual: Any, path: str = "") -> list[str]:
-    """Every field where `actual` differs from `locked`, as `path: locked → actual` lines."""
+def drift(locked: object, actual: object, path: str = "") -> list[str]:
+    """Every field where JSON value `actual` differs from `locked`, as `path: locked → actual` lines."""
     if isinstance(locked, dict) and isinstance(actual, dict):
         out: list[str] = []
         for key in sorted(set(locked) | set(actual)):
@@ -201,7 +201,7 @@ def drift(locked: Any, actual: Any, path: str = "") -> list[str]:
     return []
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 100 else text[:97] + "..."
 

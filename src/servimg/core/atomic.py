@@ -10,24 +10,38 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Atomically replace `path` with `data` (file mode `mode`; the parent directory must exist)."""
+@contextlib.contextmanager
+def atomic_stream(path: Path, mode: int = 0o644, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Replace `path` with what is written to the yielded stream, atomically (the parent must exist).
+
+    `durable=False` skips the fsyncs, for a file that a crash may leave short without harm because every
+    reader checks it anyway (a layer blob headed for the blob store, whose size is checked on each use)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            yield fh
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    sync_dir(path.parent)
+    if durable:
+        sync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Atomically replace `path` with `data` (file mode `mode`; the parent directory must exist)."""
+    with atomic_stream(path, mode) as fh:
+        fh.write(data)
 
 
 def sync_dir(directory: Path) -> None:

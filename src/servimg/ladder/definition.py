@@ -20,16 +20,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from servimg.build.definition import _describe, _StrictLoader
+from servimg.build.definition import StrictLoader, describe_problem
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
 
-LADDER_VERSION = 1
-PROBE_SET_VERSION = 1
-ROLES = ("control", "noise_floor", "cold", "warm", "restart")
 CACHED_ROLES = ("cold", "warm", "restart")
-PRE_STEPS = ("reset_prefix_cache",)
 _ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _VAR = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
 _SHA = r"^[a-f0-9]{64}$"
@@ -221,7 +217,7 @@ class LadderDefinition(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = [_describe(err) for err in exc.errors()]
+            problems = [describe_problem(err) for err in exc.errors()]
             if not any(p.startswith("<root>") for p in problems):
                 problems += _partial_arm_problems(data)  # pydantic skips cross-checks after field errors
             raise LadderError(
@@ -382,13 +378,13 @@ class ProbeSet(_Frozen):
         try:
             return cls.model_validate(doc)
         except ValidationError as exc:
-            problems = [_describe(err) for err in exc.errors()]
+            problems = [describe_problem(err) for err in exc.errors()]
             raise LadderError(
                 f"{origin}: {len(problems)} problem(s) in the probe set", problems=problems
             ) from None
 
 
-def common_prefix(a: tuple[Any, ...], b: tuple[Any, ...]) -> int:
+def common_prefix(a: tuple[object, ...], b: tuple[object, ...]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -410,7 +406,7 @@ def probe_problems(ladder: LadderDefinition, probes: ProbeSet) -> list[str]:
         if len(family.prompts) < 2:
             problems.append(f"family {family.id}: needs at least 2 prompts sharing a prefix")
             continue
-        seqs: list[tuple[Any, ...]] = [p.token_ids if frozen else tuple(p.text) for p in family.prompts]
+        seqs: list[tuple[object, ...]] = [p.token_ids if frozen else tuple(p.text) for p in family.prompts]
         shared = min(common_prefix(a, b) for a, b in itertools.pairwise(seqs))
         if shared < block:
             problems.append(
@@ -495,7 +491,7 @@ def _read(path: Path, what: str) -> bytes:
 
 def _yaml(text: str | bytes, origin: str) -> dict[str, Any]:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = yaml.load(text, Loader=StrictLoader)
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         raise LadderError(f"{origin}: not valid YAML: {exc}", hint="fix the YAML syntax") from None
     if not isinstance(data, dict):

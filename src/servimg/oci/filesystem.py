@@ -248,6 +248,3 @@ class LayeredFS:
             return self.read(path)
         except (FileNotFoundError, IsADirectoryError):
             return None
-
-    def glob_dir(self, directory: str, suffix: str = "") -> list[str]:
-        return [n for n in self.listdir(directory) if n.endswith(suffix)]

@@ -47,7 +47,7 @@ class Descriptor:
         return out
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> Descriptor:
+    def from_json(cls, data: object, where: str) -> Descriptor:
         problems: list[str] = []
         if not isinstance(data, dict):
             raise ImageError(f"{where}: descriptor is not an object")

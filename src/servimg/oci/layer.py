@@ -16,13 +16,13 @@ import io
 import os
 import stat
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from servimg.core.atomic import atomic_stream
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
 
@@ -172,26 +172,19 @@ class _HashingWriter(io.RawIOBase):
 def write_layer(entries: Iterable[Entry], dest: Path, *, mtime: int, compress: bool = False) -> LayerBlob:
     """Write a layer blob to `dest` (atomically: a unique temp file then rename) and return its digests.
 
-    The temp name is unique per call, so two processes writing the same layer never share a file."""
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            blob = _HashingWriter(raw)
-            if compress:
-                # filename="" → no FNAME field; mtime=0 → no build time in the header.
-                with gzip.GzipFile(
-                    filename="", mode="wb", fileobj=blob, mtime=0, compresslevel=GZIP_LEVEL
-                ) as gz:
-                    diff = _HashingWriter(gz)  # type: ignore[arg-type]
-                    write_tar(entries, diff, mtime=mtime)  # type: ignore[arg-type]
-                diff_id = Digest("sha256", diff.sha.hexdigest())
-            else:
-                write_tar(entries, blob, mtime=mtime)  # type: ignore[arg-type]
-                diff_id = Digest("sha256", blob.sha.hexdigest())
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    The temp name is unique per call, so two processes writing the same layer never share a file. No
+    fsync: the blob goes into the blob store, which checks every blob's size before using it."""
+    with atomic_stream(dest, 0o600, durable=False) as raw:
+        blob = _HashingWriter(raw)
+        if compress:
+            # filename="" → no FNAME field; mtime=0 → no build time in the header.
+            with gzip.GzipFile(filename="", mode="wb", fileobj=blob, mtime=0, compresslevel=GZIP_LEVEL) as gz:
+                diff = _HashingWriter(gz)  # type: ignore[arg-type]
+                write_tar(entries, diff, mtime=mtime)  # type: ignore[arg-type]
+            diff_id = Digest("sha256", diff.sha.hexdigest())
+        else:
+            write_tar(entries, blob, mtime=mtime)  # type: ignore[arg-type]
+            diff_id = Digest("sha256", blob.sha.hexdigest())
     media = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if compress else "")
     return LayerBlob(diff_id, Digest("sha256", blob.sha.hexdigest()), blob.count, media)
 

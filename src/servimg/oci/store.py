@@ -5,6 +5,9 @@ same directory and is renamed into place only after its digest verified, so a ki
 worst a stray `.tmp-*` file that the next run ignores, never a corrupt blob under a valid name. A blob
 truncated under its valid name anyway (power loss before writeback) is caught by `has(digest, size)`,
 removed and fetched again. Gzip layers are decompressed with a bound (layer.decompression_limit).
+
+Every write into the store passes through one `Tap` (the identity unless one is given): the seam for
+fault injection, so tests freeze a build inside a blob or diff write (then kill it) without patching.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO
@@ -30,11 +33,25 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servimg"
 
 
+Tap = Callable[[Path, BinaryIO], BinaryIO]
+"""Given the directory a write goes into (`<root>/blobs/sha256`, `<root>/diffs/sha256`) and the temp file's
+stream, the stream to write through instead; whatever it passes on must reach the temp file."""
+
+
+def no_tap(directory: Path, stream: BinaryIO) -> BinaryIO:
+    return stream
+
+
 class BlobStore:
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, tap: Tap = no_tap) -> None:
         self.root = root or default_cache_dir()
+        self.tap = tap
         (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
         (self.root / "diffs" / "sha256").mkdir(parents=True, exist_ok=True)
+
+    def tapped(self, tap: Tap) -> BlobStore:
+        """The same store (same root, same blobs) with every write passing through `tap`."""
+        return BlobStore(self.root, tap=tap)
 
     def path(self, digest: Digest) -> Path:
         return self.root / "blobs" / digest.algorithm / digest.hex
@@ -140,11 +157,14 @@ class BlobStore:
 
     @contextmanager
     def _writer(self, directory: Path) -> Iterator[tuple[BinaryIO, Path]]:
+        """A temp file in `directory`, removed on any failure; the caller renames it. Not `atomic_write`:
+        a blob's name is its digest, known (and checked) only once every byte is written, and a blob is
+        not fsynced (a short one is caught by `has(digest, size)` and fetched again)."""
         fd, name = tempfile.mkstemp(dir=directory, prefix=".tmp-")
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as fh:
-                yield fh, tmp
+                yield self.tap(directory, fh), tmp
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -1,0 +1,361 @@
+"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private
+name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
+
+Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the four concerns
+(`build`, then `ladder`, `provenance`, `bases`) < `commands` / `render` < `cli`. A module imports only
+from its own layer or lower ones, at module level and inside functions alike: a function-level import is
+still a dependency, only a later one. Among the concerns, `build` is the lowest; `ladder` may use
+`build`; `provenance` may use `build` and `ladder`; `bases` may use `build`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+PACKAGE = SRC / "servimg"
+
+_BELOW_CONCERNS = {"core", "oci", "inimage", "backends"}
+_CONCERNS = {"build", "ladder", "provenance", "bases"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": {"core"},
+    "oci": {"core", "oci"},
+    "inimage": {"core", "oci", "inimage"},
+    "backends": _BELOW_CONCERNS,
+    "build": _BELOW_CONCERNS | {"build"},
+    "ladder": _BELOW_CONCERNS | {"build", "ladder"},
+    "provenance": _BELOW_CONCERNS | {"build", "ladder", "provenance"},
+    "bases": _BELOW_CONCERNS | {"build", "bases"},
+    "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},
+    "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli"},
+}
+# Top-level modules (not in a subpackage) and the layer each belongs to.
+TOP_LEVEL = {
+    "servimg": "core",
+    "servimg.commands": "commands",
+    "servimg.render": "commands",
+    "servimg.cli": "cli",
+}
+
+# Every lazy import of a servimg module in src/, by (importer, imported), with what forces it (the import
+# cycle that hoisting it would close, as its chain). Empty: the redesign hoisted every one, and no cycle
+# forces any. The list only ever shrinks back to empty; a new entry needs its reason.
+LAZY_ALLOWED: dict[tuple[str, str], str] = {}
+
+# Modules that must have no lazy servimg import at all.
+HOISTED = (
+    "servimg.core.",
+    "servimg.oci.",
+    "servimg.inimage.",
+    "servimg.build.definition",
+    "servimg.build.lock",
+    "servimg.build.overlay",
+    "servimg.ladder.definition",
+)
+
+
+@dataclass(frozen=True)
+class Edge:
+    importer: str
+    imported: str
+    where: str  # path:line
+    lazy: bool  # inside a function: runs at call time, not at import time
+    type_only: bool  # under `if TYPE_CHECKING:`: never runs
+
+    def __str__(self) -> str:
+        return f"{self.importer} -> {self.imported} ({self.where})"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str | None:
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in MAY_IMPORT:
+        return parts[1]
+    if len(parts) >= 2 and f"servimg.{parts[1]}" in TOP_LEVEL:  # a top-level module grown into a package
+        return TOP_LEVEL[f"servimg.{parts[1]}"]
+    return None
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str:
+    """The deepest servimg module `name` names (`servimg.oci.image.Image` → `servimg.oci.image`)."""
+    while name not in known and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Every import statement with (lazy, type_only)."""
+
+    def walk(
+        node: ast.AST, lazy: bool, type_only: bool
+    ) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                yield child, lazy, type_only
+            child_lazy = lazy or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            guarded = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+            if guarded:
+                assert isinstance(child, ast.If)
+                for stmt in child.body:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), child_lazy, True)
+                for stmt in child.orelse:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), child_lazy, type_only)
+            else:
+                yield from walk(child, child_lazy, type_only)
+
+    yield from walk(tree, False, False)
+
+
+def edges() -> list[Edge]:
+    known = modules()
+    out = []
+    for importer, path in known.items():
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        for node, lazy, type_only in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                names = [f"{base}.{alias.name}" for alias in node.names]
+            for name in names:
+                if name != "servimg" and not name.startswith("servimg."):
+                    continue
+                imported = _resolve(name, known)
+                if imported != importer:
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    out.append(Edge(importer, imported, where, lazy, type_only))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- (a) layers
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m in modules() if layer_of(m) is None)
+    assert unplaced == [], f"modules in no layer (add them to a subpackage or to TOP_LEVEL): {unplaced}"
+
+
+def test_imports_go_only_to_the_same_or_a_lower_layer() -> None:
+    upward = []
+    for edge in edges():
+        src, dst = layer_of(edge.importer), layer_of(edge.imported)
+        if src is not None and dst is not None and dst not in MAY_IMPORT[src]:
+            kind = "lazy " if edge.lazy else ""
+            upward.append(f"{kind}import {edge}: layer {src!r} may not import from {dst!r}")
+    assert upward == [], "imports against the layer order:\n" + "\n".join(upward)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _path(graph: dict[str, set[str]], start: str, goal: str) -> list[str]:
+    """A shortest import chain start → … → goal (breadth first)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph.get(v, ())):
+                if w == goal:
+                    chain = [w, v]
+                    while chain[-1] != start:
+                        chain.append(previous[chain[-1]])
+                    return chain[::-1]
+                if w not in previous and w != start:
+                    previous[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return []
+
+
+def import_time_graph() -> dict[str, set[str]]:
+    """Edges that run when a module is imported (no function-level, no TYPE_CHECKING imports)."""
+    graph: dict[str, set[str]] = {}
+    for edge in edges():
+        if not edge.lazy and not edge.type_only:
+            graph.setdefault(edge.importer, set()).add(edge.imported)
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    graph = import_time_graph()
+    cycles = [" -> ".join(_path(graph, c[0], c[0])) for c in _cycles(graph)]
+    assert cycles == [], "import cycles at module level:\n" + "\n".join(cycles)
+
+
+# --------------------------------------------------------------------------------------- (c) lazy imports
+def test_lazy_imports_are_only_the_listed_ones() -> None:
+    graph = import_time_graph()
+    unlisted = set()
+    for edge in edges():
+        if edge.lazy and (edge.importer, edge.imported) not in LAZY_ALLOWED:
+            chain = _path(graph, edge.imported, edge.importer)
+            why = (
+                f"hoisting it closes the cycle {' -> '.join([edge.importer, *chain])}: break the cycle, or "
+                f"list ({edge.importer!r}, {edge.imported!r}) in LAZY_ALLOWED with that chain"
+                if chain
+                else "no cycle forces it: hoist it to the top of the module"
+            )
+            unlisted.add(f"{edge} is a function-level import; {why}")
+    assert sorted(unlisted) == [], "\n".join(sorted(unlisted))
+
+
+def test_hoisted_modules_have_no_lazy_imports() -> None:
+    lazy = sorted(str(e) for e in edges() if e.lazy and e.importer.startswith(HOISTED))
+    listed = sorted(f"{a} -> {b}" for a, b in LAZY_ALLOWED if a.startswith(HOISTED))
+    assert lazy == [], f"function-level imports in modules kept free of them: {lazy}"
+    assert listed == [], f"LAZY_ALLOWED may not name these modules: {listed}"
+
+
+# ------------------------------------------------------------------------------ (b) no private patches
+SCANNED = ("tests", "scripts", "nix", "benchmarks")
+
+
+def _servimg_names(tree: ast.AST) -> set[str]:
+    """Local names bound to a servimg module, to something imported from one (`from servimg.x import
+    y [as z]`, `import servimg.x as z`) or to what calling one of those returned (`s = BlobStore(...)`,
+    `with RegistryClient(...) as c`): what an assignment to `NAME._private` would patch."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("servimg"):
+            bound |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("servimg"):
+                    bound.add(alias.asname or alias.name.split(".")[0])
+    made: set[str] = set()
+    for node in ast.walk(tree):
+        pairs: list[tuple[ast.expr, ast.expr | None]] = []
+        if isinstance(node, ast.Assign):
+            pairs = [(t, node.value) for t in node.targets]
+        elif isinstance(node, ast.AnnAssign):
+            pairs = [(node.target, node.value)]
+        elif isinstance(node, ast.With):
+            pairs = [(i.optional_vars, i.context_expr) for i in node.items if i.optional_vars is not None]
+        for target, value in pairs:
+            if (
+                isinstance(target, ast.Name)
+                and isinstance(value, ast.Call)
+                and _root_name(value.func) in bound
+            ):
+                made.add(target.id)
+    return bound | made
+
+
+def _root_name(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_patches(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    servimg = _servimg_names(tree)
+    found = []
+
+    def on_servimg(target: ast.expr) -> bool:
+        return _root_name(target) in servimg
+
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _private(target.attr) and on_servimg(target.value):
+                found.append(f"{shown}:{target.lineno}: assigns {ast.unparse(target)}")
+        if isinstance(node, ast.Call) and len(node.args) >= 2:
+            func = ast.unparse(node.func)
+            obj, attr = node.args[0], node.args[1]
+            dotted = obj.value if isinstance(obj, ast.Constant) and isinstance(obj.value, str) else ""
+            if func.endswith("monkeypatch.setattr") and dotted.startswith("servimg."):
+                if _private(dotted.rpartition(".")[2]):  # monkeypatch.setattr("servimg.x.y._z", value)
+                    found.append(f"{shown}:{node.lineno}: {func}({dotted!r})")
+            elif (func == "setattr" or func.endswith("monkeypatch.setattr")) and on_servimg(obj):
+                if not isinstance(attr, ast.Constant):
+                    found.append(f"{shown}:{node.lineno}: {func} of a computed name")
+                elif isinstance(attr.value, str) and _private(attr.value):
+                    found.append(f"{shown}:{node.lineno}: {func}({ast.unparse(obj)}, {attr.value!r})")
+    return found
+
+
+def test_nothing_patches_a_private_name_of_servimg() -> None:
+    files = [p for top in SCANNED for p in sorted((ROOT / top).rglob("*.py")) if "__pycache__" not in p.parts]
+    assert files
+    found = [hit for path in files for hit in private_patches(path)]
+    assert found == [], "private names of servimg patched (pass a seam instead):\n" + "\n".join(found)
+
+
+def test_the_private_patch_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from servimg.oci.store import BlobStore\nimport servimg.backends.layout as layout\n"
+        "BlobStore._writer = None\nsetattr(layout, '_write_file', None)\n"
+        "store = BlobStore(None)\nstore._root = None\nother = object()\nother._x = 1\n"
+        "def t(monkeypatch):\n    monkeypatch.setattr(layout, '_copy_blob', None)\n"
+        "    monkeypatch.setattr(layout, 'write_layout', None)\n"
+        "    monkeypatch.setattr('servimg.backends.layout._copy_blob', None)\n"
+    )
+    hits = private_patches(sample)
+    assert sorted(h.split(": ", 1)[1] for h in hits) == [
+        "assigns BlobStore._writer",
+        "assigns store._root",
+        "monkeypatch.setattr('servimg.backends.layout._copy_blob')",
+        "monkeypatch.setattr(layout, '_copy_blob')",
+        "setattr(layout, '_write_file')",
+    ]
