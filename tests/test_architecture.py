@@ -2,10 +2,11 @@
 name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
 Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the four concerns
-(`build`, then `ladder`, `provenance`, `bases`) < `commands` / `render` < `cli`. A module imports only
+(`ladder`, then `build`, `provenance`, `bases`) < `commands` / `render` < `cli`. A module imports only
 from its own layer or lower ones, at module level and inside functions alike: a function-level import is
-still a dependency, only a later one. Among the concerns, `build` is the lowest; `ladder` may use
-`build`; `provenance` may use `build` and `ladder`; `bases` may use `build`.
+still a dependency, only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an
+image it is given); `build` may use `ladder` (it bundles and locks the ladder, and ships the witness
+hook); `provenance` may use `build` and `ladder`; `bases` may use `build`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "oci": {"core", "oci"},
     "inimage": {"core", "oci", "inimage"},
     "backends": _BELOW_CONCERNS,
-    "build": _BELOW_CONCERNS | {"build"},
-    "ladder": _BELOW_CONCERNS | {"build", "ladder"},
+    "ladder": _BELOW_CONCERNS | {"ladder"},
+    "build": _BELOW_CONCERNS | {"ladder", "build"},
     "provenance": _BELOW_CONCERNS | {"build", "ladder", "provenance"},
     "bases": _BELOW_CONCERNS | {"build", "bases"},
     "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},

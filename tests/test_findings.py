@@ -10,9 +10,9 @@ import pytest
 
 from servimg import cli, commands
 from servimg.build.verify import VerifyFailed, VerifyReport
-from servimg.build.witness import WitnessCollection
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
 from servimg.ladder import receipt
+from servimg.ladder.witness import WitnessCollection
 from servimg.oci.store import BlobStore
 from servimg.provenance.check import CheckReport, row
 from servimg.render import findings_table

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from servimg.build.witness import HOOK_MODULE, PTH_NAME, pth_line, witness_files, witness_spec
 from servimg.inimage import witness_hook
+from servimg.ladder.witness import HOOK_MODULE, PTH_NAME, pth_line, witness_files, witness_spec
 
 HOOK = Path(witness_hook.__file__)
 PROBE = Path(__file__).resolve().parent.parent / "src" / "servimg" / "inimage" / "probe.py"

@@ -21,7 +21,6 @@ from pathlib import Path
 from servimg.backends import transport
 from servimg.bases import catalog as bases
 from servimg.build import pipeline
-from servimg.build import witness as witnesses
 from servimg.build.lock import lock_path_for
 from servimg.build.seams import Seams
 from servimg.build.verify import VerifyFailed, VerifyReport, verify_ref
@@ -29,6 +28,7 @@ from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import Findings
 from servimg.core.progress import NULL, Log, Progress
 from servimg.ladder import receipt, runner
+from servimg.ladder import witness as witnesses
 from servimg.ladder.definition import LadderError, load
 from servimg.oci import treediff
 from servimg.oci.store import BlobStore

@@ -8,15 +8,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import ErrorDetails
 
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ServimgError
+from servimg.core.strictyaml import StrictLoader, describe_problem
 
 _ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _IMPORT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -178,50 +178,6 @@ class ImageDefinition(_Frozen):
                 hint="pass a path like images/demo.yaml",
             ) from None
         return cls.parse(text, origin=str(path))
-
-
-class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently, hiding edits); the
-    ladder definition is read with it too."""
-
-
-def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a mapping key must be a scalar, not a {type(key).__name__}", key_node.start_mark
-            ) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
-def describe_problem(err: ErrorDetails) -> str:
-    """One pydantic error as `yaml.path: message` (the ladder definition reports its problems alike)."""
-    path = ""
-    for part in err["loc"]:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in ("int", "str", "constrained-int", "literal['base']") or str(part).startswith(
-            "function-"
-        ):
-            continue
-        else:
-            path += ("." if path else "") + str(part)
-    msg = err["msg"] or "invalid"
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key (check the spelling; see images/demo.yaml)"
-    elif err["type"] == "missing":
-        msg = "required key is missing"
-    return f"{path or '<root>'}: {msg}"
 
 
 def repo_root_for(definition_path: Path) -> Path:

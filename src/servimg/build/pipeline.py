@@ -43,13 +43,13 @@ from servimg.build.lock import (
 from servimg.build.overlay import Patch, apply_patch
 from servimg.build.seams import DEFAULT, BaseSource, Seams, Verifier
 from servimg.build.verify import base_sentinel_verdicts, base_sources, probe_files, probe_spec
-from servimg.build.witness import WITNESS_DIR, witness_files
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
 from servimg.ladder.definition import load as load_ladder
+from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
@@ -551,7 +551,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
             if change.content is not None:
                 jobs.append(CompileJob("/" + change.path, change.content, interp.opt_levels))
     # Witness (opt-in, `witness: true`): the hook module (compiled like a patched source), its .pth and
-    # spec (servimg.build.witness), and a world-writable witness dir for the serving processes' records.
+    # spec (servimg.ladder.witness), and a world-writable witness dir for the serving processes' records.
     if resolution.definition.witness:
         for path, data in witness_files(probe_spec(locked, resolution.definition)).items():
             files[path] = Entry(path, Kind.FILE, 0o644, data=data)

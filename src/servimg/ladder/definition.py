@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from servimg.build.definition import StrictLoader, describe_problem
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
+from servimg.core.strictyaml import StrictLoader, describe_problem
 
 CACHED_ROLES = ("cold", "warm", "restart")
 _ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"

@@ -13,7 +13,7 @@ per-request metric deltas are attributable). Order of a run:
    `reuse:<arm>` sends to that arm's server, still running; cache dirs are `wipe` (new, empty) or
    `retain-from:<arm>` (the same host dir, e.g. a restart over a retained disk cache). Metrics are scraped
    before and after every request. Witness files are collected from each container of an image built
-   with `witness: true` (`servimg.build.witness`); a process that did not run the patched code fails the arm.
+   with `witness: true` (`servimg.ladder.witness`); a process that did not run the patched code fails the arm.
 3. **Verdict** by `ladder_eval.evaluate` (pure), receipt by `receipt.write`.
 """
 
@@ -38,7 +38,6 @@ import requests
 
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
-from servimg.build.witness import collect
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
@@ -58,6 +57,7 @@ from servimg.ladder.evaluation import (
     parse_prometheus,
 )
 from servimg.ladder.tinymodel import TinyModelRecipe, ensure_model
+from servimg.ladder.witness import collect
 from servimg.oci.store import BlobStore
 
 BUNDLE_DIR = "/opt/servimg/ladder"
@@ -610,7 +610,7 @@ def _remove_run_containers(run_id: str) -> None:
 
 
 def _collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """Witness records of the serving processes (`build.witness.collect`); none recorded is a problem."""
+    """Witness records of the serving processes (`witness.collect`); none recorded is a problem."""
     assert server.container is not None
     try:
         result = collect(server.container.id, out)

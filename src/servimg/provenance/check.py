@@ -537,7 +537,7 @@ def _attestations(
         ], via
 
 
-def _registry_envelope(client: Any, located: Located, artifact: Digest) -> bytes:
+def _registry_envelope(client: RegistryClient, located: Located, artifact: Digest) -> bytes:
     try:
         return referrers.fetch_envelope(client, str(located.repository), located.digest, artifact)
     except RegistryError as exc:

@@ -32,6 +32,7 @@ from typing import Any
 
 from servimg import __version__
 from servimg.build.lock import Lock
+from servimg.build.verify import VerifyReport
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
@@ -329,7 +330,7 @@ def _test_names(checks: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
     return lists
 
 
-def verify_predicate(report: Any, facts: ImageFacts) -> dict[str, Any]:
+def verify_predicate(report: VerifyReport, facts: ImageFacts) -> dict[str, Any]:
     """An in-toto test-result for a `servimg verify` report of the image `facts` describe.
 
     Refuses a report made for another lock or another probe spec: a result is evidence only about the

@@ -21,7 +21,7 @@ from typing import Any
 
 from servimg.backends import engine
 from servimg.core import canonical
-from servimg.core.errors import BackendError, ServimgError
+from servimg.core.errors import BackendError, WitnessError
 from servimg.core.findings import ERROR, FAIL, PASS, Finding, Findings
 from servimg.inimage import witness_hook
 
@@ -31,10 +31,6 @@ PTH_NAME = "servimg-witness.pth"
 SPEC_IN_IMAGE = "/opt/servimg/witness-spec.json"
 WITNESS_DIR = witness_hook.DEFAULT_DIR
 WITNESS_VERSION = witness_hook.WITNESS_VERSION
-
-
-class WitnessError(ServimgError):
-    """The witness files could not be collected or read."""
 
 
 # -- what the build ships ---------------------------------------------------------------------------
