@@ -538,6 +538,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
     """Every entry of the overlay layer: patched files, fresh CHECKED_HASH pycs at each optimisation level
     the base carried, whiteouts for deleted files and every stale pyc, the lock and a changes manifest."""
     fs, interp = resolution.fs, locked.interpreter
+    spec = probe_spec(locked, resolution.definition)  # once: the witness spec is derived from it
     files: dict[str, Entry] = {}
     jobs = []
     for change in resolution.changes:
@@ -553,7 +554,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
     # Witness (opt-in, `witness: true`): the hook module (compiled like a patched source), its .pth and
     # spec (servimg.ladder.witness), and a world-writable witness dir for the serving processes' records.
     if resolution.definition.witness:
-        for path, data in witness_files(probe_spec(locked, resolution.definition)).items():
+        for path, data in witness_files(spec).items():
             files[path] = Entry(path, Kind.FILE, 0o644, data=data)
             if path.endswith(".py"):
                 files.update(
@@ -589,7 +590,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
         f"{SERVIMG_DIR}/definition.json": resolution.definition.canonical_bytes(),
         f"{SERVIMG_DIR}/changes.json": canonical.dumps(sorted(manifest, key=lambda m: str(m["path"]))),
     }
-    servimg_files.update(probe_files(probe_spec(locked, resolution.definition)))
+    servimg_files.update(probe_files(spec))
     for path, data in servimg_files.items():
         files[path] = Entry(path, Kind.FILE, 0o644, data=data)
     return [*files.values(), *_parents(fs, files)]
