@@ -33,7 +33,6 @@ from servimg.build.seams import ByReference, Seams, TargetSink
 from servimg.build.verify import VerifyReport
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
-from servimg.oci import layer as layer_module
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
 from servimg.oci.store import BlobStore, Tap
 
@@ -309,21 +308,25 @@ def stall(marker: Path) -> None:
 
 
 def stalling_tap(where: str, marker: Path) -> Tap:
-    """A BlobStore tap that freezes inside the first write into `<cache>/<where>/` (blobs, diffs), after
-    its first block reached the temp file."""
+    """A BlobStore tap that freezes inside the first write into `<cache>/<where>/` (blobs, diffs; `tmp`:
+    the overlay layer), after its first block reached the temp file."""
 
     def tap(directory: Path, stream: BinaryIO) -> BinaryIO:
-        if directory.parent.name != where:
+        if where not in (directory.name, directory.parent.name):
             return stream
 
         class Stalling(io.RawIOBase):
+            stalled = False  # once: cleanup after the interrupt (a tar's end blocks) writes through
+
             def writable(self) -> bool:
                 return True
 
             def write(self, data: Any) -> int:
                 stream.write(data)
                 stream.flush()
-                stall(marker)
+                if not self.stalled:
+                    self.stalled = True
+                    stall(marker)
                 return len(data)
 
         return Stalling()  # type: ignore[return-value]
@@ -383,23 +386,16 @@ class StallingSink:
 def stall_seams(spec: str, marker: Path) -> Seams:
     """The fake base's seams with a freeze at a chosen point, for the SIGINT/SIGKILL tests:
     `writer:<dir>` inside the first cache write into `<dir>` (blobs, diffs), after its first block;
-    `publish` inside the sink's first blob lookup; `layer` on entry to the overlay layer's tar writer."""
+    `publish` inside the sink's first blob lookup; `layer` inside the overlay layer's write into the
+    cache, after its first block."""
     kind, _, where = spec.partition(":")
     if kind == "writer":
         return dataclasses.replace(FAKE_SEAMS, base_source=StallingSource(stalling_tap(where, marker)))
     if kind == "publish":
         return dataclasses.replace(FAKE_SEAMS, sink=StallingSink(marker))
     if kind == "layer":
-        # No seam reaches the build's own store while it writes its layer (the CLI makes that store
-        # from --cache), so this one stall replaces a public function of the layer writer in this process.
-        write_tar = layer_module.write_tar
-
-        def stalled(*args: Any, **kwargs: Any) -> None:
-            stall(marker)
-            write_tar(*args, **kwargs)
-
-        setattr(layer_module, "write_tar", stalled)  # noqa: B010
-        return FAKE_SEAMS
+        # The build's own store (made by the CLI from --cache) writes through the store_tap seam.
+        return dataclasses.replace(FAKE_SEAMS, store_tap=stalling_tap("tmp", marker))
     raise ValueError(f"unknown stall {spec!r}")
 
 

@@ -359,7 +359,8 @@ def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> in
     (`--base-from`), or given by an embedding caller (the Nix builder, tests' fake base)."""
     args = parser().parse_args(argv)
     reporter = Reporter(quiet=args.quiet, as_json=args.json)
-    context = Context(BlobStore(args.cache), reporter.log, reporter, seams_from(args, seams or Seams()))
+    chosen = seams_from(args, seams or Seams())
+    context = Context(BlobStore(args.cache, tap=chosen.store_tap), reporter.log, reporter, chosen)
     run: Run = args.run
     failures = 0
     try:

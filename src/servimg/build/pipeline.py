@@ -502,7 +502,9 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     # One name per process: concurrent builds of the same lock must not move each other's layer file.
     written = tmp / f"layer-{locked.digest.hex}-{os.getpid()}"
     try:
-        blob = write_layer(entries, written, mtime=locked.source_date_epoch)
+        blob = write_layer(
+            entries, written, mtime=locked.source_date_epoch, through=lambda raw: store.tap(tmp, raw)
+        )
         store.adopt(written, blob.digest)
     finally:
         written.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from servimg.core.errors import BuildError
 from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Tap, no_tap
 
 
 class BaseSource(Protocol):
@@ -157,6 +157,9 @@ class Seams:
     runners: RunnerChoice = field(default_factory=DefaultRunners)
     verifier: Verifier = field(default_factory=ProbeVerifier)
     sink: Sink = field(default_factory=TargetSink)
+    # Every write into the build's blob cache (fetched blobs, decompressed diffs, the overlay layer) passes
+    # through it: the fault tests freeze a build mid-write with it (tests/fakebase.py `stall_seams`).
+    store_tap: Tap = no_tap
 
 
 DEFAULT = Seams()

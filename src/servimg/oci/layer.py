@@ -17,7 +17,7 @@ import os
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
@@ -169,13 +169,21 @@ class _HashingWriter(io.RawIOBase):
         return len(data)
 
 
-def write_layer(entries: Iterable[Entry], dest: Path, *, mtime: int, compress: bool = False) -> LayerBlob:
+def write_layer(
+    entries: Iterable[Entry],
+    dest: Path,
+    *,
+    mtime: int,
+    compress: bool = False,
+    through: Callable[[BinaryIO], BinaryIO] | None = None,
+) -> LayerBlob:
     """Write a layer blob to `dest` (atomically: a unique temp file then rename) and return its digests.
 
     The temp name is unique per call, so two processes writing the same layer never share a file. No
-    fsync: the blob goes into the blob store, which checks every blob's size before using it."""
+    fsync: the blob goes into the blob store, which checks every blob's size before using it. `through`
+    wraps the temp file's stream (the blob store's tap, when the layer is written into its cache)."""
     with atomic_stream(dest, 0o600, durable=False) as raw:
-        blob = _HashingWriter(raw)
+        blob = _HashingWriter(through(raw) if through else raw)
         if compress:
             # filename="" → no FNAME field; mtime=0 → no build time in the header.
             with gzip.GzipFile(filename="", mode="wb", fileobj=blob, mtime=0, compresslevel=GZIP_LEVEL) as gz:

@@ -34,8 +34,9 @@ def default_cache_dir() -> Path:
 
 
 Tap = Callable[[Path, BinaryIO], BinaryIO]
-"""Given the directory a write goes into (`<root>/blobs/sha256`, `<root>/diffs/sha256`) and the temp file's
-stream, the stream to write through instead; whatever it passes on must reach the temp file."""
+"""Given the directory a write goes into (`<root>/blobs/sha256`, `<root>/diffs/sha256`, or `<root>/tmp`
+for a layer the build writes) and the temp file's stream, the stream to write through instead; whatever
+it passes on must reach the temp file."""
 
 
 def no_tap(directory: Path, stream: BinaryIO) -> BinaryIO:
