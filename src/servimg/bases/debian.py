@@ -40,9 +40,11 @@ that lacks the library, so the library is staged inside the tree for the build a
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import lzma
 import os
 import re
@@ -247,9 +249,10 @@ class FaketimeClock:
 
     FAKETIME_SHARED: libfaketime keeps a semaphore and shared memory per process tree; the process that
     created them removes them at exit, and so does every fork of it (perl's, mmdebstrap's), after which
-    processes started later fail to start (measured once: dpkg-deb during extraction). When this process
-    runs under libfaketime itself, its segment (which lives as long as the build) is handed to every
-    build process, so that nothing else creates one on the host.
+    processes started later fail to start (measured twice: dpkg-deb during extraction, `sem_open failed`).
+    So no build process may create them: every host-side build process is handed one segment that lives
+    as long as this process — its own when it runs under libfaketime itself, else one held by a small
+    owner process (`_held_segment`).
     """
 
     spec: str
@@ -264,13 +267,47 @@ class FaketimeClock:
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "NO_FAKE_STAT": "1",
         }
-        shared = os.environ.get("FAKETIME_SHARED")
-        if shared and preload is None:
-            env["FAKETIME_SHARED"] = shared
+        # Inside a chroot (`preload` given) /dev/shm is the tree's own tmpfs: the host's segment is not
+        # there, so those processes make their own (chroot_clock).
+        if preload is None:
+            env["FAKETIME_SHARED"] = os.environ.get("FAKETIME_SHARED") or _held_segment(self.path, self.spec)
         return env
 
     def library(self) -> str | None:
         return self.path
+
+
+# The owner prints the segment libfaketime made for it, then holds it while its parent (this process)
+# lives; a builder killed with SIGKILL does not leave it running.
+_OWNER_SCRIPT = 'printf "%s\\n" "$FAKETIME_SHARED"; while kill -0 "$PPID" 2>/dev/null; do sleep 1; done'
+
+
+@functools.cache
+def _held_segment(library: str, spec: str) -> str:
+    """FAKETIME_SHARED ("SEM SHM") of a segment held by an owner process until this process exits."""
+    env = {"PATH": HOST_PATH, "LD_PRELOAD": library, "FAKETIME": spec, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    owner = subprocess.Popen(
+        [tool("sh"), "-c", _OWNER_SCRIPT], env=env, stdout=subprocess.PIPE, text=True, cwd="/"
+    )
+    assert owner.stdout is not None
+    shared = owner.stdout.readline().strip()
+    if len(shared.split()) != 2:
+        owner.kill()
+        owner.wait()
+        raise DebianError(
+            f"libfaketime ({library}) made no shared segment for its owner process",
+            hint="check that `faketime` works here: LD_PRELOAD=... FAKETIME=+1d date",
+        )
+    atexit.register(_release_segment, owner, shared)
+    return shared
+
+
+def _release_segment(owner: subprocess.Popen[str], shared: str) -> None:
+    owner.kill()
+    owner.wait()
+    sem, shm = shared.split()  # "/faketime_sem_N /faketime_shm_N": sem.* and * under /dev/shm
+    Path("/dev/shm", "sem." + sem.lstrip("/")).unlink(missing_ok=True)
+    Path("/dev/shm", shm.lstrip("/")).unlink(missing_ok=True)
 
 
 _CHROOT_CLOCK_DIR = "tmp/.servimg-clock"
