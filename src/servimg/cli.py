@@ -275,7 +275,7 @@ COMMANDS: tuple[Command, ...] = (
         "build a local base from its pins (verify/bases), or re-pin it deliberately",
         _base_flags,
         bind(_base, commands.base),
-        description="Bases: demo, cpu-vllm (real vLLM for CPU), test-bookworm, test-trixie.",
+        description="Bases: demo (the serving base: vLLM for CPU + LMCache), test-bookworm, test-trixie.",
     ),
     Command(
         ("key", "generate"),
@@ -367,8 +367,11 @@ def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> in
         for outcome in run(args, context):
             failures += reporter.outcome(outcome)
     except KeyboardInterrupt:
+        reporter.settle()
         print("FAIL: interrupted; nothing was published", file=sys.stderr)
         return 130
+    finally:
+        reporter.settle()
     return 1 if failures else 0
 
 

@@ -251,7 +251,7 @@ def ladder(p: Ladder, ctx: Context) -> Iterator[Outcome]:
     yield attempt(p.image, run)
 
 
-BASES = ("demo", "cpu-vllm", "test-bookworm", "test-trixie")
+BASES = ("demo", "test-bookworm", "test-trixie")
 
 
 @dataclass(frozen=True)

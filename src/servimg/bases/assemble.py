@@ -180,6 +180,7 @@ def base_image(
             clock=clock,
         )
         python = python_version(debian_dir)
+        log(f"{what} [4/4] image: one deterministic layer per tree, then the pinned-digest check")
         return image_from_trees(
             [("debian", debian_dir), ("venv", venv_dir)],
             store,

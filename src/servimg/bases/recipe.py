@@ -64,7 +64,7 @@ class Kind:
     """What one kind of base is called, how its key document and image config are made, and the steps
     in which it differs from the others."""
 
-    name: str  # demo, cpu-vllm, test: the label namespace io.servimg.<name>.*
+    name: str  # demo, test: the label namespace io.servimg.<name>.*
     title: str  # org.opencontainers.image.title
     format: int  # bump when the build procedure changes this kind's output for the same recipe
     history: Callable[[Recipe], str]  # the venv layer's history line
@@ -72,7 +72,6 @@ class Kind:
     python: str | None = None  # the interpreter its pinned wheels were chosen for; None: the suite's
     wheel_cache: str = "wheels"  # the pinned wheels' directory in the blob cache
     strict_bytecode: bool = True  # every .py in the venv must compile (False: log those that do not)
-    key_names_kind: bool = False  # its key document carries {"kind": name} (the CPU vLLM base's does)
     source_wheel: SourceWheel | None = None  # installed instead of pip and pinned wheels
 
     @property
@@ -89,7 +88,7 @@ class Kind:
 @dataclass(frozen=True)
 class Recipe:
     """Every input of one locally built base, all pinned in the repository; equal recipes give identical
-    trees. `name` names its pin files in verify/bases (demo, cpu-vllm, test-bookworm, …)."""
+    trees. `name` names its pin files in verify/bases (demo, test-bookworm, test-trixie)."""
 
     kind: Kind
     name: str
@@ -125,7 +124,7 @@ class Recipe:
 
         Its shape per kind is fixed by the digests pinned in verify/bases: the kind and name are not in
         it (they are no input of the trees), a source-built wheel enters as the sha256 of its bytes
-        (`wheel`) in place of the pinned wheel list, and only a kind with `key_names_kind` names itself.
+        (`wheel`) in place of the pinned wheel list.
         """
         recipe: dict[str, object] = {
             "debian_pins": dataclasses.asdict(self.debian_pins),
@@ -136,8 +135,6 @@ class Recipe:
             recipe["wheels"] = [dataclasses.asdict(w) for w in self.wheels]
         else:
             doc["wheel"] = sha256_hex(self.kind.source_wheel.build())
-        if self.kind.key_names_kind:
-            doc["kind"] = self.kind.name
         return doc
 
     def cache_key(self) -> str:

@@ -1,0 +1,88 @@
+"""The main job, end to end, exactly as README says to run it: `bash scripts/demo.sh`.
+
+One run (module-scoped: ~10 minutes on 2 cores with the base cached) builds the demo base and image, verifies
+it, runs its bundled CPU smoke ladder on real vLLM with the witness on (two arms through LMCache's
+multi-process connector), pushes it signed with the receipt attached, pulls it back with docker and checks
+the pulled tag with `--require-ladder cpu-smoke`. The tests read what the job wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+from servimg.build.lock import Lock
+
+pytestmark = [pytest.mark.demo, pytest.mark.vllm, pytest.mark.docker, pytest.mark.registry, pytest.mark.root]
+
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+CONNECTOR = "lmcache.integration.vllm.lmcache_mp_connector"
+ARMS = ["control", "noise", "cold", "warm", "restart", "lmcache-cold", "lmcache-warm"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("demo-job")
+    env = {**os.environ, "DEMO_OUT": str(out)}
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600
+    )
+    print(proc.stdout[-20000:])
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-8000:]
+    receipt = json.loads((out / "ladder" / "receipt.json").read_text())
+    return {"out": out, "stdout": proc.stdout, "receipt": receipt}
+
+
+def test_the_job_ends_with_the_check_passing_and_every_claim_proven(job: dict[str, Any]) -> None:
+    stdout = job["stdout"]
+    check = json.loads((job["out"] / "check.json").read_text())
+    assert check["status"] == "OK"
+    claims = [line for line in stdout.splitlines() if line.startswith(("PROVEN", "NOT PROVEN"))]
+    assert len(claims) == 9 and all(c.startswith("PROVEN: ") for c in claims), claims
+    assert sum(" again: servimg " in line or "again: docker" in line for line in stdout.splitlines()) == 9
+
+
+def test_the_ladder_passes_on_the_demo_image_with_every_arm_exercised(job: dict[str, Any]) -> None:
+    doc = job["receipt"]
+    build = json.loads((job["out"] / "build.json").read_text())
+    assert doc["verdict"] == "PASS", doc["verdict_reasons"]
+    assert doc["image"]["digest"] == build["digest"]
+    assert [a["id"] for a in doc["arms"]] == ARMS
+    assert doc["noise_floor"] == {"measured": True, "divergent": 0, "max_logprob_delta": 0.0}
+    arms = {a["id"]: a for a in doc["arms"]}
+    assert all(g["ok"] for a in doc["arms"] for g in a["gates"])
+    assert all(r["ok"] for a in doc["arms"] for r in a["requests"])
+    assert arms["control"]["metrics_delta"]["prefix_cache_hits"] == 0
+    assert arms["warm"]["server"]["owner_arm"] == "cold"
+    assert arms["restart"]["caches"]["vllm"]["mode"] == "retain-from:cold"
+    assert doc["inputs"]["ladder"]["sha256"] == doc["ladder"]["sha256"]
+
+
+def test_lmcache_serves_the_warm_arm_through_the_patched_connector(job: dict[str, Any]) -> None:
+    """After /reset_prefix_cache, vLLM's own cache is empty: every reused prefix came back from LMCache."""
+    arms = {a["id"]: a for a in job["receipt"]["arms"]}
+    warm = arms["lmcache-warm"]
+    assert warm["server"]["owner_arm"] == "lmcache-cold"
+    assert warm["metrics_delta"]["external_prefix_cache_hits"] > 0
+    assert arms["warm"]["metrics_delta"].get("external_prefix_cache_hits", 0) == 0
+    for arm in ("lmcache-cold", "lmcache-warm"):
+        modules = {r["module"] for r in arms[arm]["witness"]["records"] if r["patched_code_ran"]}
+        assert {SCHEDULER, CONNECTOR} <= modules, (arm, modules)
+
+
+def test_every_demo_overlay_ran_in_a_serving_process(job: dict[str, Any]) -> None:
+    """The witness (the image is built with `witness: true`) of each arm's serving processes shows the
+    patched scheduler ran everywhere and the patched LMCache connector wherever the connector is on."""
+    lock = Lock.load(REPO / "images" / "demo.lock.json")
+    assert [o.id for o in lock.overlays] == ["vllm-computed-tokens-gate", "lmcache-aligned-lookup-gate"]
+    for arm in job["receipt"]["arms"]:
+        witness = arm["witness"]
+        assert witness["records"] and not witness["problems"], arm["id"]
+        modules = {r["module"] for r in witness["records"]}
+        assert SCHEDULER in modules, arm["id"]
+        assert (CONNECTOR in modules) == arm["id"].startswith("lmcache-"), (arm["id"], modules)
