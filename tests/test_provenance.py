@@ -24,6 +24,7 @@ from servimg.provenance import attest, check, dsse, keys
 from servimg.provenance import statements as provenance
 from servimg.provenance.card import card, diff
 from servimg.provenance.check import FAIL, PASS, WARN, Evidence, Located, Policy, evaluate, found_from
+from servimg.provenance.policy import PolicyError
 from servimg.provenance.statements import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
 
 SCHEDULER = "/opt/venv/lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
@@ -413,10 +414,10 @@ def test_policy_file(tmp_path: Path) -> None:
     merged = policy.merged(ladders=["cold"], builders=["https://b"], allow_unsigned=True)
     assert merged.ladders == ("smoke", "cold") and merged.builders == ("https://b",) and merged.allow_unsigned
     path.write_text("requires: [provenance]\n")
-    with pytest.raises(check.CheckError, match="problem"):
+    with pytest.raises(PolicyError, match="problem"):
         Policy.load(path)
     path.write_text("require: [sbom]\n")
-    with pytest.raises(check.CheckError, match="unknown requirement"):
+    with pytest.raises(PolicyError, match="unknown requirement"):
         Policy.load(path)
 
 

@@ -174,11 +174,22 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=int, default=None, help="distinct trusted keys that must sign")
     p.add_argument("--allow-unsigned", action="store_true", help="unsigned mode: accept, but report, it")
     p.add_argument("--deep", action="store_true", help="also pull the image and re-run the probe in it")
+    p.add_argument("--lock", type=Path, default=None, help="the image must be built from exactly this lock")
+    p.add_argument("--rebuilds", type=int, default=None, metavar="N", help="matching rebuild attestations")
+    p.add_argument(
+        "--tag-binding", choices=["warn", "require"], default=None, help="a tag not bound to a lock"
+    )
 
 
 def _check_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("ref", help=REF_HELP)
     _policy_flags(p)
+    p.add_argument("--rebuild", action="store_true", help="rebuild it here; PASS only if bit-identical")
+    p.add_argument(
+        "--definition", type=Path, default=None, help="with --rebuild (default images/<name>.yaml)"
+    )
+    p.add_argument("--attach", action="store_true", help="with --rebuild: attach the signed result (--key)")
+    p.add_argument("--rebuilder-id", default=None, help="with --attach: who rebuilt")
 
 
 def _promote_flags(p: argparse.ArgumentParser) -> None:
@@ -214,8 +225,22 @@ def _lookup(a: argparse.Namespace) -> commands.Lookup:
 
 def _policy(a: argparse.Namespace) -> commands.PolicyFlags:
     return commands.PolicyFlags(
-        a.policy, tuple(a.require_ladder), tuple(a.builder), a.threshold, a.allow_unsigned, a.deep
+        a.policy,
+        tuple(a.require_ladder),
+        tuple(a.builder),
+        a.threshold,
+        a.allow_unsigned,
+        a.deep,
+        a.rebuilds,
+        a.tag_binding,
+        a.lock,
     )
+
+
+def _check(a: argparse.Namespace) -> commands.Check:
+    asked = a.rebuild or a.definition or a.attach or a.rebuilder_id
+    rebuild = commands.RebuildFlags(a.definition, a.attach, a.rebuilder_id, a.rebuild) if asked else None
+    return commands.Check(a.ref, _policy(a), _lookup(a), rebuild)
 
 
 def _ladder(a: argparse.Namespace) -> commands.Ladder:
@@ -299,7 +324,7 @@ COMMANDS: tuple[Command, ...] = (
         ("check",),
         "does this image satisfy the policy? one row per requirement: verdict and why",
         _check_flags,
-        bind(lambda a: commands.Check(a.ref, _policy(a), _lookup(a)), commands.check_ref),
+        bind(_check, commands.check_ref),
     ),
     Command(
         ("promote",),

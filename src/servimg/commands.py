@@ -34,7 +34,16 @@ from servimg.oci import treediff
 from servimg.oci.store import BlobStore
 from servimg.provenance import attach, card, keys
 from servimg.provenance.attest import TEST_RESULT_V01
-from servimg.provenance.check import CheckFailed, Evidence, Policy, check, collect, locate, predicate_type
+from servimg.provenance.check import (
+    CheckFailed,
+    Evidence,
+    Policy,
+    Rebuild,
+    check,
+    collect,
+    locate,
+    predicate_type,
+)
 from servimg.provenance.dsse import SigningKey
 
 Fields = Mapping[str, object]
@@ -364,6 +373,9 @@ class PolicyFlags:
     threshold: int | None = None
     allow_unsigned: bool = False
     deep: bool = False  # also pull the image and run the probe in it again
+    rebuilds: int | None = None  # independent rebuild attestations required
+    tag_binding: str | None = None  # warn | require
+    lock: Path | None = None  # the repository lock the image must be built from
 
     def policy(self, trusted: Sequence[Path]) -> Policy:
         loaded = Policy.load(self.file) if self.file is not None else Policy()
@@ -373,7 +385,21 @@ class PolicyFlags:
             builders=self.builders,
             threshold=self.threshold,
             allow_unsigned=self.allow_unsigned,
+            rebuilds=self.rebuilds,
+            tag_binding=self.tag_binding,
+            lock=self.lock,
         )
+
+
+@dataclass(frozen=True)
+class RebuildFlags:
+    """`--rebuild [--definition PATH] [--attach]`: rebuild here; `attach` signs the result with the one
+    private key among the --key files and attaches it beside the image."""
+
+    definition: Path | None = None
+    attach: bool = False
+    rebuilder_id: str | None = None
+    requested: bool = True  # False: only its options were given (a usage error)
 
 
 @dataclass(frozen=True)
@@ -381,13 +407,18 @@ class Check:
     ref: str
     policy: PolicyFlags = PolicyFlags()
     lookup: Lookup = Lookup()
+    rebuild: RebuildFlags | None = None
 
 
 def check_ref(p: Check, ctx: Context) -> Iterator[Outcome]:
-    """Does REF satisfy the policy? One row per requirement; FAIL when any row fails."""
+    """Does REF satisfy the policy? One row per requirement; FAIL when any row fails. With a rebuild
+    and `attach`, its signed result is attached beside the image whatever it was."""
 
     def run() -> Outcome:
-        report, _ = check(
+        if p.rebuild is not None and not p.rebuild.requested:
+            raise UsageError("--definition, --attach and --rebuilder-id go with --rebuild")
+        signer = _rebuild_signer(p.lookup.keys) if p.rebuild is not None and p.rebuild.attach else None
+        report, evidence = check(
             p.ref,
             ctx.store,
             ctx.log,
@@ -395,12 +426,39 @@ def check_ref(p: Check, ctx: Context) -> Iterator[Outcome]:
             deep=p.policy.deep,
             repo=p.lookup.repo,
             remote=p.lookup.remote,
+            rebuild=Rebuild(p.rebuild.definition, ctx.seams) if p.rebuild is not None else None,
         )
-        brief = {"digest": report.digest, "summary": report.counts()}
+        brief: dict[str, object] = {"digest": report.digest, "summary": report.counts()}
+        full: dict[str, object] = dict(report.as_dict())
+        if evidence.rebuild is not None:
+            full["rebuild"] = evidence.rebuild.as_dict()
+            brief["rebuild_seconds"] = round(evidence.rebuild.seconds, 1)
+        if signer is not None and evidence.rebuild is not None and p.rebuild is not None:
+            attached = attach.attest_rebuild(
+                evidence.located, evidence.rebuild, signer, ctx.log, rebuilder=p.rebuild.rebuilder_id
+            )
+            full["attestation"] = brief["attestation"] = attached.as_dict()
         error = None if report.ok else CheckFailed(report)
-        return Outcome(p.ref, brief, report.as_dict(), report, error=error)
+        return Outcome(p.ref, brief, full, report, error=error)
 
     yield attempt(p.ref, run)
+
+
+def _rebuild_signer(paths: Sequence[Path]) -> SigningKey:
+    """The one private key among the --key files: it signs the rebuild attestation (and, as every
+    --key, is trusted)."""
+    found = []
+    for path in paths:
+        try:
+            found.append(keys.load_signing(path))
+        except ServimgError:
+            continue  # a public key: trusted only
+    if len(found) != 1:
+        raise UsageError(
+            f"--attach signs the rebuild with a private key: {len(found)} among the --key files",
+            hint="pass exactly one --key PRIVATE_KEY (its public half is then trusted too)",
+        )
+    return found[0]
 
 
 @dataclass(frozen=True)

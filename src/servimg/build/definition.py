@@ -6,7 +6,7 @@ Each problem names its YAML path (`overlays[1].sha256: …`) so the user can fix
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -23,6 +23,9 @@ _IMPORT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _QUALNAME = r"^[A-Za-z_<][A-Za-z0-9_.<>]*$"
 _MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 TAG_FIELDS = ("name", "lock12", "lock", "vllm", "lmcache", "version")
+DEFAULT_TEMPLATE = "{name}-{vllm}-{lock12}"
+# A tag made from a template with one of these fields names a lock (its digest prefix of that length).
+LOCK_FIELDS = {"lock12": 12, "lock": 64}
 
 
 class _Frozen(BaseModel):
@@ -113,7 +116,7 @@ class ImageDefinition(_Frozen):
     packages: dict[Annotated[str, Field(pattern=_IMPORT)], PackageSpec]
     overlays: tuple[OverlaySpec, ...] = ()
     ladder: str | None = None
-    tag: str = "{name}-{vllm}-{lock12}"
+    tag: str = DEFAULT_TEMPLATE
     source_date_epoch: Literal["base"] | Annotated[int, Field(ge=0)] = "base"
     witness: bool = False
 
@@ -184,3 +187,32 @@ def repo_root_for(definition_path: Path) -> Path:
     """Definitions live in `<repo>/images/`; overlay paths in them are relative to `<repo>`."""
     parent = definition_path.resolve().parent
     return parent.parent if parent.name == "images" else parent
+
+
+def template_regex(template: str) -> re.Pattern[str] | None:
+    """The tags a template makes, as a regex with the lock field as a group; None when the template
+    carries no lock field (its tags name no lock)."""
+    parts = re.split(r"{([^}]*)}", template)
+    pattern, seen = "", set()
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            pattern += re.escape(part)
+        elif part in LOCK_FIELDS and part not in seen:
+            pattern += f"(?P<{part}>[0-9a-f]{{{LOCK_FIELDS[part]}}})"
+            seen.add(part)
+        elif part in LOCK_FIELDS:
+            pattern += f"(?P={part})"
+        else:
+            pattern += r"[A-Za-z0-9_.-]+?"
+    return re.compile(pattern) if seen else None
+
+
+def named_lock(tag: str, templates: Iterable[str]) -> str | None:
+    """The lock digest prefix (12 or 64 hex) a template-shaped tag names, None if it is not one."""
+    for template in dict.fromkeys(templates):
+        regex = template_regex(template)
+        match = regex.fullmatch(tag) if regex is not None else None
+        if match is not None:
+            groups = match.groupdict()
+            return groups.get("lock") or groups.get("lock12")
+    return None

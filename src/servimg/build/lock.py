@@ -183,21 +183,24 @@ def lock_to_definition(lock: Path) -> Path:
     return lock.with_name(lock.name.removesuffix(".lock.json") + ".yaml")
 
 
-def drift(locked: object, actual: object, path: str = "") -> list[str]:
-    """Every field where JSON value `actual` differs from `locked`, as `path: locked → actual` lines."""
+def drift(
+    locked: object, actual: object, path: str = "", names: tuple[str, str] = ("locked", "now")
+) -> list[str]:
+    """Every field where JSON value `actual` differs from `locked`, as `path: locked A, now B` lines
+    (`names` words the two sides: `check --lock` compares a lock file with an image's lock)."""
     if isinstance(locked, dict) and isinstance(actual, dict):
         out: list[str] = []
         for key in sorted(set(locked) | set(actual)):
-            out += drift(locked.get(key), actual.get(key), f"{path}.{key}" if path else str(key))
+            out += drift(locked.get(key), actual.get(key), f"{path}.{key}" if path else str(key), names)
         return out
     if isinstance(locked, list) and isinstance(actual, list) and len(locked) == len(actual):
         return [
             line
             for i, (a, b) in enumerate(zip(locked, actual, strict=True))
-            for line in drift(a, b, f"{path}[{i}]")
+            for line in drift(a, b, f"{path}[{i}]", names)
         ]
     if locked != actual:
-        return [f"{path}: locked {_short(locked)}, now {_short(actual)}"]
+        return [f"{path}: {names[0]} {_short(locked)}, {names[1]} {_short(actual)}"]
     return []
 
 

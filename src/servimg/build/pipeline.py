@@ -13,7 +13,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from servimg.build.bytecode import (
     pyc_path,
     stale_pycs,
 )
-from servimg.build.definition import ImageDefinition, OverlaySpec, repo_root_for
+from servimg.build.definition import DEFAULT_TEMPLATE, ImageDefinition, OverlaySpec, named_lock, repo_root_for
 from servimg.build.lock import (
     BaseLock,
     FileLock,
@@ -48,6 +48,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
+from servimg.core.reference import Reference
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
@@ -424,6 +425,7 @@ def build(
     locked = Lock.load(lock_path_for(definition_path))
     resolution = resolve(definition_path, store, log, runner, seams)
     check_drift(locked, resolution.lock, definition_path)
+    _refuse_tag_of_another_lock(resolution.definition, locked, [tag, target.tag, _registry_tag(target)])
     image, layer = assemble(resolution, locked, store, log)
     if verify:
         _verify_or_refuse(image, store, log, resolution.base.config_digest, seams.verifier)
@@ -454,6 +456,25 @@ def _verify_or_refuse(
         )
     counts = report.counts()
     log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
+
+
+def _registry_tag(target: Target) -> str | None:
+    return Reference.parse(target.location).tag if target.kind == "registry" else None
+
+
+def _refuse_tag_of_another_lock(
+    definition: ImageDefinition, locked: Lock, tags: Sequence[str | None]
+) -> None:
+    """A tag made from the tag template names one lock: never publish another lock's image under it."""
+    templates = (definition.tag, DEFAULT_TEMPLATE)
+    for tag in tags:
+        named = named_lock(tag, templates) if tag else None
+        if named is not None and not locked.digest.hex.startswith(named):
+            raise BuildError(
+                f"refusing to tag this build {tag}: the tag names lock {named}, this build's lock is "
+                f"{locked.digest}; nothing was built or published",
+                hint="drop --tag to use the lock-derived tag, or choose a tag that is not template-shaped",
+            )
 
 
 def _default_target(definition_path: Path) -> Target:

@@ -32,19 +32,20 @@ from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
 from servimg.oci.image import OCI_MANIFEST, Descriptor, Image
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import attest, binding, dsse, referrers
+from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import (
     CheckFailed,
     CheckReport,
     Located,
     Policy,
-    collect,
     evaluate,
+    gather,
     locate,
     top_layer,
 )
-from servimg.provenance.keys import load_trusted
+from servimg.provenance.policy import REBUILD_V1
 from servimg.provenance.statements import ImageFacts, Invocation
 
 
@@ -181,6 +182,7 @@ def push_image(
             hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
         )
     facts = image_facts(image, store, log)
+    binding.refuse_rebinding(binding.tag_of(dest) or tag, facts.definition, facts.lock_digest, "push under")
     if report is None:
         report = verify_image_value(image, store, log)
     if not report.ok:
@@ -433,6 +435,26 @@ def attest_file(
     return _attach_located(located, env, log)
 
 
+def attest_rebuild(
+    located: Located,
+    result: rebuilds.Rebuilt,
+    key: dsse.SigningKey,
+    log: Log,
+    *,
+    rebuilder: str | None = None,
+) -> Attached:
+    """`check --rebuild --attach --key`: a signed statement of this rebuild's result (match or not)
+    about the image REF names, beside it."""
+    if result.problem is not None:
+        raise AttachError(f"nothing was rebuilt, so nothing is attached: {result.problem}")
+    predicate = rebuilds.rebuild_predicate(
+        result, rebuilder or rebuilds.DEFAULT_REBUILDER_ID, provenance.now()
+    )
+    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
+    env = _make("rebuild", REBUILD_V1, attest.statement(subjects, REBUILD_V1, predicate), key)
+    return _attach_located(located, env, log)
+
+
 def _attach_located(located: Located, env: Envelope, log: Log) -> Attached:
     if located.layout is not None:
         return _attach_layout(located.layout, located.image, env)
@@ -489,9 +511,10 @@ def promote(
     located = locate(ref, store, log, repo=repo, remote=remote)
     if located.registry is None:
         raise AttachError(f"{ref} is not in a registry; promotion moves a registry tag")
-    evidence = collect(
-        located, store, log, trusted=load_trusted(policy.keys), threshold=policy.threshold, deep=deep
-    )
+    evidence = gather(located, store, log, policy, deep=deep)
+    if evidence.facts is not None:
+        facts = evidence.facts
+        binding.refuse_rebinding(tag, facts.definition, facts.lock_digest, f"promote {located.name} to")
     report = evaluate(policy, evidence)
     if not report.ok:
         raise CheckFailed(report, f"{located.name}:{tag} was not moved")

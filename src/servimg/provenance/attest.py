@@ -32,10 +32,17 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
 TEST_RESULT_V01 = "https://in-toto.io/attestation/test-result/v0.1"
 VSA_V1 = "https://slsa.dev/verification_summary/v1"
+# servimg's own: the result of an independent rebuild (provenance.rebuild).
+REBUILD_V1 = "https://servimg.invalid/rebuild/v1"
 # buildType of servimg's builder (Provenance v1 §buildType: a URI naming the build template).
 BUILD_TYPE = "https://servimg.io/buildtypes/image/v1"
 ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
-KINDS: Mapping[str, str] = {PROVENANCE_V1: "provenance", TEST_RESULT_V01: "test-result", VSA_V1: "vsa"}
+KINDS: Mapping[str, str] = {
+    PROVENANCE_V1: "provenance",
+    TEST_RESULT_V01: "test-result",
+    VSA_V1: "vsa",
+    REBUILD_V1: "rebuild",
+}
 TEST_RESULTS = ("PASSED", "WARNED", "FAILED")
 VSA_RESULTS = ("PASSED", "FAILED")
 CONFIG_SUBJECT_SUFFIX = "#config"
@@ -61,7 +68,7 @@ def artifact_type(kind: str) -> str:
 
 
 def kind_of(predicate_type: str) -> str:
-    """`provenance`, `test-result` or `vsa` for a predicate type servimg knows."""
+    """`provenance`, `test-result`, `vsa` or `rebuild` for a predicate type servimg knows."""
     try:
         return KINDS[predicate_type]
     except KeyError:

@@ -21,135 +21,42 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from servimg.backends import engine, registry, transport
 from servimg.backends.registry import RegistryClient
 from servimg.backends.target import Target
+from servimg.build.lock import Lock
+from servimg.build.seams import DEFAULT, Seams
 from servimg.build.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, RegistryError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
-from servimg.oci.image import Image
+from servimg.oci.image import Image, Layer
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import attest, binding, dsse, referrers
+from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.keys import load_trusted
+from servimg.provenance.policy import (
+    KIND_NAMES,
+    REBUILD_V1,
+    REQUIREMENTS,
+    Policy,
+    keyids_by_type,
+    predicate_type,
+)
 from servimg.provenance.statements import ChangedFile, ImageFacts
 
 BASE_LABEL = "org.opencontainers.image.base.digest"
 LOCK_LABEL = "io.servimg.lock.digest"
-KIND_NAMES = {"provenance": attest.PROVENANCE_V1, "test-result": attest.TEST_RESULT_V01, "vsa": attest.VSA_V1}
-REQUIREMENTS = ("provenance", "verify", "vsa")
 MAX_LISTED = 6
+__all__ = ["KIND_NAMES", "REQUIREMENTS", "Policy", "predicate_type"]  # re-exported from .policy
 
 
 class CheckError(ServimgError):
     """REF cannot be resolved, or the policy or keys are unusable (nothing could be evaluated)."""
-
-
-def predicate_type(name: str) -> str:
-    """`provenance`, `test-result`, `vsa`, or a predicate type URI as is."""
-    return KIND_NAMES.get(name, name)
-
-
-# ------------------------------------------------------------------------------------------------ policy
-
-
-class _PolicyFile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    require: tuple[str, ...] = ("provenance", "verify")
-    ladders: tuple[str, ...] = ()
-    builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa")
-    keys: tuple[str, ...] = ()
-    threshold: int = Field(default=1, ge=1)
-    allow_unsigned: bool = False
-
-
-@dataclass(frozen=True)
-class Policy:
-    """What `check` requires. `require`: provenance | verify | vsa | a predicate type URI."""
-
-    require: tuple[str, ...] = ("provenance", "verify")
-    ladders: tuple[str, ...] = ()
-    builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = (attest.PROVENANCE_V1, attest.TEST_RESULT_V01, attest.VSA_V1)
-    keys: tuple[Path, ...] = ()
-    threshold: int = 1
-    allow_unsigned: bool = False
-    uri: str = "servimg:policy/default"
-
-    @classmethod
-    def load(cls, path: Path) -> Policy:
-        """A policy file (YAML or JSON); key paths are relative to the file. Every problem at once."""
-        try:
-            doc = yaml.safe_load(path.read_bytes())
-        except OSError as exc:
-            raise CheckError(f"cannot read policy {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise CheckError(f"{path}: not valid YAML/JSON: {exc}") from None
-        try:
-            parsed = _PolicyFile.model_validate(doc if doc is not None else {})
-        except ValidationError as exc:
-            problems = [f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()]
-            raise CheckError(
-                f"{path}: {len(problems)} problem(s) in the policy",
-                problems=problems,
-                hint="keys: require, ladders, builders, predicates, keys, threshold, allow_unsigned",
-            ) from None
-        unknown = [r for r in parsed.require if r not in REQUIREMENTS and ":" not in r]
-        if unknown:
-            raise CheckError(
-                f"{path}: unknown requirement(s) {', '.join(unknown)}",
-                hint=f"use {', '.join(REQUIREMENTS)} or a predicate type URI",
-            )
-        return cls(
-            parsed.require,
-            parsed.ladders,
-            parsed.builders,
-            tuple(predicate_type(p) for p in parsed.predicates),
-            tuple((path.parent / k) for k in parsed.keys),
-            parsed.threshold,
-            parsed.allow_unsigned,
-            path.resolve().as_uri(),
-        )
-
-    def merged(
-        self,
-        *,
-        ladders: Sequence[str] = (),
-        keys: Sequence[Path] = (),
-        builders: Sequence[str] = (),
-        threshold: int | None = None,
-        allow_unsigned: bool = False,
-    ) -> Policy:
-        """Command-line flags on top: ladders and keys add, builders replace, unsigned only loosens."""
-        return replace(
-            self,
-            ladders=tuple(dict.fromkeys([*self.ladders, *ladders])),
-            keys=tuple(dict.fromkeys([*self.keys, *keys])),
-            builders=tuple(builders) or self.builders,
-            threshold=threshold or self.threshold,
-            allow_unsigned=self.allow_unsigned or allow_unsigned,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "require": list(self.require),
-            "ladders": list(self.ladders),
-            "builders": list(self.builders),
-            "predicates": list(self.predicates),
-            "keys": [str(k) for k in self.keys],
-            "threshold": self.threshold,
-            "allow_unsigned": self.allow_unsigned,
-            "uri": self.uri,
-        }
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -454,6 +361,9 @@ class Evidence:
     threshold: int
     deep: VerifyReport | None = None  # a fresh probe run
     deep_problem: str | None = None
+    typed_trust: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (predicate type, keyids trusted for it)
+    lock_file: tuple[str, Lock] | None = None  # `--lock FILE`: the lock the image must be built from
+    rebuild: rebuilds.Rebuilt | None = None  # `--rebuild`: this machine's rebuild
 
 
 def collect(
@@ -634,6 +544,9 @@ def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]
     if f.problem is not None:
         return [row(what, FAIL, f.problem)], False
     signature = _signature_row(policy, ev, f, what)
+    if signature.status == FAIL and f.signature == "untrusted" and kind == "rebuild":
+        # Anyone may rebuild and attach; a rebuild by a key this policy does not trust is not evidence.
+        return [replace(signature, status=WARN, message=f"{signature.message}; not counted")], False
     if signature.status == FAIL:
         return [signature], False
     if f.statement is None:
@@ -647,6 +560,14 @@ def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]
     if statement.predicate_type not in policy.predicates:
         why = f"predicate type {statement.predicate_type} is not allowed by the policy; ignored"
         return [signature, row(what, WARN, why)], False
+    allowed = dict(ev.typed_trust).get(statement.predicate_type)
+    if allowed is not None and f.signature == "verified" and len(set(f.keyids) & set(allowed)) < ev.threshold:
+        signers = ", ".join(k[:12] for k in f.keyids)
+        why = (
+            f"signed by {signers}, which the policy does not trust for {statement.predicate_type} "
+            f"(trusted for it: {', '.join(k[:12] for k in allowed) or 'none'})"
+        )
+        return [row(what, FAIL, why)], False
     declared = attest.KINDS.get(statement.predicate_type)
     if declared is not None and attest.artifact_type(declared) != f.artifact_type:
         why = f"artifactType {f.artifact_type} but the statement is a {declared}"
@@ -695,6 +616,9 @@ def _describe(statement: attest.Statement) -> str:
         return f"test-result ({what}): {p.get('result')}"
     if statement.predicate_type == attest.VSA_V1:
         return f"verification summary: {p.get('verificationResult')} by {(p.get('verifier') or {}).get('id')}"
+    if statement.predicate_type == attest.REBUILD_V1:
+        verdict = "bit-identical" if p.get("match") is True else "MISMATCH"
+        return f"rebuild by {rebuilds.rebuilder_of(p)}: {verdict}"
     return f"predicate {statement.predicate_type}"
 
 
@@ -732,6 +656,12 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
         rows.append(row(f"requires {uri}", PASS if hits else FAIL, f"{len(hits)} verified attestation(s)"))
     if ev.deep is not None or ev.deep_problem is not None:
         rows.append(_deep_row(ev))
+    rows += _binding_rows(policy, ev, provs)
+    if ev.rebuild is not None:
+        rows.append(ev.rebuild.row())
+    if policy.rebuilds:
+        attested = [(f.keyids, s.predicate) for f, s in good if s.predicate_type == REBUILD_V1]
+        rows.append(rebuilds.count_rows(policy.rebuilds, attested, loc.digest))
     used = tuple(sorted({f.artifact for f, _ in good}))
     return CheckReport(
         tuple(rows),
@@ -741,6 +671,29 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
         policy=policy.to_json(),
         used=used,
     )
+
+
+def lock_sources(ev: Evidence, provs: Sequence[attest.Statement]) -> binding.LockSources:
+    """The image's lock digest as its label, its own lock and each verified provenance state it."""
+    stated = [
+        str(((s.predicate.get("buildDefinition") or {}).get("internalParameters") or {}).get("lockDigest"))
+        for s in provs
+    ]
+    facts = ev.facts
+    return binding.LockSources(
+        ev.located.image.labels.get(LOCK_LABEL), facts.lock_digest if facts else None, tuple(stated)
+    )
+
+
+def _binding_rows(policy: Policy, ev: Evidence, provs: Sequence[attest.Statement]) -> list[Finding]:
+    """Tag ↔ lock, and (`--lock`) the repository's lock file ↔ the image's lock."""
+    sources = lock_sources(ev, provs)
+    templates = binding.templates_of(ev.facts.definition if ev.facts else None)
+    rows = [binding.tag_row(binding.tag_of(ev.located.ref), templates, sources, policy.tag_binding)]
+    if ev.lock_file is not None:
+        path, wanted = ev.lock_file
+        rows.append(binding.lock_row(path, wanted, sources, ev.facts.lock if ev.facts else None))
+    return rows
 
 
 def _image_rows(ev: Evidence) -> list[Finding]:
@@ -946,9 +899,12 @@ def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]
         latest = max(results, key=lambda fs: (_finished(fs[1]), fs[0].created or ""))[1]
         config = provenance.test_config(latest.predicate) or {}
         verdict = str((config.get("annotations") or {}).get("verdict", latest.predicate.get("result")))
-        passed = latest.predicate.get("result") == "PASSED"
+        accepted = policy.accepted_verdicts(name) if required else ("PASS",)
+        passed = verdict in accepted and (latest.predicate.get("result") == "PASSED" or verdict != "PASS")
         receipt = (provenance.sha256_of(config) or "")[:12]
         why = f"{verdict} (receipt sha256:{receipt}…, latest of {len(results)})"
+        if passed and verdict != "PASS":
+            why += f"; the policy accepts {', '.join(accepted)} for it"
         rows.append(row(f"ladder {name}", PASS if passed else (FAIL if required else WARN), why))
     return rows
 
@@ -977,6 +933,72 @@ def _deep_row(ev: Evidence) -> Finding:
 # ------------------------------------------------------------------------------------------------ one call
 
 
+@dataclass(frozen=True)
+class Rebuild:
+    """`--rebuild [--definition PATH]`: rebuild the image here; the checkout's definition gives the
+    overlay files (default images/<name>.yaml), the build's seams the runner."""
+
+    definition: Path | None = None
+    seams: Seams = DEFAULT
+
+
+def gather(
+    located: Located,
+    store: BlobStore,
+    log: Log,
+    policy: Policy,
+    *,
+    deep: bool = False,
+    rebuild: Rebuild | None = None,
+) -> Evidence:
+    """Every piece of evidence the policy asks for: attestations verified against every key it names
+    (which key may vouch for which predicate type is judged in `evaluate`), the lock file, a rebuild."""
+    files = policy.all_keys()
+    keyid_of = {path: load_trusted([path])[0].keyid for path in files}
+    evidence = collect(
+        located, store, log, trusted=load_trusted(files), threshold=policy.threshold, deep=deep
+    )
+    lock_file = (str(policy.lock), Lock.load(policy.lock)) if policy.lock is not None else None
+    evidence = replace(evidence, typed_trust=keyids_by_type(policy, keyid_of), lock_file=lock_file)
+    if rebuild is None:
+        return evidence
+    return replace(evidence, rebuild=_rebuild(policy, evidence, rebuild, store, log))
+
+
+def _rebuild(policy: Policy, ev: Evidence, request: Rebuild, store: BlobStore, log: Log) -> rebuilds.Rebuilt:
+    located = ev.located
+    if ev.facts is None:
+        return rebuilds.Rebuilt(
+            located.digest, problem=f"the image carries no servimg files: {ev.facts_problem}"
+        )
+    provs = [s for _, s in accepted(policy, ev) if s.predicate_type == attest.PROVENANCE_V1]
+    if not provs and not policy.allow_unsigned:
+        why = (
+            "no verified provenance names the definition and lock to rebuild from "
+            "(--allow-unsigned: rebuild from the image's own files)"
+        )
+        return rebuilds.Rebuilt(located.digest, problem=why)
+
+    def fetch_layer(layer: Layer) -> None:
+        if located.registry is not None and located.repository is not None:
+            with located.client() as client:
+                client.download_blob(
+                    located.repository, layer.descriptor.digest, store.path(layer.descriptor.digest)
+                )
+
+    predicate = provs[0].predicate if provs else None
+    return rebuilds.rebuild(
+        located.image,
+        ev.facts,
+        predicate,
+        request.definition,
+        store,
+        log,
+        fetch_layer=fetch_layer,
+        seams=request.seams,
+    )
+
+
 def check(
     ref: str,
     store: BlobStore,
@@ -986,8 +1008,8 @@ def check(
     deep: bool = False,
     repo: str | None = None,
     remote: bool = False,
+    rebuild: Rebuild | None = None,
 ) -> tuple[CheckReport, Evidence]:
-    trusted = load_trusted(policy.keys)
     located = locate(ref, store, log, repo=repo, remote=remote)
-    evidence = collect(located, store, log, trusted=trusted, threshold=policy.threshold, deep=deep)
+    evidence = gather(located, store, log, policy, deep=deep, rebuild=rebuild)
     return evaluate(policy, evidence), evidence
