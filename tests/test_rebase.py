@@ -98,6 +98,11 @@ def test_an_offset_is_reported_per_hunk_and_is_not_fuzz() -> None:
     (hunk,) = fuzzy.hunks
     assert hunk.at is None and "line 10" in hunk.problem
     assert (10, "line ten") in hunk.base_lines  # the new base's lines where the hunk should go
+    # Moved far and changed: the lines shown are where the new base looks most like the hunk.
+    far = verdict_on("".join(f"new {n}\n" for n in range(40)) + MOD.replace("line 10\n", "line ten\n"))
+    (hunk,) = far.hunks
+    assert "closest place in the new base is line 44 (6 of 7 old lines equal there)" in hunk.problem
+    assert hunk.base_lines[0] == (44, "line 4")
 
 
 def test_several_exact_places_are_counted() -> None:

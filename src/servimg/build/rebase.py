@@ -437,13 +437,33 @@ def _file_hunks(fp: FilePatch, content: bytes) -> list[HunkEvidence]:
                 HunkEvidence(fp.label, fit.number, declared, fit.at + 1, exact_matches(fit.hunk, content))
             )
             continue
-        start = max(fit.hunk.old_index + drift, 0)
+        start, equal = _closest(fit.hunk.old_lines, lines, max(fit.hunk.old_index + drift, 0))
         shown = lines[start : start + min(len(fit.hunk.old_lines), SHOWN_LINES)]
         base_lines = tuple(
             (start + 1 + i, text.decode("utf-8", "replace").rstrip("\r\n")) for i, text in enumerate(shown)
         )
-        out.append(HunkEvidence(fp.label, fit.number, declared, None, 0, fit.problem, base_lines))
+        where = (
+            f"; the closest place in the new base is line {start + 1} "
+            f"({equal} of {len(fit.hunk.old_lines)} old lines equal there)"
+            if equal
+            else f"; none of its old lines is anywhere near; shown: line {start + 1}"
+        )
+        out.append(HunkEvidence(fp.label, fit.number, declared, None, 0, fit.problem + where, base_lines))
     return out
+
+
+def _closest(old: Sequence[bytes], lines: Sequence[bytes], expected: int) -> tuple[int, int]:
+    """Where the new base looks most like the hunk's old lines (most lines equal position by position,
+    ties nearest to `expected`): (0-based start, lines equal). Only to show the user where to re-author;
+    it never decides whether a hunk applies."""
+    fallback = min(expected, max(len(lines) - 1, 0))
+    best = (0, 0, fallback)
+    for start in range(max(len(lines) - len(old) + 1, 1)):
+        equal = [text for k, text in enumerate(old) if start + k < len(lines) and lines[start + k] == text]
+        # Blank and bracket-only lines match everywhere: a place counts only when a real line is equal.
+        if any(len(text.strip()) > 3 for text in equal):
+            best = max(best, (len(equal), -abs(start - expected), start))
+    return (best[2], best[0]) if best[0] else (fallback, 0)
 
 
 def _load_patch(spec: OverlaySpec, repo_root: Path) -> Patch:
