@@ -111,6 +111,8 @@ def test_the_cli_has_one_registry_of_commands() -> None:
             argv.append("container")
         elif name[0] == "base":
             argv.append("demo")
+        elif name[0] == "rebase":
+            argv += ["x.yaml", "--base", "oci:new"]
         elif name[0] == "attest":
             argv += ["ref", "--predicate-type", "vsa", "--file", "f"]
         elif name[0] == "promote":

@@ -92,6 +92,38 @@ def _build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
 
 
+def _rebase_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("definition", type=Path, help="images/<name>.yaml")
+    p.add_argument(
+        "--base",
+        required=True,
+        metavar="REF",
+        help="the new base: docker-daemon:, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG",
+    )
+    p.add_argument(
+        "--digest",
+        default=None,
+        help="the new base's manifest (or index) digest it must have (default: "
+        "the digest REF has now, pinned as read)",
+    )
+    p.add_argument(
+        "--version",
+        dest="versions",
+        action="append",
+        default=[],
+        metavar="NAME=VERSION",
+        help="the version a package must have in the new base (default: the one it installs)",
+    )
+    p.add_argument("--drop-absorbed", action="store_true", help="leave absorbed overlays out of the stack")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="replace the definition and its lock in place (default: "
+        "<name>.rebased.yaml and <name>.rebased.lock.json beside them)",
+    )
+    _runner(p)
+
+
 def _verify_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "images", nargs="+", help="engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO:TAG"
@@ -247,6 +279,12 @@ def _ladder(a: argparse.Namespace) -> commands.Ladder:
     return commands.Ladder(a.image, a.ladder, a.gpus, a.out, tuple(a.var), a.endpoint, a.attach, a.key)
 
 
+def _rebase(a: argparse.Namespace) -> commands.Rebase:
+    return commands.Rebase(
+        a.definition, a.base, a.digest, tuple(a.versions), a.drop_absorbed, a.write, a.runner
+    )
+
+
 def _base(a: argparse.Namespace) -> commands.Base:
     return commands.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir)
 
@@ -276,6 +314,12 @@ COMMANDS: tuple[Command, ...] = (
             lambda a: commands.Build(tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id),
             commands.build,
         ),
+    ),
+    Command(
+        ("rebase",),
+        "carry a definition's overlays onto a new base: a verdict per overlay, a proposed lock",
+        _rebase_flags,
+        bind(_rebase, commands.rebase),
     ),
     Command(
         ("verify",),

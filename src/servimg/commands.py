@@ -21,6 +21,7 @@ from pathlib import Path
 from servimg.backends import transport
 from servimg.bases import catalog as bases
 from servimg.build import pipeline
+from servimg.build import rebase as rebasing
 from servimg.build.lock import lock_path_for
 from servimg.build.seams import Seams
 from servimg.build.verify import VerifyFailed, VerifyReport, verify_ref
@@ -168,6 +169,45 @@ def build(p: Build, ctx: Context) -> Iterator[Outcome]:
             return Outcome(str(path), built.as_dict())
 
         yield attempt(str(path), run)
+
+
+@dataclass(frozen=True)
+class Rebase:
+    definition: Path
+    base: str
+    digest: str | None = None
+    versions: tuple[str, ...] = ()  # NAME=VERSION
+    drop_absorbed: bool = False
+    write: bool = False
+    runner: str = "auto"
+
+    def request(self) -> rebasing.RebaseRequest:
+        versions = dict(v.split("=", 1) for v in self.versions if "=" in v)
+        if len(versions) != len(self.versions):
+            raise UsageError("--version takes NAME=VERSION", hint="e.g. --version vllm=0.32.0")
+        return rebasing.RebaseRequest(
+            self.definition, self.base, self.digest, versions, self.drop_absorbed, self.write, self.runner
+        )
+
+
+def rebase(p: Rebase, ctx: Context) -> Iterator[Outcome]:
+    """Judge a definition's overlays on a new base; write the proposed definition and lock only when the
+    stack carries over cleanly (FAIL, nothing written, otherwise)."""
+
+    def run() -> Outcome:
+        result = rebasing.rebase(p.request(), ctx.store, ctx.log, ctx.seams)
+        fields: dict[str, object] = {"carries": result.carries, **result.counts()}
+        fields["written"] = [str(w) for w in result.written]
+        return Outcome(
+            str(p.definition),
+            fields,
+            result.as_dict(),
+            result.report,
+            explanation=result.text(),
+            error=result.error(),
+        )
+
+    yield attempt(str(p.definition), run)
 
 
 @dataclass(frozen=True)

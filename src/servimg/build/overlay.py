@@ -763,29 +763,80 @@ def _delete(fp: FilePatch, original: bytes) -> AppliedFile:
     return AppliedFile(fp.path, None, (0,) * len(fp.hunks))
 
 
-def _apply_hunks(fp: FilePatch, original: bytes) -> tuple[bytes, tuple[int, ...]]:
-    """Apply the hunks in order to the lines of `original`; collect a problem per hunk that does not fit."""
-    lines = _split_lines(original)
-    out: list[bytes] = []
-    origin: list[int] = []  # per output line, the hunk that wrote it (0 = kept from the original)
-    offsets: list[int] = []
-    problems: list[str] = []
+@dataclass(frozen=True)
+class HunkFit:
+    """Where one hunk of a file patch lands in a file under the engine's rules (exact match, offsets
+    searched nearest first, hunks in order and never overlapping, no fuzz): `at` is the 0-based index of
+    its first old line, or None with `problem` saying why it fits nowhere."""
+
+    number: int  # 1-based, in the file patch
+    hunk: Hunk
+    at: int | None
+    problem: str = ""
+
+    @property
+    def offset(self) -> int:
+        """Actual minus declared start line (0 when unplaced or where declared)."""
+        return 0 if self.at is None else self.at - self.hunk.old_index
+
+
+def place_hunks(fp: FilePatch, original: bytes) -> tuple[HunkFit, ...]:
+    """Place every hunk of `fp` in `original`, in order, exactly as `apply_file` would; a hunk that
+    fits nowhere does not move the later ones' search start."""
+    return _place(fp, _split_lines(original))
+
+
+def _place(fp: FilePatch, lines: list[bytes]) -> tuple[HunkFit, ...]:
+    fits: list[HunkFit] = []
     pos = 0  # hunks apply in order: none may start before the end of the previous one
     for number, hunk in enumerate(fp.hunks, 1):
         found = _locate(hunk, lines, pos)
         if isinstance(found, str):
-            problems.append(f"{fp.label}: hunk {number} at line {hunk.old_start}: {found}")
+            fits.append(HunkFit(number, hunk, None, found))
             continue
-        out += lines[pos:found] + list(hunk.new_lines)
-        origin += [0] * (found - pos) + [number] * len(hunk.new_lines)
-        offsets.append(found - hunk.old_index)
+        fits.append(HunkFit(number, hunk, found))
         pos = found + len(hunk.old_lines)
+    return tuple(fits)
+
+
+def exact_matches(hunk: Hunk, original: bytes) -> int:
+    """How many places in `original` hold the hunk's old lines exactly (more than one: the nearest is
+    taken, which a reviewer may want to know)."""
+    old, lines = list(hunk.old_lines), _split_lines(original)
+    if not old:
+        return 1
+    return sum(1 for j in range(len(lines) - len(old) + 1) if lines[j : j + len(old)] == old)
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of `data` as the engine sees them (endings kept)."""
+    return _split_lines(data)
+
+
+def _apply_hunks(fp: FilePatch, original: bytes) -> tuple[bytes, tuple[int, ...]]:
+    """Apply the hunks in order to the lines of `original`; collect a problem per hunk that does not fit."""
+    lines = _split_lines(original)
+    fits = _place(fp, lines)
+    problems = [
+        f"{fp.label}: hunk {fit.number} at line {fit.hunk.old_start}: {fit.problem}"
+        for fit in fits
+        if fit.at is None
+    ]
+    out: list[bytes] = []
+    origin: list[int] = []  # per output line, the hunk that wrote it (0 = kept from the original)
+    pos = 0
+    for fit in fits:
+        if fit.at is None:
+            continue
+        out += lines[pos : fit.at] + list(fit.hunk.new_lines)
+        origin += [0] * (fit.at - pos) + [fit.number] * len(fit.hunk.new_lines)
+        pos = fit.at + len(fit.hunk.old_lines)
     out += lines[pos:]
     origin += [0] * (len(lines) - pos)
     problems = problems or _misplaced_eof(fp, out, origin)
     if problems:
         raise _refuse(fp.label, problems)
-    return b"".join(out), tuple(offsets)
+    return b"".join(out), tuple(fit.offset for fit in fits)
 
 
 def _misplaced_eof(fp: FilePatch, lines: list[bytes], origin: list[int]) -> list[str]:

@@ -111,7 +111,7 @@ def resolve(
     base, index = _fetch_base(definition, store, log, seams.base_source)
     fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in base.layers])
     packages = tuple(
-        _find_package(fs, name, spec.distribution, spec.version)
+        find_package(fs, name, spec.distribution, spec.version)
         for name, spec in sorted(definition.packages.items())
     )
     chosen = seams.runners.choose(runner, base, fs)
@@ -212,22 +212,37 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _find_package(fs: LayeredFS, import_name: str, distribution: str, version: str) -> PackageLock:
-    """Locate `<site>/<dist>-<version>.dist-info` that provides `import_name` (PEP 376/427 layout)."""
-    hits: list[tuple[str, str]] = []
-    others: list[str] = []
+def _dist_infos(fs: LayeredFS, distribution: str) -> list[tuple[str, str, str]]:
+    """Every `<site>/<dist>-<version>.dist-info` of `distribution`: (site, entry, version)."""
+    found = []
     for site in _site_dirs(fs):
         for entry in fs.listdir(site):
             if not entry.endswith(".dist-info") or "-" not in entry.removesuffix(".dist-info"):
                 continue
             name, found_version = entry.removesuffix(".dist-info").rsplit("-", 1)
-            if _normalize(name) != _normalize(distribution):
-                continue
-            if found_version == version:
-                if fs.exists(f"{site}/{import_name}") or fs.exists(f"{site}/{import_name}.py"):
-                    hits.append((site, entry))
-            else:
-                others.append(f"/{site}/{entry}")
+            if _normalize(name) == _normalize(distribution):
+                found.append((site, entry, found_version))
+    return found
+
+
+def _provides(fs: LayeredFS, site: str, import_name: str) -> bool:
+    return fs.exists(f"{site}/{import_name}") or fs.exists(f"{site}/{import_name}.py")
+
+
+def installed_versions(fs: LayeredFS, import_name: str, distribution: str) -> list[str]:
+    """The versions of `distribution` installed in the image that provide `import_name` (sorted)."""
+    return sorted({v for site, _, v in _dist_infos(fs, distribution) if _provides(fs, site, import_name)})
+
+
+def find_package(fs: LayeredFS, import_name: str, distribution: str, version: str) -> PackageLock:
+    """Locate `<site>/<dist>-<version>.dist-info` that provides `import_name` (PEP 376/427 layout)."""
+    hits: list[tuple[str, str]] = []
+    others: list[str] = []
+    for site, entry, found_version in _dist_infos(fs, distribution):
+        if found_version != version:
+            others.append(f"/{site}/{entry}")
+        elif _provides(fs, site, import_name):
+            hits.append((site, entry))
     if len(hits) != 1:
         found = ", ".join(f"/{s}/{e}" for s, e in hits) or ", ".join(others) or "nothing"
         raise DefinitionError(
@@ -336,14 +351,8 @@ def _apply_overlays(
     return tuple(locks), changes
 
 
-def _apply_one(
-    spec: OverlaySpec,
-    repo_root: Path,
-    fs: LayeredFS,
-    site: str,
-    state: dict[str, bytes | None],
-    modes: dict[str, int],
-) -> OverlayLock:
+def read_patch(spec: OverlaySpec, repo_root: Path) -> tuple[str, Patch]:
+    """An overlay's patch (its sha256 hex, parsed), refused unless it hashes to the definition's pin."""
     patch_path = (repo_root / spec.patch).resolve()
     try:
         data = patch_path.read_bytes()
@@ -358,7 +367,18 @@ def _apply_one(
             f"{spec.patch} has sha256 {actual}, the definition pins {spec.sha256}",
             hint=f"if you changed the patch on purpose, set sha256: {actual} and run `servimg lock`",
         )
-    patch = Patch.parse(data, strip=spec.strip)
+    return actual, Patch.parse(data, strip=spec.strip)
+
+
+def _apply_one(
+    spec: OverlaySpec,
+    repo_root: Path,
+    fs: LayeredFS,
+    site: str,
+    state: dict[str, bytes | None],
+    modes: dict[str, int],
+) -> OverlayLock:
+    actual, patch = read_patch(spec, repo_root)
     package_root = fs.resolve(f"{site}/{spec.package}")
 
     def image_path(rel: str) -> str:

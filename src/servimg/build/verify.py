@@ -209,8 +209,15 @@ def base_sources(
     Each module is looked up as `<module path>.py`, then `<module path>/__init__.py`, in every locked
     package's site-packages; a module found nowhere is left out (absent from the base)."""
     sites = list(dict.fromkeys(p.site_packages for p in lock.packages))
+    return module_sources(sites, {s.module for s in sentinels}, read)
+
+
+def module_sources(
+    sites: Sequence[str], modules: Iterable[str], read: Callable[[str], bytes | None]
+) -> dict[str, bytes]:
+    """The source of each module found in one of `sites` (absolute site-packages paths), by name."""
     out: dict[str, bytes] = {}
-    for module in sorted({s.module for s in sentinels}):
+    for module in sorted(set(modules)):
         rel = module.replace(".", "/")
         for site in sites:
             data = read(f"{site}/{rel}.py")
@@ -226,13 +233,21 @@ def base_sentinel_verdicts(sources: Mapping[str, bytes], sentinels: Iterable[Sen
     """For each sentinel, whether the BASE's code already holds it: `sources` maps a module name to the
     base's source bytes of that module (a module missing from it is absent from the base). Compiled on the
     host, never executed; a qualname the base lacks means the sentinel is absent. Keys: `sentinel_key`."""
+    return {key: hits > 0 for key, (hits, _) in base_sentinel_lookups(sources, sentinels).items()}
+
+
+def base_sentinel_lookups(
+    sources: Mapping[str, bytes], sentinels: Iterable[Sentinel]
+) -> dict[str, tuple[int, int]]:
+    """For each sentinel (by `sentinel_key`): how many code objects named its qualname hold it, and how
+    many code objects have that qualname at all (0: the qualname, or its module, is not in `sources`)."""
     compiled: dict[str, Any] = {}
-    out: dict[str, bool] = {}
+    out: dict[str, tuple[int, int]] = {}
     for sentinel in sentinels:
         key = sentinel_key(sentinel)
         source = sources.get(sentinel.module)
         if source is None:
-            out[key] = False
+            out[key] = (0, 0)
             continue
         if sentinel.module not in compiled:
             try:
@@ -244,10 +259,10 @@ def base_sentinel_verdicts(sources: Mapping[str, bytes], sentinels: Iterable[Sen
                     f"the base's {sentinel.module} does not compile on this host: {exc}",
                     hint="run servimg with a Python at least as new as the image's interpreter",
                 ) from None
-        hits, _, _ = probe.find_in_qualname(
+        hits, objects, _ = probe.find_in_qualname(
             compiled[sentinel.module], sentinel.qualname, sentinel.name, sentinel.const
         )
-        out[key] = hits > 0
+        out[key] = (hits, objects)
     return out
 
 

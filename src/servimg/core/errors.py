@@ -101,6 +101,10 @@ class StoreError(ServimgError):
     """The local blob cache is missing a blob or holds one that does not match its digest."""
 
 
+class RebaseError(ServimgError):
+    """An overlay stack does not carry over onto a new base (or the rebase could not be prepared)."""
+
+
 class UsageError(ServimgError):
     """The command line asks for something inconsistent."""
 

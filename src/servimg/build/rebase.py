@@ -1,0 +1,722 @@
+"""`servimg rebase`: carry a definition's overlay stack onto a new base, and say per overlay what happens.
+
+Each overlay, in declared order, gets one verdict with its evidence (docs/rebase.md):
+
+- APPLIES: every hunk's old lines (context and removed) match the new base byte for byte at the declared
+  line. APPLIES_AT_OFFSET: they all match byte for byte, some at another line (the hunks and offsets are
+  listed). An offset is not fuzz: no context line is ever dropped or loosened, hunks stay in order and never
+  overlap, a hunk whose context stops at the file's start or end stays anchored there, and of several exact
+  places the nearest to the declared line wins (the number of places is reported when it is more than one).
+  These are the overlay engine's own rules (`servimg.build.overlay`); the rebase reuses them, it has none.
+- ABSORBED: the new base already carries the change. Evidence is either the reverse patch applying to the
+  new base under the same rules (the patched text is there), or every discriminating sentinel of the
+  overlay (`absent_in_base: true`) being present in the new base's code for its qualname (upstream adopted
+  the change in its own words, so no text matches; the sentinel is what the overlay promised to prove).
+- CONFLICTS: some hunk's old lines match nowhere; each failing hunk is shown with the new base's lines
+  where it should have gone, so the user can re-author it.
+- TARGET_GONE: a file the overlay changes, a module its sentinels name, or (when it does not apply) the
+  qualname a sentinel names and the class holding it, no longer exist in the new base.
+
+Overlays stack: each is judged on the new base plus the earlier overlays that carry over; sentinels are
+judged on the new base alone (what `servimg lock` checks). The proposed definition and lock are computed
+in full (the lock by the same `resolve` a build runs) before anything is written, and only when the stack
+carries over cleanly: every overlay applies, or is absorbed and dropped (`drop_absorbed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servimg.backends import transport
+from servimg.build import pipeline
+from servimg.build.definition import (
+    BaseSpec,
+    ImageDefinition,
+    OverlaySpec,
+    PackageSpec,
+    Sentinel,
+    repo_root_for,
+)
+from servimg.build.lock import Lock, lock_path_for
+from servimg.build.overlay import (
+    AppliedFile,
+    FilePatch,
+    Patch,
+    Reader,
+    apply_file,
+    apply_patch,
+    exact_matches,
+    place_hunks,
+    split_lines,
+)
+from servimg.build.seams import DEFAULT, Seams
+from servimg.build.verify import base_sentinel_lookups, module_sources, sentinel_key
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
+from servimg.core.errors import OverlayError, RebaseError, ServimgError
+from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
+from servimg.core.progress import Log
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+
+SHOWN_LINES = 12  # at most this many of the new base's lines per conflicting hunk
+
+
+class Verdict(StrEnum):
+    APPLIES = "APPLIES"
+    APPLIES_AT_OFFSET = "APPLIES_AT_OFFSET"
+    ABSORBED = "ABSORBED"
+    CONFLICTS = "CONFLICTS"
+    TARGET_GONE = "TARGET_GONE"
+
+
+CARRIED = frozenset({Verdict.APPLIES, Verdict.APPLIES_AT_OFFSET})
+
+
+@dataclass(frozen=True)
+class HunkEvidence:
+    """One hunk of an overlay on the new base: where it was declared, where it matched (1-based lines),
+    and, when it matched nowhere, why and the new base's lines where it should have gone."""
+
+    path: str
+    number: int
+    declared: int
+    at: int | None
+    matches: int = 1
+    problem: str = ""
+    base_lines: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def offset(self) -> int:
+        return 0 if self.at is None else self.at - self.declared
+
+    def line(self) -> str:
+        if self.at is None:
+            return f"{self.path}: hunk {self.number} (declared at line {self.declared}): {self.problem}"
+        where = f"at line {self.at}" + (f", offset {self.offset:+d}" if self.offset else "")
+        many = (
+            f"; its lines occur at {self.matches} places, the nearest was taken" if self.matches > 1 else ""
+        )
+        return f"{self.path}: hunk {self.number} (declared at line {self.declared}) {where}{many}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "hunk": self.number,
+            "declared_line": self.declared,
+            "line": self.at,
+            "offset": self.offset,
+            "matches": self.matches,
+            "problem": self.problem,
+            "base_lines": [{"line": n, "text": t} for n, t in self.base_lines],
+        }
+
+
+@dataclass(frozen=True)
+class OverlayVerdict:
+    """The verdict on one overlay and the evidence it rests on."""
+
+    id: str
+    verdict: Verdict
+    evidence: tuple[str, ...]
+    hunks: tuple[HunkEvidence, ...] = ()
+    sentinels: Mapping[str, bool] = field(default_factory=dict)  # discriminating sentinel → in new base
+    reverse_applies: bool = False
+    dropped: bool = False
+
+    @property
+    def carried(self) -> bool:
+        return self.verdict in CARRIED or (self.verdict == Verdict.ABSORBED and self.dropped)
+
+    def finding(self) -> Finding:
+        status: Status = PASS if self.verdict in CARRIED else WARN if self.carried else FAIL
+        hint = {
+            Verdict.ABSORBED: ""
+            if self.dropped
+            else "rerun with --drop-absorbed to leave it out of the stack",
+            Verdict.CONFLICTS: "re-author the patch against the new base's lines shown (never fuzz)",
+            Verdict.TARGET_GONE: "upstream moved or removed the code: re-author the overlay or drop it",
+        }.get(self.verdict, "")
+        message = "; ".join(self.evidence) + (" (dropped)" if self.dropped else "")
+        return Finding(self.verdict.value, status, self.id, message, hint, {"verdict": self.as_dict()})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "verdict": self.verdict.value,
+            "evidence": list(self.evidence),
+            "hunks": [h.as_dict() for h in self.hunks],
+            "sentinels": dict(sorted(self.sentinels.items())),
+            "reverse_applies": self.reverse_applies,
+            "dropped": self.dropped,
+        }
+
+    def report(self) -> str:
+        """The verdict for people: the evidence, then each hunk (conflicting ones with the base's lines)."""
+        lines = [f"{self.id}: {self.verdict.value}" + (" (dropped)" if self.dropped else "")]
+        lines += [f"    {e}" for e in self.evidence]
+        if self.verdict != Verdict.ABSORBED:
+            for hunk in self.hunks:
+                lines.append(f"    - {hunk.line()}")
+                lines += [f"        {n:>6} | {t}" for n, t in hunk.base_lines]
+        return "\n".join(lines)
+
+
+class RebaseReport(Findings):
+    """The verdicts of one rebase, one finding per overlay in declared order."""
+
+    counted = (PASS, WARN, FAIL)
+
+    def title(self) -> str:
+        return "overlays on the new base"
+
+
+@dataclass(frozen=True)
+class NewBase:
+    """The base the stack moves to: ref and manifest digest, its layers, and the packages it installs."""
+
+    ref: str
+    digest: Digest
+    image: Image
+    fs: LayeredFS
+    versions: Mapping[str, str]  # import name → version found in the new base
+    sites: Mapping[str, str]  # import name → site-packages (no leading '/')
+
+
+@dataclass(frozen=True)
+class RebaseRequest:
+    """What `servimg rebase` asks: the definition, the new base, and what to do with the result."""
+
+    definition: Path
+    base: str
+    digest: str | None = None
+    versions: Mapping[str, str] = field(default_factory=dict)  # import name → required new version
+    drop_absorbed: bool = False
+    write: bool = False  # in place, instead of <name>.rebased.yaml beside it
+    runner: str = "auto"
+
+
+@dataclass(frozen=True)
+class RebaseResult:
+    definition_path: Path
+    base_ref: str
+    base_digest: Digest
+    packages: Mapping[str, tuple[str, str]]  # import name → (old version, new version)
+    verdicts: tuple[OverlayVerdict, ...]
+    written: tuple[Path, ...] = ()
+    lock_digest: Digest | None = None
+
+    @property
+    def carries(self) -> bool:
+        return all(v.carried for v in self.verdicts)
+
+    @property
+    def report(self) -> RebaseReport:
+        return RebaseReport(tuple(v.finding() for v in self.verdicts))
+
+    def counts(self) -> dict[str, int]:
+        return {v.value: sum(1 for o in self.verdicts if o.verdict == v) for v in Verdict}
+
+    def text(self) -> str:
+        moved = ", ".join(
+            f"{name} {a} → {b}" if a != b else f"{name} {a} (unchanged)"
+            for name, (a, b) in sorted(self.packages.items())
+        )
+        head = [f"rebase {self.definition_path} onto {self.base_ref} ({self.base_digest})"]
+        head += [f"packages: {moved}"] if moved else []
+        return "\n".join(head + [v.report() for v in self.verdicts])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "definition": str(self.definition_path),
+            "base": {"ref": self.base_ref, "digest": str(self.base_digest)},
+            "packages": {n: {"from": a, "to": b} for n, (a, b) in sorted(self.packages.items())},
+            "carries": self.carries,
+            "counts": self.counts(),
+            "overlays": [v.as_dict() for v in self.verdicts],
+            "written": [str(p) for p in self.written],
+            "lock_digest": None if self.lock_digest is None else str(self.lock_digest),
+        }
+
+    def error(self) -> RebaseFailed | None:
+        return None if self.carries else RebaseFailed(self)
+
+
+class RebaseFailed(RebaseError):
+    """The stack does not carry over cleanly; carries the verdicts (in --json too)."""
+
+    def __init__(self, result: RebaseResult) -> None:
+        stuck = [v for v in result.verdicts if not v.carried]
+        absorbed_only = all(v.verdict == Verdict.ABSORBED for v in stuck)
+        super().__init__(
+            f"the overlay stack does not carry over onto {result.base_ref} cleanly "
+            f"({len(stuck)} overlay(s)); nothing was written",
+            problems=[f"{v.id}: {v.verdict.value}" for v in stuck],
+            hint="rerun with --drop-absorbed to leave the absorbed overlays out"
+            if absorbed_only
+            else "re-author the conflicting overlays against the new base (see the lines shown), then rerun",
+        )
+        self.result = result
+
+    def as_dict(self) -> dict[str, object]:
+        return {**super().as_dict(), "rebase": self.result.as_dict()}
+
+
+# ------------------------------------------------------------------------------------------------ judging
+
+
+def judge_stack(
+    definition: ImageDefinition,
+    repo_root: Path,
+    new: NewBase,
+    *,
+    drop_absorbed: bool = False,
+) -> tuple[OverlayVerdict, ...]:
+    """Every overlay's verdict on `new`, in declared order, each on top of the earlier ones that carry."""
+    changes: dict[str, bytes | None] = {}  # image path (no '/') → content after the carried overlays
+    verdicts = []
+    for spec in definition.overlays:
+        site = new.sites[spec.package]
+
+        def read(rel: str, site: str = site) -> bytes | None:
+            path = new.fs.resolve(f"{site}/{rel}")
+            return changes[path] if path in changes else new.fs.read_or_none(path)
+
+        patch = _load_patch(spec, repo_root)
+        verdict = judge(
+            spec, patch, read, lambda p: new.fs.read_or_none(p.lstrip("/")), list(new.sites.values())
+        )
+        if verdict.verdict == Verdict.ABSORBED and drop_absorbed:
+            verdict = dataclasses.replace(verdict, dropped=True)
+        if verdict.verdict in CARRIED:
+            for applied in apply_patch(patch, read, spec.package):
+                changes[new.fs.resolve(f"{site}/{applied.path}")] = applied.content
+        verdicts.append(verdict)
+    return tuple(verdicts)
+
+
+def judge(
+    spec: OverlaySpec,
+    patch: Patch,
+    read: Reader,
+    read_base: Callable[[str], bytes | None],
+    sites: Sequence[str],
+) -> OverlayVerdict:
+    """One overlay's verdict. `read` gives a package-relative path's content on the new base (with the
+    earlier carried overlays), `read_base` an absolute path of the new base alone; `sites` are its
+    site-packages directories (no leading '/')."""
+    created = {fp.path for fp in patch.files if fp.kind == "create"}
+    gone = [f"{fp.source_path} no longer exists in the new base" for fp in patch.files if _is_gone(fp, read)]
+    discriminating = [s for s in spec.sentinels if s.absent_in_base]
+    modules = {s.module for s in spec.sentinels}
+    sources = module_sources(["/" + s for s in sites], modules, read_base)
+    gone += [
+        f"module {m} no longer exists in the new base"
+        for m in sorted(modules - set(sources))
+        if not any(_module_path(m) in (c, c.removesuffix("/__init__.py") + ".py") for c in created)
+    ]
+    if gone:
+        return OverlayVerdict(spec.id, Verdict.TARGET_GONE, tuple(gone))
+    lookups = base_sentinel_lookups(sources, spec.sentinels)
+    present = {sentinel_key(s): lookups[sentinel_key(s)][0] > 0 for s in discriminating}
+    reverse = _applies(patch.reversed(), read, spec.package)
+    hunks = _hunk_evidence(patch, read)
+    forward = _applies(patch, read, spec.package)
+    evidence: list[str] = []
+    if reverse:
+        evidence.append(
+            "the reverse patch applies exactly to the new base: the patched code is already there"
+        )
+    if present and all(present.values()):
+        evidence.append(
+            "every discriminating sentinel is already in the new base's code: " + ", ".join(sorted(present))
+        )
+    if evidence:
+        evidence += [f"it backported {', '.join(spec.upstream)}"] if spec.upstream else []
+        return OverlayVerdict(spec.id, Verdict.ABSORBED, tuple(evidence), hunks, present, reverse)
+    partial = [k for k, has in sorted(present.items()) if has]
+    note = [f"already in the new base (not every sentinel is): {', '.join(partial)}"] if partial else []
+    if forward:
+        moved = [h for h in hunks if h.offset]
+        if not moved:
+            return OverlayVerdict(
+                spec.id,
+                Verdict.APPLIES,
+                (f"all {len(hunks)} hunk(s) apply at their declared lines", *note),
+                hunks,
+                present,
+            )
+        lines = [
+            f"{h.path}: hunk {h.number} at line {h.at} (declared {h.declared}, offset {h.offset:+d})"
+            for h in moved
+        ]
+        return OverlayVerdict(spec.id, Verdict.APPLIES_AT_OFFSET, (*lines, *note), hunks, present)
+    missing = [
+        f"{s.qualname} is not in {s.module} any more"
+        for s in spec.sentinels
+        if lookups[sentinel_key(s)][1] == 0 and not _owner_exists(s.module, s.qualname, sources)
+    ]
+    if missing:
+        return OverlayVerdict(spec.id, Verdict.TARGET_GONE, tuple(missing), hunks, present)
+    stuck = [f"{h.path} hunk {h.number}" for h in hunks if h.at is None]
+    failing = [f"{len(stuck)} of {len(hunks)} hunk(s) match nowhere: {', '.join(stuck)}"] if stuck else []
+    failing = failing or [
+        "the patch does not apply exactly (a file it creates exists, or one it deletes differs)"
+    ]
+    return OverlayVerdict(spec.id, Verdict.CONFLICTS, (*failing, *note), hunks, present)
+
+
+def _is_gone(fp: FilePatch, read: Reader) -> bool:
+    return fp.kind != "create" and read(fp.source_path) is None
+
+
+def _module_path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def _owner_exists(module: str, qualname: str, sources: Mapping[str, bytes]) -> bool:
+    """Whether the class (or function) that holds `qualname` is still in the module: a method the overlay
+    adds to a class that still exists is not gone."""
+    owner = qualname.rpartition(".")[0]
+    if not owner or module not in sources:
+        return False
+    return any(
+        objects for _, objects in base_sentinel_lookups(sources, [_probe_sentinel(module, owner)]).values()
+    )
+
+
+def _probe_sentinel(module: str, qualname: str) -> Sentinel:
+    """A stand-in sentinel that only asks whether `qualname` exists (its name is never looked at)."""
+    return Sentinel(module=module, qualname=qualname, name="_")
+
+
+def _applies(patch: Patch, read: Reader, package: str) -> bool:
+    try:
+        apply_patch(patch, read, package)
+    except OverlayError:
+        return False
+    return True
+
+
+def _hunk_evidence(patch: Patch, read: Reader) -> tuple[HunkEvidence, ...]:
+    """Per hunk of every file patch, in order: where it lands on the new base (each file patch sees the
+    results of the ones before it, as `apply_patch` does), or why not with the lines there."""
+    state: dict[str, bytes | None] = {}
+    out: list[HunkEvidence] = []
+    for fp in patch.files:
+        content = state[fp.source_path] if fp.source_path in state else read(fp.source_path)
+        if content is not None and fp.kind in ("modify", "rename"):
+            out += _file_hunks(fp, content)
+        with contextlib.suppress(OverlayError):
+            applied: AppliedFile = apply_file(fp, content)
+            state[applied.path] = applied.content
+    return tuple(out)
+
+
+def _file_hunks(fp: FilePatch, content: bytes) -> list[HunkEvidence]:
+    lines = split_lines(content)
+    out = []
+    drift = 0  # where the previous placed hunk landed relative to its declared line
+    for fit in place_hunks(fp, content):
+        declared = fit.hunk.old_index + 1
+        if fit.at is not None:
+            drift = fit.offset
+            out.append(
+                HunkEvidence(fp.label, fit.number, declared, fit.at + 1, exact_matches(fit.hunk, content))
+            )
+            continue
+        start, equal = _closest(fit.hunk.old_lines, lines, max(fit.hunk.old_index + drift, 0))
+        shown = lines[start : start + min(len(fit.hunk.old_lines), SHOWN_LINES)]
+        base_lines = tuple(
+            (start + 1 + i, text.decode("utf-8", "replace").rstrip("\r\n")) for i, text in enumerate(shown)
+        )
+        where = (
+            f"; the closest place in the new base is line {start + 1} "
+            f"({equal} of {len(fit.hunk.old_lines)} old lines equal there)"
+            if equal
+            else f"; none of its old lines is anywhere near; shown: line {start + 1}"
+        )
+        out.append(HunkEvidence(fp.label, fit.number, declared, None, 0, fit.problem + where, base_lines))
+    return out
+
+
+def _closest(old: Sequence[bytes], lines: Sequence[bytes], expected: int) -> tuple[int, int]:
+    """Where the new base looks most like the hunk's old lines (most lines equal position by position,
+    ties nearest to `expected`): (0-based start, lines equal). Only to show the user where to re-author;
+    it never decides whether a hunk applies."""
+    fallback = min(expected, max(len(lines) - 1, 0))
+    best = (0, 0, fallback)
+    for start in range(max(len(lines) - len(old) + 1, 1)):
+        equal = [text for k, text in enumerate(old) if start + k < len(lines) and lines[start + k] == text]
+        # Blank and bracket-only lines match everywhere: a place counts only when a real line is equal.
+        if any(len(text.strip()) > 3 for text in equal):
+            best = max(best, (len(equal), -abs(start - expected), start))
+    return (best[2], best[0]) if best[0] else (fallback, 0)
+
+
+def _load_patch(spec: OverlaySpec, repo_root: Path) -> Patch:
+    try:
+        return pipeline.read_patch(spec, repo_root)[1]
+    except ServimgError as exc:
+        raise exc.context(f"overlay {spec.id}") from None
+
+
+# ------------------------------------------------------------------------------------------------ the base
+
+
+def open_base(
+    definition: ImageDefinition,
+    ref: str,
+    digest: str | None,
+    versions: Mapping[str, str],
+    store: BlobStore,
+    log: Log,
+    seams: Seams = DEFAULT,
+) -> NewBase:
+    """Read the new base (refusing another digest than `digest`, when given) and find in it, per
+    declared package, the one version installed (or the one asked for in `versions`)."""
+    unknown = sorted(set(versions) - set(definition.packages))
+    if unknown:
+        raise RebaseError(
+            f"--version names package(s) the definition does not declare: {', '.join(unknown)}",
+            hint=f"use the import names under `packages`: {', '.join(sorted(definition.packages))}",
+        )
+    spec = BaseSpec(ref=ref, digest=digest or f"sha256:{'0' * 64}", platform=definition.base.platform)
+    try:
+        if digest is None:
+            image = transport.fetch(ref, store, log)
+        else:
+            pinned = Digest.parse(digest)
+            if spec.transport == "registry":
+                pinned = seams.base_source.platform_manifest(ref, pinned, spec.platform)
+            image = seams.base_source.fetch(ref, store, log, expected=pinned)
+    except ServimgError as exc:
+        raise exc.context(f"reading the new base {ref}") from None
+    if digest is not None and image.digest != Digest.parse(digest) and spec.transport != "registry":
+        raise RebaseError(
+            f"the new base {ref} has manifest digest {image.digest}, --digest says {digest}",
+            hint="check the reference, or drop --digest to take the digest the reference has now",
+        )
+    fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
+    found: dict[str, str] = {}
+    sites: dict[str, str] = {}
+    problems = []
+    for name, package in sorted(definition.packages.items()):
+        installed = pipeline.installed_versions(fs, name, package.distribution)
+        wanted = versions.get(name)
+        if wanted is not None and wanted not in installed:
+            problems.append(
+                f"{name}: {package.distribution}=={wanted} is not installed (found {installed or 'none'})"
+            )
+        elif wanted is None and len(installed) != 1:
+            problems.append(
+                f"{name}: expected one {package.distribution} in the new base, found {installed or 'none'}"
+                + (" (say which with --version)" if installed else "")
+            )
+        else:
+            found[name] = wanted or installed[0]
+            located = pipeline.find_package(fs, name, package.distribution, found[name])
+            sites[name] = located.site_packages.lstrip("/")
+    if problems:
+        raise RebaseError(
+            f"the new base {ref} does not provide the definition's packages",
+            problems=problems,
+            hint="rebase onto a base that installs them, or pass --version NAME=VERSION",
+        )
+    base_digest = Digest.parse(digest) if digest is not None else image.digest
+    return NewBase(ref, base_digest, image, fs, found, sites)
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def proposed_definition(
+    old: ImageDefinition, new: NewBase, verdicts: Sequence[OverlayVerdict]
+) -> ImageDefinition:
+    """The definition on the new base: its ref and digest, the new package versions, the dropped
+    overlays left out; everything else as it was."""
+    dropped = {v.id for v in verdicts if v.dropped}
+    return old.model_copy(
+        update={
+            "base": BaseSpec(ref=new.ref, digest=str(new.digest), platform=old.base.platform),
+            "packages": {
+                name: PackageSpec(distribution=spec.distribution, version=new.versions[name])
+                for name, spec in old.packages.items()
+            },
+            "overlays": tuple(o for o in old.overlays if o.id not in dropped),
+        }
+    )
+
+
+def definition_text(text: str, old: ImageDefinition, new: ImageDefinition) -> str:
+    """`text` (the old definition's YAML) edited into `new` line by line, so comments and layout
+    survive; when the layout is one these edits do not understand, the definition rendered afresh."""
+    edited = _edit(text, old, new)
+    if edited is not None:
+        with contextlib.suppress(ServimgError):
+            if ImageDefinition.parse(edited).model_dump() == new.model_dump():
+                return edited
+    rendered = yaml.safe_dump(new.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+    return "# Written by `servimg rebase` (the original layout could not be edited in place).\n" + rendered
+
+
+_TOP = re.compile(r"^(?P<key>[A-Za-z_][\w-]*):")
+
+
+def _blocks(lines: list[str]) -> dict[str, tuple[int, int]]:
+    """Top-level key → (first line, end line) of its block."""
+    starts = [(i, m["key"]) for i, line in enumerate(lines) if (m := _TOP.match(line))]
+    return {
+        key: (i, (starts[n + 1][0] if n + 1 < len(starts) else len(lines)))
+        for n, (i, key) in enumerate(starts)
+    }
+
+
+def _scalar(value: str) -> str:
+    """`value` as a YAML scalar that reads back as the same string (plain when it can be)."""
+    with contextlib.suppress(yaml.YAMLError):
+        if yaml.safe_load(f"k: {value}") == {"k": value}:
+            return value
+    return json.dumps(value)
+
+
+def _set_value(line: str, key: str, value: str) -> str:
+    """`  key: old  # comment` with the value replaced, the comment and the line ending kept."""
+    match = re.match(rf"^(\s+{key}:\s*)(\S.*?)(\s+#.*)?(\r?\n)?$", line)
+    if match is None:
+        return line
+    return f"{match[1]}{_scalar(value)}{match[3] or ''}{match[4] or ''}"
+
+
+def _edit(text: str, old: ImageDefinition, new: ImageDefinition) -> str | None:
+    lines = text.splitlines(keepends=True)
+    blocks = _blocks(lines)
+    if "base" not in blocks or "packages" not in blocks:
+        return None
+    start, end = blocks["base"]
+    for key, value in (("ref", new.base.ref), ("digest", new.base.digest)):
+        hits = [i for i in range(start + 1, end) if re.match(rf"^\s+{key}:\s*\S", lines[i])]
+        if len(hits) != 1:
+            return None
+        lines[hits[0]] = _set_value(lines[hits[0]], key, value)
+    start, end = blocks["packages"]
+    for name, spec in new.packages.items():
+        if old.packages[name].version == spec.version:
+            continue
+        rows = [i for i in range(start + 1, end) if re.match(rf"^\s+{re.escape(name)}:", lines[i])]
+        if len(rows) != 1:
+            return None
+        scan = [rows[0], *_nested(lines, rows[0], end)]
+        for i in scan:
+            pattern = rf"(version:\s*)[\"']?{re.escape(old.packages[name].version)}[\"']?"
+            replaced, count = re.subn(pattern, rf"\g<1>{_scalar(spec.version)}", lines[i], count=1)
+            if count:
+                lines[i] = replaced
+                break
+        else:
+            return None
+    kept = {o.id for o in new.overlays}
+    for overlay in old.overlays:
+        if overlay.id not in kept:
+            cut = _overlay_lines(lines, overlay.id)
+            if cut is None:
+                return None
+            del lines[cut[0] : cut[1]]
+    if not new.overlays and "overlays" in _blocks(lines):
+        start, end = _blocks(lines)["overlays"]
+        lines[start:end] = ["overlays: []\n"]
+    return "".join(lines)
+
+
+def _nested(lines: list[str], row: int, end: int) -> list[int]:
+    """The lines after `row` (up to `end`) indented deeper than it: its block-style mapping."""
+    depth = len(lines[row]) - len(lines[row].lstrip())
+    out = []
+    for i in range(row + 1, end):
+        if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= depth:
+            break
+        out.append(i)
+    return out
+
+
+def _overlay_lines(lines: list[str], overlay_id: str) -> tuple[int, int] | None:
+    blocks = _blocks(lines)
+    if "overlays" not in blocks:
+        return None
+    start, end = blocks["overlays"]
+    dashes = [i for i in range(start + 1, end) if re.match(r"^\s*- ", lines[i])]
+    if not dashes:
+        return None
+    depth = min(len(lines[i]) - len(lines[i].lstrip()) for i in dashes)  # the list's own items
+    items = [i for i in dashes if len(lines[i]) - len(lines[i].lstrip()) == depth]
+    for n, i in enumerate(items):
+        if re.match(rf"^\s*- id:\s*[\"']?{re.escape(overlay_id)}[\"']?\s*$", lines[i]):
+            stop = items[n + 1] if n + 1 < len(items) else end
+            while stop > i + 1 and not lines[stop - 1].strip():
+                stop -= 1
+            return i, stop
+    return None
+
+
+def proposed_paths(definition_path: Path, in_place: bool) -> tuple[Path, Path]:
+    """Where the proposed definition and lock go: in place, or `<name>.rebased.yaml` beside the old."""
+    if in_place:
+        return definition_path, lock_path_for(definition_path)
+    stem = definition_path.name.removesuffix(".yaml").removesuffix(".yml")
+    target = definition_path.with_name(f"{stem}.rebased.yaml")
+    return target, lock_path_for(target)
+
+
+@contextlib.contextmanager
+def _scratch_definition(definition_path: Path, text: str) -> Iterator[Path]:
+    """The proposed definition as a hidden file beside the old one (overlay paths resolve the same way),
+    removed afterwards whatever happens."""
+    scratch = definition_path.with_name(f".{definition_path.stem}.rebase-{os.getpid()}.yaml")
+    atomic_write(scratch, text.encode(), 0o644)
+    try:
+        yield scratch
+    finally:
+        scratch.unlink(missing_ok=True)
+        lock_path_for(scratch).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------ command
+
+
+def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DEFAULT) -> RebaseResult:
+    """Judge the stack on the new base; when it carries over, compute the proposed definition and its lock
+    (resolved as a build resolves) and only then write both. Nothing is written otherwise."""
+    path = request.definition
+    old = ImageDefinition.load(path)
+    new = open_base(old, request.base, request.digest, request.versions, store, log, seams)
+    verdicts = judge_stack(old, repo_root_for(path), new, drop_absorbed=request.drop_absorbed)
+    packages = {n: (old.packages[n].version, v) for n, v in new.versions.items()}
+    result = RebaseResult(path, new.ref, new.digest, packages, verdicts)
+    if not result.carries:
+        return result
+    proposed = proposed_definition(old, new, verdicts)
+    text = definition_text(path.read_text(encoding="utf-8"), old, proposed)
+    with _scratch_definition(path, text) as scratch:
+        try:
+            lock: Lock = pipeline.resolve(scratch, store, log, request.runner, seams).lock
+        except ServimgError as exc:
+            raise exc.context("locking the rebased definition") from None
+    definition_out, lock_out = proposed_paths(path, request.write)
+    # The lock first: a definition whose lock did not land is refused by the next build (its digest).
+    lock.write(lock_out)
+    atomic_write(definition_out, text.encode("utf-8"), 0o644)
+    return RebaseResult(
+        path, new.ref, new.digest, packages, verdicts, (definition_out, lock_out), lock.digest
+    )
