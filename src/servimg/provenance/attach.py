@@ -155,7 +155,7 @@ class PushOptions(TypedDict, total=False):
 def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
     verify result. `report` (a VerifyReport) is used instead of running the probe when given."""
-    image = transport.fetch(image_ref, store, log, progress=options.get("progress", NULL))
+    image = transport.fetch_argument(image_ref, store, log, progress=options.get("progress", NULL))
     return push_image(image, dest, store, log, **options)
 
 

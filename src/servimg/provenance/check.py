@@ -251,19 +251,23 @@ class Located:
 
 
 def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
-    """Resolve REF by its kind (`backends.transport`). A registry-style name the local engine holds
+    """Resolve REF as docker would (`transport.resolve`): a name or (short) ID the local engine holds
     (`docker pull`ed) is checked as the local image, unless `remote`; `repo` says where to look for a
     local image without RepoDigests."""
-    kind = transport.kind_of(ref)
+    if remote and not transport.is_explicit(ref):
+        return _locate_registry(ref, log)
+    found = transport.resolve(ref, log)
+    kind = found.kind
     if kind == "engine":
-        located = _locate_engine(ref, ref.removeprefix("docker-daemon:"), repo, store, log)
+        name = found.target.location
+        located = _locate_engine(name, name, repo, store, log)
         if located is None:
             raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
         return located
     if kind == "registry":
-        located = None if remote else _locate_engine(ref, ref, repo, store, log)
-        return located or _locate_registry(ref, log)
-    target = Target.parse(ref)
+        return _locate_registry(found.target.location, log)
+    ref = found.ref
+    target = found.target
     if kind == "oci":
         return _locate_layout(ref, target, store, log)
     # Any other kind holds the image but no attestations: read it, so every row can say what is missing.
