@@ -48,6 +48,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
+from servimg.core.reference import Reference
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
@@ -522,10 +523,29 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     return image, descriptor
 
 
+BASE_REF_LABEL = "io.servimg.base.ref"
+_IMAGE_ID = re.compile(r"(?:sha256:)?[a-f0-9]{12,64}")
+
+
+def base_reference(definition: ImageDefinition) -> str | None:
+    """`org.opencontainers.image.base.name` is an image reference (annotations spec, distribution's
+    grammar): the registry ref, or the engine's image name, as written; a layout or an archive has none.
+    Where the base came from, transport included, is `io.servimg.base.ref`."""
+    base = definition.base
+    if base.transport not in ("registry", "engine") or _IMAGE_ID.fullmatch(base.location):
+        return None  # a layout, an archive, or an engine image named by its ID: no reference names it
+    try:
+        Reference.parse(base.location)
+    except ServimgError:
+        return None
+    return base.location
+
+
 def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) -> dict[str, str]:
-    base_name = definition.base.location if definition.base.transport == "registry" else definition.base.ref
+    name = base_reference(definition)
     return {
-        "org.opencontainers.image.base.name": base_name,
+        **({"org.opencontainers.image.base.name": name} if name else {}),
+        BASE_REF_LABEL: definition.base.ref,
         "org.opencontainers.image.base.digest": locked.base.manifest_digest,
         "org.opencontainers.image.created": created,
         "org.opencontainers.image.version": tag,
