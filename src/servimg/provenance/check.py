@@ -36,15 +36,20 @@ from servimg.core.reference import Reference
 from servimg.oci.image import Image
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import attest, dsse, referrers, sbom
 from servimg.provenance import statements as provenance
 from servimg.provenance.keys import load_trusted
 from servimg.provenance.statements import ChangedFile, ImageFacts
 
 BASE_LABEL = "org.opencontainers.image.base.digest"
 LOCK_LABEL = "io.servimg.lock.digest"
-KIND_NAMES = {"provenance": attest.PROVENANCE_V1, "test-result": attest.TEST_RESULT_V01, "vsa": attest.VSA_V1}
-REQUIREMENTS = ("provenance", "verify", "vsa")
+KIND_NAMES = {
+    "provenance": attest.PROVENANCE_V1,
+    "test-result": attest.TEST_RESULT_V01,
+    "vsa": attest.VSA_V1,
+    "sbom": attest.CYCLONEDX_BOM,
+}
+REQUIREMENTS = ("provenance", "verify", "vsa", "sbom")
 MAX_LISTED = 6
 
 
@@ -53,7 +58,7 @@ class CheckError(ServimgError):
 
 
 def predicate_type(name: str) -> str:
-    """`provenance`, `test-result`, `vsa`, or a predicate type URI as is."""
+    """`provenance`, `test-result`, `vsa`, `sbom`, or a predicate type URI as is."""
     return KIND_NAMES.get(name, name)
 
 
@@ -66,7 +71,7 @@ class _PolicyFile(BaseModel):
     require: tuple[str, ...] = ("provenance", "verify")
     ladders: tuple[str, ...] = ()
     builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa")
+    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa", "sbom")
     keys: tuple[str, ...] = ()
     threshold: int = Field(default=1, ge=1)
     allow_unsigned: bool = False
@@ -79,7 +84,12 @@ class Policy:
     require: tuple[str, ...] = ("provenance", "verify")
     ladders: tuple[str, ...] = ()
     builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = (attest.PROVENANCE_V1, attest.TEST_RESULT_V01, attest.VSA_V1)
+    predicates: tuple[str, ...] = (
+        attest.PROVENANCE_V1,
+        attest.TEST_RESULT_V01,
+        attest.VSA_V1,
+        attest.CYCLONEDX_BOM,
+    )
     keys: tuple[Path, ...] = ()
     threshold: int = 1
     allow_unsigned: bool = False
@@ -734,6 +744,9 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
     for uri in (r for r in policy.require if r not in REQUIREMENTS):
         hits = [s for _, s in good if s.predicate_type == uri]
         rows.append(row(f"requires {uri}", PASS if hits else FAIL, f"{len(hits)} verified attestation(s)"))
+    boms = [s for _, s in good if s.predicate_type == attest.CYCLONEDX_BOM]
+    if "sbom" in policy.require or boms:
+        rows.append(_sbom_row(ev, boms))
     if ev.deep is not None or ev.deep_problem is not None:
         rows.append(_deep_row(ev))
     used = tuple(sorted({f.artifact for f, _ in good}))
@@ -930,6 +943,19 @@ def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Finding:
     p = mine[0].predicate
     counts = f"{len(p.get('passedTests') or [])} passed, {len(p.get('warnedTests') or [])} warned"
     return row("verify", PASS, f"{p.get('result')}: {counts} (the image's own probe spec)")
+
+
+def _sbom_row(ev: Evidence, boms: Sequence[attest.Statement]) -> Finding:
+    """The SBOM must describe this image as its own lock does: every locked distribution at its version,
+    each overlay as a pedigree patch pinned to the patch's sha256, the interpreter."""
+    if not boms:
+        return row("sbom", FAIL, f"no verified SBOM attestation for {ev.located.digest}")
+    if ev.facts is None:
+        return row("sbom", FAIL, f"cannot compare the SBOM with the image's lock: {ev.facts_problem}")
+    problems = [p for s in boms for p in sbom.problems(s.predicate, ev.located.image, ev.facts)]
+    if problems:
+        return row("sbom", FAIL, f"the SBOM disagrees with the image's lock: {_listed(problems)}")
+    return row("sbom", PASS, f"CycloneDX {sbom.SPEC_VERSION}: {sbom.summary(boms[0].predicate).line()}")
 
 
 def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]) -> list[Finding]:
