@@ -144,6 +144,11 @@ def test_push_finds_engine_images_by_name_and_short_id(
         assert f"{typed}: the Docker Engine's image {image.config_digest.short}" in said.err
         with registry_client(registry.host) as client:
             assert client.head_manifest("i15/resolve", str(n))[0] == image.digest
+    # What `ladder` runs: an engine name stays one; a registry ref becomes the engine image it loads as.
+    store = BlobStore(tmp_path / "cache")
+    assert transport.in_engine(engine_image["name"], store, print) == engine_image["name"]
+    pulled = transport.in_engine(f"docker://{registry.host}/i15/resolve:0", store, print)
+    assert pulled == str(image.config_digest) and engine.has_image(image.config_digest)
     # The same name with the registry's transport written out reads the registry's copy.
     assert fb.main(["diff", "--files", f"docker://{registry.host}/i15/resolve:0", short, *cache]) == 0
     said = capsys.readouterr()
