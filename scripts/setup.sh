@@ -2,15 +2,17 @@
 # Install and start everything servimg's tests and demo need, on a fresh Debian 12 machine (as root):
 # Docker Engine (Debian docker.io), the OCI registry (Debian docker-registry) on 127.0.0.1:5000,
 # mmdebstrap (bases are bootstrapped from pinned packages), faketime (the reproducibility tests build under
-# another clock), Nix (Debian nix-bin, for the offline flake tests), and the Python venv with servimg + dev
-# tools. Idempotent: safe to run again.
+# another clock), Nix (Debian nix-bin, for the offline flake tests), the ecosystem's tools the interop tests
+# drive (skopeo, umoci, podman; docker-credential-pass + pass for the credential-helper tests), and the
+# Python venv with servimg + dev tools. Idempotent: safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 need=()
 for pair in dockerd:docker.io docker-registry:docker-registry mmdebstrap:mmdebstrap faketime:faketime \
-  nix-instantiate:nix-bin; do
+  nix-instantiate:nix-bin skopeo:skopeo umoci:umoci podman:podman \
+  docker-credential-pass:golang-docker-credential-helpers pass:pass; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if ((${#need[@]})); then

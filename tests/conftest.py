@@ -61,6 +61,16 @@ def registry() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A registry that requires basic auth as registry_server.AUTH_USER / AUTH_PASSWORD (htpasswd)."""
+    from registry_server import AUTH_PASSWORD, AUTH_USER, htpasswd_server, registry_available
+
+    _require(registry_available(), "needs Debian's docker-registry")
+    with htpasswd_server(tmp_path_factory.mktemp("htpasswd"), AUTH_USER, AUTH_PASSWORD) as server:
+        yield server
+
+
 @pytest.fixture
 def workspace(tmp_path: Path, demo_base: dict[str, Any]) -> Path:
     """A copy of the repository's images/ and overlays/ whose demo definition pins the base built here."""

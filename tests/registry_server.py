@@ -22,6 +22,9 @@ from pathlib import Path
 from types import TracebackType
 
 BINARY = "docker-registry"
+# The account of conftest's `auth_registry` (a test secret: tests/test_secrets.py searches for it).
+AUTH_USER = "ci-robot"
+AUTH_PASSWORD = "Regi5try-s3cret-Pa55!"
 
 
 def registry_available() -> bool:
@@ -45,6 +48,13 @@ def write_htpasswd(path: Path, user: str, password: str) -> None:
 
     hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
     path.write_text(f"{user}:{hashed}\n")
+
+
+def htpasswd_server(directory: Path, user: str, password: str) -> RegistryServer:
+    """A (not yet started) registry that requires basic auth as `user`/`password`."""
+    htpasswd = directory / "htpasswd"
+    write_htpasswd(htpasswd, user, password)
+    return RegistryServer(htpasswd=htpasswd)
 
 
 class RegistryServer:

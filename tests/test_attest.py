@@ -462,8 +462,9 @@ def test_media_types() -> None:
     )
     assert attest.artifact_type("vsa") == "application/vnd.in-toto.vsa+dsse"
     assert attest.ENVELOPE_MEDIA_TYPE == "application/vnd.dsse.envelope.v1+json"
+    assert attest.artifact_type("sbom") == "application/vnd.in-toto.sbom+dsse"
     with pytest.raises(AttestationError):
-        attest.artifact_type("sbom")
+        attest.artifact_type("spdx")
 
 
 # -------------------------------------------------------------------------------------- sign and open

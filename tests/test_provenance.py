@@ -416,9 +416,11 @@ def test_policy_file(tmp_path: Path) -> None:
     path.write_text("requires: [provenance]\n")
     with pytest.raises(PolicyError, match="problem"):
         Policy.load(path)
-    path.write_text("require: [sbom]\n")
+    path.write_text("require: [spdx]\n")
     with pytest.raises(PolicyError, match="unknown requirement"):
         Policy.load(path)
+    path.write_text("require: [sbom]\n")
+    assert Policy.load(path).require == ("sbom",)
 
 
 # ------------------------------------------------------------------------------------------------ card, keys

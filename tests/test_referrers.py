@@ -236,14 +236,16 @@ def test_fetch_envelope_verifies_binding(client: RegistryClient, repo: str, key:
         referrers.fetch_envelope(client, repo, other.digest, artifact)
     with pytest.raises(ReferrersError, match="artifactType"):
         referrers.fetch_envelope(client, repo, image.digest, artifact, artifact_type=PROVENANCE)
-    # A forged index under the other image's tag lists the artifact; the manifest's subject unmasks it.
+    # A forged index under the other image's tag lists the artifact; the manifest's subject unmasks it
+    # (when listing, and when fetching by digest).
     forged = {
         "schemaVersion": 2,
         "mediaType": OCI_INDEX,
         "manifests": referrers.list_referrers(client, repo, image.digest),
     }
     client.put_manifest(repo, referrers.fallback_tag(other.digest), canonical.dumps(forged), OCI_INDEX)
-    [entry] = referrers.list_referrers(client, repo, other.digest)
+    assert referrers.list_referrers(client, repo, other.digest) == []  # the listing already drops it
+    [entry] = forged["manifests"]
     with pytest.raises(ReferrersError, match="is not an attestation of"):
         referrers.fetch_envelope(client, repo, other.digest, Digest.parse(entry["digest"]))
     # The image itself is not an attestation either.
@@ -277,3 +279,39 @@ def test_referrers_api_registry_skips_the_tag(
     )
     assert client.head_manifest(repo, str(artifact)) is not None
     assert client.head_manifest(repo, referrers.fallback_tag(image.digest)) is None
+
+
+@pytest.mark.registry
+def test_a_registry_that_aliases_the_fallback_tag_to_the_subject_is_named(
+    client: RegistryClient, repo: str, key: SigningKey, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some registries read `sha256-<hex>` as the digest itself; simulated by putting the subject under it."""
+    image, subject = _push_image(client, repo, "v1")
+    client.put_manifest(repo, referrers.fallback_tag(image.digest), image.manifest_bytes, OCI_MANIFEST)
+    found, via = referrers.discover(client, repo, image.digest)
+    assert found == [] and "resolves this referrers tag to the image manifest itself" in via
+    assert referrers.list_referrers(client, repo, image.digest) == []
+    assert "image manifest itself" in caplog.text
+    with pytest.raises(ReferrersError, match="image manifest itself") as info:
+        referrers.attach(client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations())
+    assert "referrers API" in info.value.hint
+
+
+@pytest.mark.registry
+def test_fallback_entries_that_do_not_name_the_subject_are_dropped_and_said(
+    client: RegistryClient, repo: str, key: SigningKey
+) -> None:
+    image, subject = _push_image(client, repo, "v1")
+    artifact = referrers.attach(
+        client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
+    )
+    other, _ = _push_image(client, repo, "other")  # an image manifest: no subject at all
+    tag = referrers.fallback_tag(image.digest)
+    index = json.loads(client.get_manifest(repo, tag)[0])
+    index["manifests"].append(
+        {"mediaType": OCI_MANIFEST, "digest": str(other.digest), "size": len(other.manifest_bytes)}
+    )
+    client.put_manifest(repo, tag, canonical.dumps(index), OCI_INDEX)
+    found, via = referrers.discover(client, repo, image.digest)
+    assert [d["digest"] for d in found] == [str(artifact)]
+    assert f"1 of 2 entries under {tag} do not name {image.digest.short}" in via

@@ -19,13 +19,13 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import requests
 
 from registry_server import RegistryServer, registry_available, write_htpasswd
-from servimg.backends import registry as registry_module
+from servimg.backends import credentials
 from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from servimg.core import canonical
 from servimg.core.digest import Digest
@@ -286,6 +286,54 @@ def test_bearer_token_flow_caches_per_scope_and_never_leaks(
     assert_secret_free(said, password, basic, token)
 
 
+def _helper_runner(user: str, secret: str, asked: list[str]) -> credentials.HelperRunner:
+    """A helper seam answering like `docker-credential-x get` (test_credentials.py runs real ones)."""
+
+    def run(program: str, server: str) -> credentials.HelperAnswer:
+        asked.append(f"{program} {server}")
+        body = json.dumps({"ServerURL": server, "Username": user, "Secret": secret}).encode()
+        return credentials.HelperAnswer(0, body, b"")
+
+    return run
+
+
+@pytest.mark.parametrize("identity", [False, True], ids=["password", "identity-token"])
+def test_bearer_flow_with_helper_credentials(
+    fake: Callable[[Callable[[Seen], Reply]], FakeRegistry], tmp_path: Path, identity: bool
+) -> None:
+    secret, token = "helper-pw-Qx15", "access-tok-15-SECRET"
+    user = "<token>" if identity else "bob"
+    basic = base64.b64encode(f"{user}:{secret}".encode()).decode()
+
+    def respond(seen: Seen) -> Reply:
+        if seen.path.startswith("/token"):
+            form = dict(parse_qsl(seen.body.decode()))
+            oauth = (form.get("grant_type"), form.get("refresh_token"), form.get("scope"))
+            if identity:
+                ok = seen.method == "POST" and oauth == ("refresh_token", secret, "repository:x:pull")
+            else:
+                ok = seen.headers.get("Authorization") == f"Basic {basic}"
+            if ok:
+                return 200, {"Content-Type": "application/json"}, json.dumps({"access_token": token}).encode()
+            return 401, {}, error_body("UNAUTHORIZED", "bad credentials")
+        if seen.headers.get("Authorization") != f"Bearer {token}":
+            challenge = f'Bearer realm="http://{server.host}/token",service="fake"'
+            return 401, {"WWW-Authenticate": challenge}, b""
+        return 200, {}, b"{}"
+
+    server = fake(respond)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"credHelpers": {server.host: "fake15"}}))
+    asked: list[str] = []
+    client = RegistryClient(
+        server.host, docker_config=config, retries=0, helpers=_helper_runner(user, secret, asked)
+    )
+    assert client.has_blob("x", Digest.parse(DIGEST)) is True
+    assert asked == [f"docker-credential-fake15 {server.host}"]
+    assert any(s.path.startswith("/token") for s in server.seen)
+    assert secret not in repr(client)
+
+
 def test_token_refused_error_is_secret_free(
     fake: Callable[[Callable[[Seen], Reply]], FakeRegistry], tmp_path: Path
 ) -> None:
@@ -424,12 +472,12 @@ def test_referrers_404_with_an_index_body_is_an_empty_api_answer(
 
 def test_credentials_repr_is_redacted(tmp_path: Path) -> None:
     config = docker_config(tmp_path / "config.json", "127.0.0.1:1", "alice", "pw-hidden-42")
-    creds = registry_module.load_credentials("127.0.0.1:1", config)
+    creds = credentials.lookup("127.0.0.1:1", config)
     assert creds is not None and creds.password == "pw-hidden-42"
     assert "pw-hidden-42" not in repr(creds)
     (tmp_path / "bad.json").write_text(json.dumps({"auths": {"h": {"auth": "bm9jb2xvbg=="}}}))  # "nocolon"
     with pytest.raises(RegistryError) as info:
-        registry_module.load_credentials("h", tmp_path / "bad.json")
+        credentials.lookup("h", tmp_path / "bad.json")
     assert "bm9jb2xvbg" not in everything_said(info.value)
 
 

@@ -3,8 +3,9 @@ receipts, attestations, image layers, caches, the registry's storage, or error m
 
 One full flow against an htpasswd registry (tests/registry_server.py), through the real CLI: generate a
 password-protected signing key, lock, build to an OCI layout and to the registry (basic auth), push with
-signed provenance and a verify result, check and show; then the failure paths: a wrong registry password,
-no credentials, a wrong key password, a corrupt key file, a registry that died. Every byte produced is
+signed provenance and a verify result, check and show (credentials from a credential helper executable);
+then the failure paths: a wrong registry password, no credentials, a wrong key password, a corrupt key
+file, a registry that died. Every byte produced is
 then searched for every form of every secret (raw, base64, hex, PEM body lines), including base64
 payloads of DSSE envelopes and the contents of every layer.
 """
@@ -23,31 +24,32 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 import fakebase as fb
-from conftest import _require
-from registry_server import RegistryServer, registry_available, write_htpasswd
+from registry_server import AUTH_PASSWORD, AUTH_USER, RegistryServer
 from servimg.backends import registry as registry_module
 
 pytestmark = pytest.mark.registry
 
-USER = "ci-robot"
-PASSWORD = "Regi5try-s3cret-Pa55!"
+USER = AUTH_USER
+PASSWORD = AUTH_PASSWORD
 WRONG = "Wr0ng-but-also-s3cret!"
 KEY_PASSWORD = "k3y-unl0ck-Phrase#"
-
-
-@pytest.fixture(scope="module")
-def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
-    _require(registry_available(), "needs Debian's docker-registry")
-    htpasswd = tmp_path_factory.mktemp("htpasswd") / "htpasswd"
-    write_htpasswd(htpasswd, USER, PASSWORD)
-    with RegistryServer(htpasswd=htpasswd) as server:
-        yield server
 
 
 def _docker_config(directory: Path, host: str, password: str) -> Path:
     directory.mkdir(parents=True)
     auth = base64.b64encode(f"{USER}:{password}".encode()).decode()
     (directory / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return directory
+
+
+def _helper_config(directory: Path, host: str, password: str) -> Path:
+    """A config whose credentials come from a real `docker-credential-<name>` executable (credHelpers)."""
+    directory.mkdir(parents=True)
+    helper = directory / "docker-credential-secrets15"
+    answer = json.dumps({"ServerURL": host, "Username": USER, "Secret": password})
+    helper.write_text(f"#!/bin/sh\ncat >/dev/null\ncat <<'EOF'\n{answer}\nEOF\n")
+    helper.chmod(0o755)
+    (directory / "config.json").write_text(json.dumps({"credHelpers": {host: "secrets15"}}))
     return directory
 
 
@@ -105,6 +107,8 @@ def test_no_secret_appears_in_any_artifact_of_a_full_flow(
     host = auth_registry.host
     good = _docker_config(tmp_path / "inputs" / "docker-good", host, PASSWORD)
     bad = _docker_config(tmp_path / "inputs" / "docker-bad", host, WRONG)
+    helped = _helper_config(tmp_path / "inputs" / "docker-helper", host, PASSWORD)
+    monkeypatch.setenv("PATH", f"{helped}{os.pathsep}{os.environ['PATH']}")
     none = tmp_path / "inputs" / "docker-none"
     none.mkdir()
     keys = tmp_path / "inputs" / "keys"
@@ -133,8 +137,9 @@ def test_no_secret_appears_in_any_artifact_of_a_full_flow(
     assert run("build", str(definition), "--to", repo, "--json") == 0
     push = ("push", f"oci:{work / 'out'}", f"{repo}:signed", "--report", str(report), "--json")
     assert run(*push, "--key", str(keys / "servimg.key")) == 0
-    assert run("check", f"{repo}:signed", "--key", str(keys / "servimg.pub"), "--json") == 0
-    assert run("show", f"{repo}:signed", "--key", str(keys / "servimg.pub")) == 0
+    check = ("check", f"{repo}:signed", "--key", str(keys / "servimg.pub"))
+    assert run(*check, "--json", config=helped) == 0
+    assert run("show", f"{repo}:signed", "--key", str(keys / "servimg.pub"), config=helped) == 0
     # The failure paths: every message printed is part of the corpus.
     assert run("build", str(definition), "--to", repo, config=bad) == 1
     assert "401" in said[-2] and "docker login" in said[-2]

@@ -124,10 +124,15 @@ def _rebase_flags(p: argparse.ArgumentParser) -> None:
     _runner(p)
 
 
+# How every IMAGE argument is read (backends/resolve.py): as docker reads it, or with its transport.
+IMAGE_HELP = (
+    "engine name or (short) image ID (the engine's image when it has it, else the registry's), "
+    "HOST/REPO:TAG, docker://HOST/REPO:TAG, docker-daemon:NAME, oci:DIR[:TAG] or docker-archive:FILE"
+)
+
+
 def _verify_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "images", nargs="+", help="engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO:TAG"
-    )
+    p.add_argument("images", nargs="+", help=IMAGE_HELP)
     p.add_argument("--audit", action="store_true", help="also audit every pyc of the declared packages")
 
 
@@ -139,7 +144,7 @@ def _witness_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _ladder_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("image", help="engine name/ID of the image under test (its arms run as containers)")
+    p.add_argument("image", help=f"the image under test (its arms run as containers): {IMAGE_HELP}")
     p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
     p.add_argument("--gpus", default=None, help="all | 0,1,… (docker device requests; none by default)")
     p.add_argument("--out", type=Path, default=None, help="receipt directory (default ladder-out/<ladder>)")
@@ -173,14 +178,17 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _push_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("image", help="engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO:TAG")
+    p.add_argument("image", help=IMAGE_HELP)
     p.add_argument("dest", help="HOST[:PORT]/REPO[:TAG] or oci:DIR[:TAG]")
     p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
     p.add_argument("--report", type=Path, default=None, help="a `servimg verify --json` report to attach")
     p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
 
 
-REF_HELP = "HOST/REPO:TAG, HOST/REPO@DIGEST, a pulled engine image, oci:DIR[:TAG]"
+REF_HELP = (
+    "engine name or (short) ID (the engine's image when it has it, else the registry's), HOST/REPO:TAG, "
+    "HOST/REPO@DIGEST, docker://HOST/REPO:TAG, oci:DIR[:TAG]"
+)
 
 
 def _attest_flags(p: argparse.ArgumentParser) -> None:
@@ -225,7 +233,7 @@ def _check_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _promote_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("ref", help="HOST/REPO:TAG, HOST/REPO@DIGEST, or a pulled engine image")
+    p.add_argument("ref", help=REF_HELP)
     p.add_argument("--tag", required=True, help="the promotion tag, e.g. qualified")
     p.add_argument("--sign", type=Path, default=None, metavar="KEY", help="private key to sign the VSA")
     p.add_argument("--verifier-id", default=None, help="VSA verifier id")
@@ -239,7 +247,7 @@ def _show_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _diff_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", help="with --files: engine name/ID, oci:DIR[:TAG], docker-archive:FILE, HOST/REPO")
+    p.add_argument("a", help=f"with --files: {IMAGE_HELP}; else {REF_HELP}")
     p.add_argument("b")
     p.add_argument(
         "--files",

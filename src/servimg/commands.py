@@ -249,7 +249,7 @@ def witness_collect(p: WitnessCollect, ctx: Context) -> Iterator[Outcome]:
 
 @dataclass(frozen=True)
 class Ladder:
-    image: str  # engine name/ID: its arms run as containers
+    image: str  # an IMAGE argument: its arms run as containers (resolved into the engine)
     ladder: Path | None = None  # default: the image's bundled ladder
     gpus: str | None = None
     out: Path | None = None  # default ladder-out/<ladder name>
@@ -267,13 +267,16 @@ def ladder(p: Ladder, ctx: Context) -> Iterator[Outcome]:
         if len(variables) != len(p.variables):
             raise UsageError("--var takes NAME=VALUE", hint="e.g. --var model_dir=/models/tiny")
         out, path = p.out, p.ladder
+        # Arms and the bundled ladder need the image in the engine: a name or ID it has, else pulled in.
+        needs_engine = path is None or not p.endpoint
+        image = transport.in_engine(p.image, ctx.store, ctx.log) if needs_engine else p.image
         if path is None:
             out = out or Path("ladder-out") / "bundled"
-            path = runner.bundled_ladder(p.image, out / "ladder")
+            path = runner.bundled_ladder(image, out / "ladder")
         loaded = load(path)
         out = out or Path("ladder-out") / loaded.definition.name
         config = runner.RunConfig(
-            None if p.endpoint else p.image, out, variables, p.gpus, p.endpoint, store=ctx.store
+            None if p.endpoint else image, out, variables, p.gpus, p.endpoint, store=ctx.store
         )
         doc = runner.run(loaded, config, ctx.log)
         fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
@@ -578,8 +581,8 @@ def diff(p: Diff, ctx: Context) -> Iterator[Outcome]:
     target = f"{p.a} {p.b}"
 
     def files() -> Outcome:
-        a = transport.fetch(p.a, ctx.store, ctx.log)
-        b = transport.fetch(p.b, ctx.store, ctx.log)
+        a = transport.fetch_argument(p.a, ctx.store, ctx.log)
+        b = transport.fetch_argument(p.b, ctx.store, ctx.log)
         result = treediff.diff_images(a, b, ctx.store)
         if result.identical:
             return Outcome(target, {"identical": True, "digest": str(result.a)}, result.as_dict())

@@ -22,6 +22,7 @@ import docker.errors
 import docker.types
 
 from servimg.backends.archive import read_archive, write_archive
+from servimg.backends.resolve import EngineImage
 from servimg.backends.target import Target, WriteOptions
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
@@ -128,6 +129,25 @@ def image_id(ref: str) -> Digest | None:
         return None
 
 
+def list_images() -> list[EngineImage] | None:
+    """Every image the engine holds (intermediate ones included: an ID may name one), or None when no
+    engine is reachable. One API call (`GET /images/json?all=1`), however many images there are."""
+    try:
+        raw = client().api.images(all=True)
+    except BackendError:
+        return None
+    found: list[EngineImage] = []
+    for attrs in raw:
+        try:
+            image = Digest.parse(str(attrs.get("Id")))
+        except ServimgError:
+            continue  # not a sha256 image ID (a foreign store): it cannot be named by one either
+        tags = tuple(t for t in attrs.get("RepoTags") or () if t != "<none>:<none>")
+        digests = tuple(d for d in attrs.get("RepoDigests") or () if not d.startswith("<none>@"))
+        found.append(EngineImage(image, tags, digests))
+    return found
+
+
 def has_image(config_digest: Digest) -> bool:
     return image_id(str(config_digest)) == config_digest
 
@@ -147,7 +167,9 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
     if thin:
         base = c.images.get(str(base_config))
         skip = frozenset(Digest.parse(d) for d in base.attrs["RootFS"]["Layers"])
-    with tempfile.TemporaryFile(dir=store.root / "tmp") as fh:
+    spool = store.root / "tmp"
+    spool.mkdir(exist_ok=True)  # a store made for one image (a layout's) may never have spooled before
+    with tempfile.TemporaryFile(dir=spool) as fh:
         write_archive(image, fh, store, skip_layers=skip)
         fh.seek(0)
         try:

@@ -5,14 +5,14 @@ its digest. A publisher that promises "this digest is what was built" must PUT t
 must re-hash everything it reads back. Section names below ("§Pushing blobs" …) are those of the spec's
 `spec.md`.
 
-Security: credentials come from the Docker config file and are sent only in `Authorization` headers. No
+Security: credentials come from the Docker config file or its credential helpers (`backends.credentials`)
+and are sent only in `Authorization` headers (or the token request's body). No
 exception message, log line or repr ever contains a password, a base64 `auth` value or a bearer token; every
 message is passed through `_Auth.redact` as a last line of defence.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -29,6 +29,8 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from servimg.backends import credentials as creds_module
+from servimg.backends.credentials import Credentials, HelperRunner, run_helper
 from servimg.backends.target import Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
@@ -60,7 +62,6 @@ MAX_BACKOFF = 30.0
 
 _IO_BLOCK = 1 << 20
 _ERROR_BODY_LIMIT = 64 << 10
-_DOCKER_HUB = frozenset({"registry-1.docker.io", "docker.io", "index.docker.io"})
 _CHALLENGE_PARAM = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 # Codes of the spec's error table (§Error Codes) with what to do about them.
 _CODE_HINTS = {
@@ -100,82 +101,6 @@ def _is_loopback(host: str) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
-def _docker_config_path(explicit: Path | None) -> Path:
-    """`docker_config` (a file, or a directory holding config.json), else $DOCKER_CONFIG, else ~/.docker."""
-    if explicit is not None:
-        return explicit / "config.json" if explicit.is_dir() else explicit
-    env = os.environ.get("DOCKER_CONFIG")
-    if env:
-        return Path(env) / "config.json"
-    return Path.home() / ".docker" / "config.json"
-
-
-def _config_key_host(key: str) -> str:
-    """`https://index.docker.io/v1/` → `index.docker.io`: Docker writes keys with and without scheme/path."""
-    for prefix in ("https://", "http://"):
-        if key.startswith(prefix):
-            key = key[len(prefix) :]
-    return key.split("/", 1)[0]
-
-
-class _Credentials:
-    """A user name and password; its repr never shows either."""
-
-    __slots__ = ("password", "username")
-
-    def __init__(self, username: str, password: str) -> None:
-        self.username = username
-        self.password = password
-
-    def __repr__(self) -> str:
-        return "_Credentials(<redacted>)"
-
-    def basic(self) -> str:
-        return base64.b64encode(f"{self.username}:{self.password}".encode()).decode("ascii")
-
-
-def _entry_credentials(entry: Mapping[str, Any], where: str) -> _Credentials | None:
-    auth = entry.get("auth")
-    if isinstance(auth, str) and auth:
-        try:
-            user, sep, password = base64.b64decode(auth).decode("utf-8").partition(":")
-        except ValueError:  # binascii.Error and UnicodeDecodeError are both ValueErrors
-            sep, user, password = "", "", ""
-        if not sep:
-            # The value itself is never shown: it is a secret even when malformed.
-            raise RegistryError(
-                f"{where}: `auth` is not base64 of user:password", hint="run `docker login` again"
-            )
-        return _Credentials(user, password)
-    name, secret = entry.get("username"), entry.get("password")
-    if isinstance(name, str) and isinstance(secret, str) and name:
-        return _Credentials(name, secret)
-    return None
-
-
-def load_credentials(registry: str, config: Path) -> _Credentials | None:
-    """Credentials for `registry` from a Docker config's `auths`; None if the file or entry is absent."""
-    try:
-        doc = json.loads(config.read_text("utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not valid JSON"
-        raise RegistryError(
-            f"cannot read Docker config {config}: {reason}", hint="fix or remove it"
-        ) from None
-    auths = doc.get("auths") if isinstance(doc, dict) else None
-    if not isinstance(auths, dict):
-        return None
-    wanted = _DOCKER_HUB if registry in _DOCKER_HUB else {registry}
-    for key, entry in auths.items():
-        if isinstance(key, str) and _config_key_host(key) in wanted and isinstance(entry, dict):
-            creds = _entry_credentials(entry, f"{config} auths[{key!r}]")
-            if creds is not None:
-                return creds
-    return None
-
-
 # ------------------------------------------------------------------------------------------------------- auth
 
 
@@ -192,13 +117,21 @@ class _Auth:
     Tokens are cached per scope set, so a push to one repository fetches one token, not one per request.
     """
 
-    def __init__(self, registry: str, config: Path, session: requests.Session, timeout: float) -> None:
+    def __init__(
+        self,
+        registry: str,
+        config: Path,
+        session: requests.Session,
+        timeout: float,
+        helpers: HelperRunner = run_helper,
+    ) -> None:
         self._registry = registry
         self._config = config
+        self._helpers = helpers
         self._session = session
         self._timeout = timeout
         self._loaded = False
-        self._creds: _Credentials | None = None
+        self._creds: Credentials | None = None
         self._basic = False
         self._tokens: dict[str, str] = {}
         self._secrets: set[str] = set()
@@ -210,13 +143,18 @@ class _Auth:
     def config(self) -> Path:
         return self._config
 
-    def credentials(self) -> _Credentials | None:
-        # Loaded lazily: an anonymous registry never needs the config file to be readable.
+    @property
+    def source(self) -> str:
+        """Where the credentials came from (a config key or a helper), or the config file searched."""
+        return self._creds.source if self._creds is not None else str(self._config)
+
+    def credentials(self) -> Credentials | None:
+        # Loaded lazily: an anonymous registry never needs the config file (or a helper) at all.
         if not self._loaded:
             self._loaded = True
-            self._creds = load_credentials(self._registry, self._config)
+            self._creds = creds_module.lookup(self._registry, self._config, self._helpers)
             if self._creds is not None:
-                self._secrets.update(s for s in (self._creds.password, self._creds.basic()) if s)
+                self._secrets.update(self._creds.secrets())
         return self._creds
 
     def header(self, scopes: Sequence[str]) -> str | None:
@@ -232,8 +170,9 @@ class _Auth:
         """Learn from a 401; True if resending the request with new authorization can succeed."""
         scheme, params = _parse_challenge(response.headers.get("WWW-Authenticate", ""))
         if scheme == "basic":
-            if self._basic or self.credentials() is None:
-                return False  # the credentials we sent were refused, or there are none
+            creds = self.credentials()
+            if self._basic or creds is None or creds.identity_token:
+                return False  # the credentials we sent were refused, or there are none for basic
             self._basic = True
             return True
         if scheme == "bearer" and params.get("realm"):
@@ -251,17 +190,16 @@ class _Auth:
         query = [("service", params["service"])] if params.get("service") else []
         query += [("scope", scope) for scope in wanted]
         creds = self.credentials()
-        auth = None
-        if creds is not None:
-            # Never hand a password to a remote realm over plain http.
-            if realm.scheme == "https" or _is_loopback(realm.hostname or ""):
-                auth = (creds.username, creds.password)
-            else:
-                log.warning(
-                    "not sending credentials to %s over plain http; asking for an anonymous token", where
-                )
+        if creds is not None and not (realm.scheme == "https" or _is_loopback(realm.hostname or "")):
+            # Never hand a password or token to a remote realm over plain http.
+            log.warning("not sending credentials to %s over plain http; asking for an anonymous token", where)
+            creds = None
         try:
-            resp = self._session.get(params["realm"], params=query, auth=auth, timeout=self._timeout)
+            if creds is not None and creds.identity_token:
+                resp = self._refresh_token_request(params, wanted, creds)
+            else:
+                auth = (creds.username, creds.password) if creds is not None else None
+                resp = self._session.get(params["realm"], params=query, auth=auth, timeout=self._timeout)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise _Transient(f"token service {where}: {_describe(exc)}") from None
         with resp:
@@ -270,11 +208,23 @@ class _Auth:
             if resp.status_code != 200:
                 raise RegistryError(
                     f"token service {where} refused ({resp.status_code} {resp.reason})",
-                    hint=f"check the credentials for {self._registry} in {self._config} (`docker login`)",
+                    hint=f"check the credentials for {self._registry} from {self.source} (`docker login`)",
                 )
             token = _token_of(resp)
         self._secrets.add(token)
         return token
+
+    def _refresh_token_request(
+        self, params: Mapping[str, str], scopes: Sequence[str], creds: Credentials
+    ) -> requests.Response:
+        """The OAuth2 flow an identity token calls for (distribution "Token Authentication Implementation
+        using OAuth2"): POST grant_type=refresh_token; the answer's `access_token` is the bearer token."""
+        form = {"grant_type": "refresh_token", "refresh_token": creds.password, "client_id": "servimg"}
+        if params.get("service"):
+            form["service"] = params["service"]
+        if scopes:
+            form["scope"] = " ".join(scopes)
+        return self._session.post(params["realm"], data=form, timeout=self._timeout)
 
     def redact(self, text: str) -> str:
         for secret in sorted(self._secrets, key=len, reverse=True):
@@ -439,8 +389,10 @@ class RegistryClient:
         session: requests.Session | None = None,
         docker_config: Path | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        helpers: HelperRunner = run_helper,
     ) -> None:
-        """`sleep` waits out each back-off (a seam: tests record the delays instead of sleeping)."""
+        """`sleep` waits out each back-off (a seam: tests record the delays instead of sleeping);
+        `helpers` runs docker credential helpers (the default runs `docker-credential-<name> get`)."""
         loopback = _is_loopback(_host_of(registry))
         scheme = scheme or ("http" if loopback else "https")
         if scheme not in ("http", "https"):
@@ -460,7 +412,8 @@ class RegistryClient:
         if self._owns_session and loopback:
             # A proxy from the environment cannot reach our loopback, and ~/.netrc must not add auth.
             self._session.trust_env = False
-        self._auth = _Auth(registry, _docker_config_path(docker_config), self._session, timeout)
+        config = creds_module.config_path(docker_config)
+        self._auth = _Auth(registry, config, self._session, timeout, helpers)
 
     def __repr__(self) -> str:
         return f"RegistryClient({self.base_url!r})"
@@ -547,7 +500,7 @@ class RegistryClient:
         hint = next((_CODE_HINTS[c] for c in codes if c in _CODE_HINTS), "")
         if resp.status_code in (401, 403) or {"UNAUTHORIZED", "DENIED"} & set(codes):
             hint = (
-                f"log in with `docker login {self.registry}` (credentials are read from {self._auth.config})"
+                f"log in with `docker login {self.registry}` (credentials are read from {self._auth.source})"
             )
         return self._error(
             f"{what}: registry answered {resp.status_code} {resp.reason}", hint=hint, problems=problems

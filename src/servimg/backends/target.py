@@ -17,8 +17,14 @@ from servimg.core.progress import Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
-# `docker-daemon:` names an engine image, `oci:` a layout, `docker-archive:` a file; else a registry ref.
-PREFIXES = (("docker-daemon:", "engine"), ("oci:", "oci"), ("docker-archive:", "archive"))
+# `docker-daemon:` names an engine image, `oci:` a layout, `docker-archive:` a file, `docker://` (skopeo's
+# spelling) or no prefix a registry ref.
+PREFIXES = (
+    ("docker-daemon:", "engine"),
+    ("oci:", "oci"),
+    ("docker-archive:", "archive"),
+    ("docker://", "registry"),
+)
 
 
 def split_layout_ref(text: str) -> tuple[Path, str | None]:
@@ -51,7 +57,7 @@ class Target:
         if "/" not in text:
             raise BackendError(
                 f"not a target: {text!r}",
-                hint="use docker, oci:DIR[:TAG], docker-archive:FILE or HOST[:PORT]/REPO[:TAG]",
+                hint="use docker, oci:DIR[:TAG], docker-archive:FILE or [docker://]HOST[:PORT]/REPO[:TAG]",
             )
         return cls("registry", text)
 

@@ -4,6 +4,10 @@
 (`backends.target.Backend`) does its own I/O. `fetch`, `publish` and `check_reachable` only look the
 backend up, so every command that reads or writes an image (build, verify, push, check, attach) reaches
 a place of one kind the same way.
+
+An IMAGE argument a user typed (verify, push, check, show, diff, ladder, attest, promote) goes through
+`resolve` first (`backends.resolve`: engine name or short ID when the engine has it, else a registry),
+which logs where it went. A definition's base ref and a `--to` sink are taken as written.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 from typing import Unpack
 
 from servimg.backends import archive, engine, layout, registry
+from servimg.backends import resolve as resolution
+from servimg.backends.resolve import Resolved
 from servimg.backends.target import Backend, Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -18,7 +24,19 @@ from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
-__all__ = ["BACKENDS", "Target", "backend", "check_reachable", "fetch", "is_engine_ref", "kind_of", "publish"]
+__all__ = [
+    "BACKENDS",
+    "Resolved",
+    "Target",
+    "backend",
+    "check_reachable",
+    "fetch",
+    "fetch_argument",
+    "in_engine",
+    "is_explicit",
+    "publish",
+    "resolve",
+]
 
 BACKENDS: dict[str, Backend] = {
     "engine": engine.BACKEND,
@@ -32,19 +50,36 @@ def backend(target: Target) -> Backend:
     return BACKENDS[target.kind]
 
 
-def is_engine_ref(ref: str) -> bool:
-    """`docker-daemon:X`, an image ID, or a plain `name[:tag]` without a registry host."""
-    if ref.startswith("docker-daemon:") or ref.startswith("sha256:"):
-        return True
-    if ref.startswith(("oci:", "docker-archive:")):
-        return False
-    first = ref.split("/", 1)[0]
-    return "/" not in ref or not ("." in first or ":" in first or first == "localhost")
+def resolve(text: str, log: Log) -> Resolved:
+    """Where the IMAGE argument `text` points (`backends.resolve`), said in one log line unless it was
+    written with its transport. The engine is asked only when the argument could name one of its images."""
+    found = resolution.resolve(text, None if is_explicit(text) else engine.list_images())
+    if not found.explicit:
+        log(f"{text}: {found.why}")
+    return found
 
 
-def kind_of(ref: str) -> str:
-    """The kind of backend `ref` names: a plain `name[:tag]` or an image ID is the engine's."""
-    return "engine" if is_engine_ref(ref) else Target.parse(ref).kind
+def is_explicit(text: str) -> bool:
+    """True when `text` names its transport (`docker-daemon:`, `oci:`, `docker-archive:`, `docker://`)."""
+    return text.startswith((resolution.REGISTRY_PREFIX, "docker-daemon:", "oci:", "docker-archive:"))
+
+
+def fetch_argument(text: str, store: BlobStore, log: Log, progress: Progress = NULL) -> Image:
+    """`fetch` an IMAGE argument after resolving it."""
+    return fetch(resolve(text, log).ref, store, log, progress=progress)
+
+
+def in_engine(text: str, store: BlobStore, log: Log) -> str:
+    """An engine name for the IMAGE argument `text` (commands that run containers): the engine's own
+    image, or the image fetched from where it resolved and loaded (untagged) into the engine."""
+    found = resolve(text, log)
+    if found.kind == "engine":
+        return found.target.location
+    image = fetch(found.ref, store, log)
+    if not engine.has_image(image.config_digest):
+        log(f"loading {image.digest.short} into the Docker Engine (untagged) to run it")
+        engine.load(image, store, tag=None)
+    return str(image.config_digest)
 
 
 def fetch(

@@ -563,10 +563,29 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     return image, descriptor
 
 
+BASE_REF_LABEL = "io.servimg.base.ref"
+_IMAGE_ID = re.compile(r"(?:sha256:)?[a-f0-9]{12,64}")
+
+
+def base_reference(definition: ImageDefinition) -> str | None:
+    """`org.opencontainers.image.base.name` is an image reference (annotations spec, distribution's
+    grammar): the registry ref, or the engine's image name, as written; a layout or an archive has none.
+    Where the base came from, transport included, is `io.servimg.base.ref`."""
+    base = definition.base
+    if base.transport not in ("registry", "engine") or _IMAGE_ID.fullmatch(base.location):
+        return None  # a layout, an archive, or an engine image named by its ID: no reference names it
+    try:
+        Reference.parse(base.location)
+    except ServimgError:
+        return None
+    return base.location
+
+
 def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) -> dict[str, str]:
-    base_name = definition.base.location if definition.base.transport == "registry" else definition.base.ref
+    name = base_reference(definition)
     return {
-        "org.opencontainers.image.base.name": base_name,
+        **({"org.opencontainers.image.base.name": name} if name else {}),
+        BASE_REF_LABEL: definition.base.ref,
         "org.opencontainers.image.base.digest": locked.base.manifest_digest,
         "org.opencontainers.image.created": created,
         "org.opencontainers.image.version": tag,

@@ -557,13 +557,14 @@ def verify_image_value(
 
 
 def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> VerifyReport:
-    """`servimg verify IMAGE`: an engine name/ID, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG."""
-    if transport.is_engine_ref(ref):
-        name = ref.removeprefix("docker-daemon:")
+    """`servimg verify IMAGE`: an engine name or (short) ID, oci:DIR[:TAG], docker-archive:FILE or
+    HOST/REPO:TAG, resolved as docker would (`transport.resolve`)."""
+    found = transport.resolve(ref, log)
+    if found.kind == "engine":
         if engine.engine_available():
-            return VerifyReport.from_json(run_probe_in_docker(name, audit=audit))
+            return VerifyReport.from_json(run_probe_in_docker(found.target.location, audit=audit))
         raise VerifyError(
             f"{ref} names an engine image, but no Docker Engine is reachable",
             hint="start dockerd, or verify an OCI layout / registry ref instead",
         )
-    return verify_image_value(transport.fetch(ref, store, log), store, log, audit=audit)
+    return verify_image_value(transport.fetch(found.ref, store, log), store, log, audit=audit)

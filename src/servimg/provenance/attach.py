@@ -32,7 +32,7 @@ from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
 from servimg.oci.image import OCI_MANIFEST, Descriptor, Image
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, binding, dsse, referrers
+from servimg.provenance import attest, binding, dsse, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import (
@@ -117,16 +117,21 @@ def build_statements(
     facts: ImageFacts,
     report: VerifyReport,
     key: dsse.SigningKey | None,
+    store: BlobStore,
     *,
     invocation: Invocation,
     builder: str | None = None,
 ) -> list[Envelope]:
-    """The provenance and the verify test-result of `image`, as envelopes (deterministic when the
-    invocation has no times: ed25519 signatures are, so a rerun attaches nothing new)."""
-    subjects = provenance.subjects(provenance.subject_name(facts), image.digest, image.config_digest)
+    """The provenance, the verify test-result and the SBOM of `image` (every layer in `store`), as
+    envelopes (deterministic when the invocation has no times: ed25519 signatures are, so a rerun
+    attaches nothing new)."""
+    name = provenance.subject_name(facts)
+    subjects = provenance.subjects(name, image.digest, image.config_digest)
     prov = provenance.provenance_predicate(facts, invocation, provenance.builder_id(builder))
     verify = provenance.verify_predicate(report, facts)
+    bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), name)
     return [
+        _make("sbom", attest.CYCLONEDX_BOM, attest.statement(subjects, attest.CYCLONEDX_BOM, bom), key),
         _make(
             "provenance", attest.PROVENANCE_V1, attest.statement(subjects, attest.PROVENANCE_V1, prov), key
         ),
@@ -156,7 +161,7 @@ class PushOptions(TypedDict, total=False):
 def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
     verify result. `report` (a VerifyReport) is used instead of running the probe when given."""
-    image = transport.fetch(image_ref, store, log, progress=options.get("progress", NULL))
+    image = transport.fetch_argument(image_ref, store, log, progress=options.get("progress", NULL))
     return push_image(image, dest, store, log, **options)
 
 
@@ -192,7 +197,7 @@ def push_image(
             hint="run `servimg verify` on it for the full table",
         )
     invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
-    envelopes = build_statements(image, facts, report, key, invocation=invocation, builder=builder)
+    envelopes = build_statements(image, facts, report, key, store, invocation=invocation, builder=builder)
     if target.kind == "oci":
         return _push_layout(image, target, store, log, envelopes, tag)
     return _push_registry(image, dest, store, log, envelopes, tag, progress)

@@ -34,6 +34,8 @@ TEST_RESULT_V01 = "https://in-toto.io/attestation/test-result/v0.1"
 VSA_V1 = "https://slsa.dev/verification_summary/v1"
 # servimg's own: the result of an independent rebuild (provenance.rebuild).
 REBUILD_V1 = "https://servimg.invalid/rebuild/v1"
+# The in-toto predicate type of a CycloneDX BOM (in-toto/attestation spec/predicates: "cyclonedx").
+CYCLONEDX_BOM = "https://cyclonedx.org/bom"
 # buildType of servimg's builder (Provenance v1 §buildType: a URI naming the build template).
 BUILD_TYPE = "https://servimg.io/buildtypes/image/v1"
 ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
@@ -42,6 +44,7 @@ KINDS: Mapping[str, str] = {
     TEST_RESULT_V01: "test-result",
     VSA_V1: "vsa",
     REBUILD_V1: "rebuild",
+    CYCLONEDX_BOM: "sbom",
 }
 TEST_RESULTS = ("PASSED", "WARNED", "FAILED")
 VSA_RESULTS = ("PASSED", "FAILED")
@@ -68,7 +71,7 @@ def artifact_type(kind: str) -> str:
 
 
 def kind_of(predicate_type: str) -> str:
-    """`provenance`, `test-result`, `vsa` or `rebuild` for a predicate type servimg knows."""
+    """`provenance`, `test-result`, `vsa`, `rebuild` or `sbom` for a predicate type servimg knows."""
     try:
         return KINDS[predicate_type]
     except KeyError:
@@ -483,10 +486,24 @@ def _check_levels(p: Mapping[str, Any], problems: list[str]) -> None:
         problems.append("predicate.dependencyLevels: not a map of level to non-negative integer")
 
 
+def _check_bom(p: Mapping[str, Any], problems: list[str]) -> None:
+    """The CycloneDX fields servimg relies on (the full schema is checked by cyclonedx's validator in the
+    tests): bomFormat, specVersion 1.6, metadata.component, components as a list."""
+    if p.get("bomFormat") != "CycloneDX":
+        problems.append("predicate.bomFormat: must be CycloneDX")
+    if p.get("specVersion") != "1.6":
+        problems.append("predicate.specVersion: must be 1.6")
+    if not isinstance((p.get("metadata") or {}).get("component"), dict):
+        problems.append("predicate.metadata.component: missing (the image the BOM describes)")
+    if not isinstance(p.get("components"), list):
+        problems.append("predicate.components: missing or not a list")
+
+
 _PREDICATE_CHECKS: Mapping[str, Callable[[Mapping[str, Any], list[str]], None]] = {
     PROVENANCE_V1: _check_provenance,
     TEST_RESULT_V01: _check_test_result,
     VSA_V1: _check_vsa,
+    CYCLONEDX_BOM: _check_bom,
 }
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servimg.provenance import attest
+from servimg.provenance import attest, sbom
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import BASE_LABEL, Evidence, Found
 from servimg.provenance.statements import ChangedFile
@@ -31,7 +31,7 @@ class Overlay:
 
 @dataclass(frozen=True)
 class Result:
-    what: str  # verify | ladder:<name> | vsa
+    what: str  # verify | ladder:<name> | vsa | sbom
     result: str
     detail: str
     trusted: bool
@@ -334,6 +334,9 @@ def _results(bound: Sequence[Found]) -> list[Result]:
             levels = ", ".join(p.get("verifiedLevels") or [])
             detail = f"{(p.get('verifier') or {}).get('id')} at {p.get('timeVerified')}; {levels}"
             out.append(Result("vsa", str(p.get("verificationResult")), detail, trusted))
+        elif statement.predicate_type == attest.CYCLONEDX_BOM:
+            spec = f"CycloneDX {p.get('specVersion')}"
+            out.append(Result("sbom", spec, sbom.summary(p).line(), trusted))
     return sorted(out, key=lambda r: (r.what, r.detail))
 
 

@@ -35,7 +35,7 @@ from servimg.core.reference import Reference
 from servimg.oci.image import Image, Layer
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, binding, dsse, referrers
+from servimg.provenance import attest, binding, dsse, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.keys import load_trusted
@@ -158,19 +158,23 @@ class Located:
 
 
 def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
-    """Resolve REF by its kind (`backends.transport`). A registry-style name the local engine holds
+    """Resolve REF as docker would (`transport.resolve`): a name or (short) ID the local engine holds
     (`docker pull`ed) is checked as the local image, unless `remote`; `repo` says where to look for a
     local image without RepoDigests."""
-    kind = transport.kind_of(ref)
+    if remote and not transport.is_explicit(ref):
+        return _locate_registry(ref, log)
+    found = transport.resolve(ref, log)
+    kind = found.kind
     if kind == "engine":
-        located = _locate_engine(ref, ref.removeprefix("docker-daemon:"), repo, store, log)
+        name = found.target.location
+        located = _locate_engine(name, name, repo, store, log)
         if located is None:
             raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
         return located
     if kind == "registry":
-        located = None if remote else _locate_engine(ref, ref, repo, store, log)
-        return located or _locate_registry(ref, log)
-    target = Target.parse(ref)
+        return _locate_registry(found.target.location, log)
+    ref = found.ref
+    target = found.target
     if kind == "oci":
         return _locate_layout(ref, target, store, log)
     # Any other kind holds the image but no attestations: read it, so every row can say what is missing.
@@ -654,6 +658,9 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
     for uri in (r for r in policy.require if r not in REQUIREMENTS):
         hits = [s for _, s in good if s.predicate_type == uri]
         rows.append(row(f"requires {uri}", PASS if hits else FAIL, f"{len(hits)} verified attestation(s)"))
+    boms = [s for _, s in good if s.predicate_type == attest.CYCLONEDX_BOM]
+    if "sbom" in policy.require or boms:
+        rows.append(_sbom_row(ev, boms))
     if ev.deep is not None or ev.deep_problem is not None:
         rows.append(_deep_row(ev))
     rows += _binding_rows(policy, ev, provs)
@@ -879,6 +886,19 @@ def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Finding:
     p = mine[0].predicate
     counts = f"{len(p.get('passedTests') or [])} passed, {len(p.get('warnedTests') or [])} warned"
     return row("verify", PASS, f"{p.get('result')}: {counts} (the image's own probe spec)")
+
+
+def _sbom_row(ev: Evidence, boms: Sequence[attest.Statement]) -> Finding:
+    """The SBOM must describe this image as its own lock does: every locked distribution at its version,
+    each overlay as a pedigree patch pinned to the patch's sha256, the interpreter."""
+    if not boms:
+        return row("sbom", FAIL, f"no verified SBOM attestation for {ev.located.digest}")
+    if ev.facts is None:
+        return row("sbom", FAIL, f"cannot compare the SBOM with the image's lock: {ev.facts_problem}")
+    problems = [p for s in boms for p in sbom.problems(s.predicate, ev.located.image, ev.facts)]
+    if problems:
+        return row("sbom", FAIL, f"the SBOM disagrees with the image's lock: {_listed(problems)}")
+    return row("sbom", PASS, f"CycloneDX {sbom.SPEC_VERSION}: {sbom.summary(boms[0].predicate).line()}")
 
 
 def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]) -> list[Finding]:

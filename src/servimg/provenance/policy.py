@@ -2,7 +2,7 @@
 
 A policy names the evidence an image must carry and whom to believe for each kind of it (docs/policy.md):
 
-- `require`: provenance | verify | vsa | a predicate type URI;
+- `require`: provenance | verify | vsa | sbom | a predicate type URI;
 - `keys`: trusted public keys, either one list (trusted for every predicate type) or a mapping from a
   predicate type (`provenance`, `test-result`, `vsa`, `rebuild`, a URI, or `all`) to its keys;
 - `ladders`: required ladders, a list of names (verdict PASS) or a mapping name → verdict(s) accepted;
@@ -34,7 +34,7 @@ from servimg.provenance import statements as provenance
 
 REBUILD_V1 = attest.REBUILD_V1
 KIND_NAMES = {kind: uri for uri, kind in attest.KINDS.items()}
-REQUIREMENTS = ("provenance", "verify", "vsa")
+REQUIREMENTS = ("provenance", "verify", "vsa", "sbom")
 ALL_TYPES = "all"
 TAG_BINDINGS = ("warn", "require")
 KEYS = "require, keys, ladders, rebuilds, tag_binding, lock, builders, predicates, threshold, allow_unsigned"
@@ -62,7 +62,7 @@ class _PolicyFile(BaseModel):
     require: tuple[str, ...] = ("provenance", "verify")
     ladders: tuple[str, ...] | dict[str, Verdict | tuple[Verdict, ...]] = ()
     builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa", "rebuild")
+    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa", "rebuild", "sbom")
     keys: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     threshold: int = Field(default=1, ge=1)
     allow_unsigned: bool = False
@@ -79,7 +79,13 @@ class Policy:
     require: tuple[str, ...] = ("provenance", "verify")
     ladders: tuple[str, ...] = ()
     builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = (attest.PROVENANCE_V1, attest.TEST_RESULT_V01, attest.VSA_V1, REBUILD_V1)
+    predicates: tuple[str, ...] = (
+        attest.PROVENANCE_V1,
+        attest.TEST_RESULT_V01,
+        attest.VSA_V1,
+        REBUILD_V1,
+        attest.CYCLONEDX_BOM,
+    )
     keys: tuple[Path, ...] = ()
     threshold: int = 1
     allow_unsigned: bool = False

@@ -229,6 +229,13 @@ def _read_index(client: RegistryClient, repo: str, tag: str, *, strict: bool) ->
     found = client.head_manifest(repo, tag, accept=DEFAULT_ACCEPT)
     if found is None:
         return []
+    if tag == fallback_tag(found[0]):
+        # The tag answers with the manifest whose digest it spells: the registry reads digest-shaped tags
+        # as digests, so nothing can ever be stored under it.
+        if strict:
+            raise ReferrersError(f"{repo}:{tag}: {_ALIASED}", hint=_ALIASED_HINT)
+        log.warning("%s:%s: %s", repo, tag, _ALIASED)
+        return []
     data, media_type, _ = client.get_manifest(repo, str(found[0]), accept=DEFAULT_ACCEPT)
     entries = _index_entries(data, media_type)
     if entries is None:
@@ -240,6 +247,50 @@ def _read_index(client: RegistryClient, repo: str, tag: str, *, strict: bool) ->
         log.warning("%s:%s is not an image index; treating it as no referrers", repo, tag)
         return []
     return entries
+
+
+_ALIASED = (
+    "the registry resolves this referrers tag to the image manifest itself (it reads a sha256-<hex> tag as "
+    "the digest), so it cannot hold the referrers index"
+)
+_ALIASED_HINT = "use a registry with the referrers API, or attach to an OCI layout (oci:DIR)"
+
+
+def _fallback_entries(
+    client: RegistryClient, repo: str, subject: Digest
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The fallback tag's entries that really refer to `subject`, and what was wrong, if anything.
+
+    Some registries resolve `sha256-<hex>` to the subject itself (for a multi-platform subject that is an
+    index too, of platform manifests); any index may list manifests about something else. So the tag must
+    hold an index other than the subject, and each entry's manifest must name `subject` as its subject."""
+    tag = fallback_tag(subject)
+    found = client.head_manifest(repo, tag, accept=DEFAULT_ACCEPT)
+    if found is None:
+        return [], None
+    if found[0] == subject:
+        return [], _ALIASED
+    data, media_type, _ = client.get_manifest(repo, str(found[0]), accept=DEFAULT_ACCEPT)
+    entries = _index_entries(data, media_type)
+    if entries is None:
+        return [], f"{tag} holds a {media_type}, not a referrers image index; treated as no referrers"
+    named = [e for e in entries if _names_subject(client, repo, e, subject)]
+    if len(named) == len(entries):
+        return named, None
+    stray = f"{len(entries) - len(named)} of {len(entries)} entries under {tag}"
+    return named, f"{stray} do not name {subject.short} as their subject; ignored"
+
+
+def _names_subject(client: RegistryClient, repo: str, entry: Mapping[str, Any], subject: Digest) -> bool:
+    """True when the manifest `entry` points at has `subject.digest` = `subject` (§Pushing Manifests
+    with Subject: that field, not the index, is what makes a manifest a referrer)."""
+    try:
+        data, _, _ = client.get_manifest(repo, str(entry["digest"]), accept=DEFAULT_ACCEPT)
+        doc = json.loads(data)
+    except (ServimgError, ValueError, RecursionError):
+        return False
+    named = (doc.get("subject") or {}).get("digest") if isinstance(doc, dict) else None
+    return named == str(subject)
 
 
 def _index_entries(data: bytes, media_type: str) -> list[dict[str, Any]] | None:
@@ -277,7 +328,9 @@ def list_referrers(
     """
     found = client.referrers(repo, subject, artifact_type)
     if found is None:
-        found = _read_index(client, repo, fallback_tag(subject), strict=False)
+        found, problem = _fallback_entries(client, repo, subject)
+        if problem:
+            log.warning("%s: %s", repo, problem)
         if artifact_type is not None:
             found = [d for d in found if d.get("artifactType") == artifact_type]
     return sorted(found, key=canonical.dumps)
@@ -290,7 +343,8 @@ def discover(client: RegistryClient, repo: str, subject: Digest) -> tuple[list[d
     if found is not None:
         return sorted(found, key=canonical.dumps), "referrers API"
     tag = fallback_tag(subject)
-    return sorted(_read_index(client, repo, tag, strict=False), key=canonical.dumps), f"fallback tag {tag}"
+    entries, problem = _fallback_entries(client, repo, subject)
+    return sorted(entries, key=canonical.dumps), f"fallback tag {tag}" + (f" ({problem})" if problem else "")
 
 
 def fetch_envelope(

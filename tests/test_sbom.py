@@ -1,0 +1,199 @@
+"""The SBOM (provenance/sbom.py): CycloneDX 1.6 of the image, attached signed beside provenance.
+
+On the fake base (no docker, no registry: `push` to an OCI layout) with a dpkg status database and an
+os-release added: the BOM is valid against CycloneDX's own 1.6 JSON schema (cyclonedx-python-lib's strict
+validator), lists the Python distributions (purl, RECORD hash), the Debian packages and the interpreter,
+carries the overlay as a pedigree patch (unofficial, or backport with `resolves` when the overlay names
+upstream refs), is the same bytes for the same image, and `check` / `show` verify and summarise it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+
+import fakebase as fb
+from servimg.backends import transport
+from servimg.core.digest import Digest
+from servimg.oci.store import BlobStore
+from servimg.provenance import attest, keys, referrers, sbom
+from servimg.provenance.check import top_layer
+from servimg.provenance.statements import read_facts
+
+DPKG_STATUS = b"""Package: libc6
+Status: install ok installed
+Architecture: amd64
+Version: 2.36-9+deb12u10
+Description: GNU C Library
+
+Package: python3.11-minimal
+Status: install ok installed
+Architecture: amd64
+Source: python3.11
+Version: 3.11.2-6+deb12u6
+Description: Minimal subset
+ of the Python language
+
+Package: removed-pkg
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 1:1.0-1
+"""
+OS_RELEASE = b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n'
+UPSTREAM = "https://github.com/example/tinypkg/pull/15"
+
+
+def validate(bom: object) -> None:
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom))
+    assert error is None, str(error)[:2000]
+
+
+def _members() -> list[Any]:
+    extra = [
+        fb.D("etc"),
+        fb.F("etc/os-release", OS_RELEASE),
+        fb.D("var"),
+        fb.D("var/lib"),
+        fb.D("var/lib/dpkg"),
+    ]
+    return [*fb.package_members(), *extra, fb.F("var/lib/dpkg/status", DPKG_STATUS)]
+
+
+def _pushed(root: Path, *, upstream: bool) -> dict[str, Any]:
+    cache = ["--cache", str(root / "cache")]
+    base = fb.make_base(root / "base", [fb.tar(_members())])
+    definition = fb.make_repo(root / "repo", base)
+    if upstream:
+        text = definition.read_text().replace(
+            "    package: tinypkg\n", f"    package: tinypkg\n    upstream: ['{UPSTREAM}']\n"
+        )
+        definition.write_text(text)
+    pair = keys.generate(root / "keys", "sbom")
+    report = root / "verify.json"  # the fake base has no interpreter to run the probe in
+    report.write_text(
+        json.dumps({"checks": [{"code": "SOURCE", "status": "PASS", "subject": "s", "message": "m"}]})
+    )
+    assert fb.main(["lock", str(definition), *cache]) == 0
+    assert fb.main(["build", str(definition), "--to", f"oci:{root / 'built'}", *cache]) == 0
+    for out in ("pushed", "again"):
+        push = ["push", f"oci:{root / 'built'}", f"oci:{root / out}:t", "--report", str(report)]
+        assert fb.main([*push, "--key", str(pair.private), *cache]) == 0
+    image = transport.fetch(f"oci:{root / 'built'}", BlobStore(root / "cache"), print)
+    return {"root": root, "image": image, "pub": pair.public, "cache": cache}
+
+
+def _bom_envelopes(layout: Path, image: Any) -> list[bytes]:
+    found = referrers.layout_referrers(layout, image.digest)
+    wanted = attest.artifact_type("sbom")
+    return [
+        referrers.fetch_layout_envelope(layout, image.digest, referrer_digest(d))
+        for d in found
+        if d.get("artifactType") == wanted
+    ]
+
+
+def referrer_digest(descriptor: dict[str, Any]) -> Digest:
+    return Digest.parse(descriptor["digest"])
+
+
+def _statement(envelope: bytes) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(base64.b64decode(json.loads(envelope)["payload"]))
+    return doc
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _pushed(tmp_path_factory.mktemp("sbom15"), upstream=False)
+
+
+def test_the_sbom_is_valid_cyclonedx_and_lists_what_the_image_holds(pushed: dict[str, Any]) -> None:
+    image = pushed["image"]
+    (envelope,) = _bom_envelopes(pushed["root"] / "pushed", image)
+    statement = _statement(envelope)
+    assert statement["predicateType"] == attest.CYCLONEDX_BOM
+    bom = statement["predicate"]
+    validate(bom)
+    assert bom["specVersion"] == "1.6" and bom["metadata"]["component"]["bom-ref"] == str(image.digest)
+    by_purl = {c.get("purl"): c for c in bom["components"]}
+    tiny = by_purl["pkg:pypi/tinypkg@1.0"]
+    record = fb.package_members()[-1].data
+    assert tiny["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(record).hexdigest()}]
+    assert tiny["pedigree"]["patches"] == [
+        {"type": "unofficial", "diff": {"url": "overlays/tinypkg/fix.patch"}}
+    ]
+    props = {p["name"]: p["value"] for p in tiny["properties"]}
+    assert props["io.servimg:overlay:tiny-fix:patch-sha256"] == hashlib.sha256(fb.PATCH).hexdigest()
+    assert "pkg:deb/debian/libc6@2.36-9%2Bdeb12u10?arch=amd64&distro=debian-12" in by_purl
+    deb = by_purl["pkg:deb/debian/python3.11-minimal@3.11.2-6%2Bdeb12u6?arch=amd64&distro=debian-12"]
+    assert deb["properties"] == [{"name": "io.servimg:deb:source", "value": "python3.11"}]
+    assert not [p for p in by_purl if p and "removed-pkg" in p], "only installed packages are listed"
+    interpreter = next(c for c in bom["components"] if c["name"] == "cpython")
+    assert interpreter["type"] == "application"
+    assert next(c for c in bom["components"] if c["type"] == "operating-system")["version"] == "12"
+
+
+def test_the_sbom_is_deterministic(pushed: dict[str, Any]) -> None:
+    image = pushed["image"]
+    first = _bom_envelopes(pushed["root"] / "pushed", image)
+    assert first == _bom_envelopes(pushed["root"] / "again", image), "two pushes, the same signed SBOM"
+    store = BlobStore(pushed["root"] / "cache")
+    facts = read_facts(top_layer(image, store, print))
+    one = sbom.sbom_bytes(image, facts, store, "servimg/tiny")
+    assert one == sbom.sbom_bytes(image, facts, store, "servimg/tiny")
+
+
+def test_check_verifies_and_show_summarises_the_sbom(
+    pushed: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = f"oci:{pushed['root'] / 'pushed'}:t"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("require: [provenance, verify, sbom]\n")
+    check = ["check", ref, "--key", str(pushed["pub"]), "--policy", str(policy), "--json"]
+    assert fb.main([*check, *pushed["cache"]]) == 0
+    rows = {r["what"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["sbom"]["verdict"] == "PASS"
+    assert "1 Python distributions, 2 Debian packages" in rows["sbom"]["why"]
+    assert "tinypkg 1.0 (tiny-fix)" in rows["sbom"]["why"]
+    assert fb.main(["show", ref, "--key", str(pushed["pub"]), *pushed["cache"]]) == 0
+    shown = capsys.readouterr().out
+    assert "sbom" in shown and "CycloneDX 1.6" in shown and "patched: tinypkg 1.0 (tiny-fix)" in shown
+    # Without an SBOM the requirement fails (the layout written by `build` has no attestations at all).
+    bare = ["check", f"oci:{pushed['root'] / 'built'}", "--key", str(pushed["pub"]), "--policy", str(policy)]
+    assert fb.main([*bare, "--json", *pushed["cache"]]) == 1
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["what"]: r for r in out.get("report", out)["rows"]}
+    assert rows["sbom"]["verdict"] == "FAIL" and "no verified SBOM" in rows["sbom"]["why"]
+
+
+def test_an_sbom_that_disagrees_with_the_lock_is_named(pushed: dict[str, Any]) -> None:
+    image = pushed["image"]
+    store = BlobStore(pushed["root"] / "cache")
+    facts = read_facts(top_layer(image, store, print))
+    bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), "servimg/tiny")
+    assert sbom.problems(bom, image, facts) == []
+    tiny = next(c for c in bom["components"] if c.get("purl") == "pkg:pypi/tinypkg@1.0")
+    tiny["purl"] = "pkg:pypi/tinypkg@2.0"
+    del tiny["pedigree"]
+    tiny["properties"] = [p for p in tiny["properties"] if "overlay" not in p["name"]]
+    found = sbom.problems(bom, image, facts)
+    assert any("purl pkg:pypi/tinypkg@2.0, the lock says tinypkg 1.0" in p for p in found)
+    assert any("overlays none, the lock applies ['tiny-fix']" in p for p in found)
+    assert any("0 pedigree patches for 1 overlays" in p for p in found)
+
+
+def test_an_overlay_with_upstream_refs_is_a_backport_that_resolves_them(tmp_path: Path) -> None:
+    backported = _pushed(tmp_path, upstream=True)
+    (envelope,) = _bom_envelopes(tmp_path / "pushed", backported["image"])
+    bom = _statement(envelope)["predicate"]
+    validate(bom)
+    tiny = next(c for c in bom["components"] if c.get("purl") == "pkg:pypi/tinypkg@1.0")
+    (patch,) = tiny["pedigree"]["patches"]
+    assert patch["type"] == "backport"
+    assert patch["resolves"] == [{"type": "defect", "id": UPSTREAM, "references": [UPSTREAM]}]
