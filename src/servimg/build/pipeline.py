@@ -113,7 +113,7 @@ def resolve(
         _find_package(fs, name, spec.distribution, spec.version)
         for name, spec in sorted(definition.packages.items())
     )
-    chosen = seams.runners.choose(runner, base, fs)
+    chosen = seams.runners.choose(runner, base, fs, store)
     interpreter = _interpreter(definition, fs, base, packages, chosen, log, store)
     overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
     lock = Lock(

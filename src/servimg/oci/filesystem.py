@@ -44,6 +44,10 @@ class NodeTable(Protocol):
         """Every directory whose last component is one of `names`, sorted."""
         ...
 
+    def below(self, path: str) -> Iterable[Node]:
+        """Every node strictly under directory `path`, in no particular order."""
+        ...
+
 
 ROOT = Node("", -1, tarfile.DIRTYPE, 0o755, 0, "", 0)
 
@@ -117,6 +121,13 @@ class _Merge:
     def dirs_named(self, names: Collection[str]) -> list[str]:
         return sorted(p for p, n in self.nodes.items() if n.is_dir and p.rpartition("/")[2] in names)
 
+    def below(self, path: str) -> Iterable[Node]:
+        stack = list(self.kids.get(path, ()))
+        while stack:
+            child = stack.pop()
+            yield self.nodes[child]
+            stack.extend(self.kids.get(child, ()))
+
 
 class LayeredFS:
     """Read-only view of the merged layers. `layers` are uncompressed tar files, lowest first.
@@ -173,6 +184,11 @@ class LayeredFS:
         """Every directory whose name is one of `names` (e.g. the site-packages dirs), sorted."""
         return self._table.dirs_named(names)
 
+    def below(self, prefix: str) -> Iterable[Node]:
+        """Every node strictly under `prefix`, unordered (a range query on a cached view; `walk` when the
+        order matters)."""
+        return self._table.below(normalize_path(prefix))
+
     def walk(self, prefix: str = "") -> Iterator[Node]:
         """Every node under `prefix` (inclusive), depth-first in sorted order."""
         start = normalize_path(prefix)
@@ -189,6 +205,16 @@ class LayeredFS:
         Absolute link targets are relative to the image root; `..` never climbs above it. Raises on
         loops. Returns the resolved path, which may not exist.
         """
+        return self._resolve(path, [])
+
+    def resolution_path(self, path: str) -> list[str]:
+        """Every path `resolve` looks up on the way (each symlink it follows, then the result): another
+        layer that changes none of them cannot change what `path` resolves to."""
+        visited: list[str] = []
+        visited.append(self._resolve(path, visited))
+        return visited
+
+    def _resolve(self, path: str, visited: list[str]) -> str:
         parts = [p for p in path.split("/") if p not in ("", ".")]
         resolved: list[str] = []
         hops = 0
@@ -201,6 +227,7 @@ class LayeredFS:
             candidate = "/".join([*resolved, part])
             node = self._table.node(candidate)
             if node is not None and node.is_symlink:
+                visited.append(candidate)
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
                     raise LayerError(

@@ -76,6 +76,16 @@ class SqliteTable:
         )
         return sorted(_s(raw) for (raw,) in rows)
 
+    def below(self, path: str) -> Iterable[Node]:
+        # Byte order: every path under `a/b` starts with `a/b/`, and `a/b0` is the first that cannot.
+        if not path:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM nodes WHERE path > ?", (b"",))
+        else:
+            low = _b(path + "/")
+            query = f"SELECT {_COLUMNS} FROM nodes WHERE path > ? AND path < ?"
+            rows = self._db.execute(query, (low, low[:-1] + b"0"))
+        return [_node(row) for row in rows]
+
 
 def _node(row: tuple[bytes, int, bytes, int, int, bytes, int]) -> Node:
     path, layer, kind, mode, size, linkname, offset = row
