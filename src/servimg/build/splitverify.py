@@ -32,6 +32,7 @@ import io
 import json
 import posixpath
 import shutil
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,7 +182,7 @@ def _touched(index: LayerIndex, base_fs: LayeredFS) -> frozenset[str]:
     out = {path for path, _ in index.deletions}
     for member in index.members:
         node = base_fs.lstat(member.path)
-        if member.type != b"5" or node is None or not node.is_dir:
+        if member.type != tarfile.DIRTYPE or node is None or not node.is_dir:
             out.add(member.path)
     return frozenset(out)
 
