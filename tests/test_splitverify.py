@@ -112,6 +112,7 @@ def test_the_clean_image_gets_the_whole_probes_verdicts(tiny: Tiny) -> None:
     assert split.ok, split.problems()
     whole = verify_image_value(tiny.image, tiny.store, print)
     assert _verdicts(split) == _verdicts(whole)
+    assert split.spec_sha256 == whole.spec_sha256, "the verdict answers the image's own spec"
     record = [f for f in split.findings if f.code == "RECORD"]
     assert [f.details.get("verified") for f in record] == [
         f.details.get("verified") for f in whole.findings if f.code == "RECORD"

@@ -110,7 +110,15 @@ def verify_split(image: Image, store: BlobStore, log: Log) -> VerifyReport:
     base_checks = _base_part(root, spec, probe_bytes, setting, [d for _, d in base_chain], store, log)
     touched = _touched(LayerIndex.read(top_tar, len(base_layers)), base_fs)
     report, cut = _build_part(root, top_tar, spec, base_fs, touched, setting)
-    return VerifyReport.from_json(_merged(report, base_checks, cut))
+    merged = _merged(report, base_checks, cut)
+    # The merged verdict answers the image's own spec (what the attestations name), so it carries that
+    # spec's sha256; what actually ran is kept beside it for anyone tracing the report.
+    merged["split"] = {
+        "build_spec_sha256": report.get("spec_sha256"),
+        "base_verdict": str(base_key([d for _, d in base_chain], probe_bytes, spec, setting)),
+    }
+    merged["spec_sha256"] = sha256_hex(top_fs.read(SPEC_IN_IMAGE.lstrip("/")))
+    return VerifyReport.from_json(merged)
 
 
 # -- the base part --------------------------------------------------------------------------------
