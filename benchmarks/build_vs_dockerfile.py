@@ -1,17 +1,33 @@
-"""servimg build of the demo vs an equivalent hand-written Dockerfile on the same base.
+"""servimg build of the demo vs an equivalent hand-written Dockerfile on the same base, and how the build's
+cost scales (docs/benchmarks.md, "Build").
 
 The Dockerfile does what people do by hand (docs/design.md, "Why"): COPY the patched files, `sha256sum -c`,
-`rm` the pycs, `py_compile` them. Each side builds N times from scratch (Dockerfile: `--no-cache`; servimg:
-the image removed from the engine first, so the thin load really happens, verification included). Reports
-median wall times, their ratio, and whether each side produced one image ID or several.
+`rm` the pycs, `py_compile` them (classic builder, `--no-cache`). Sections (all on the base that the
+checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
+
+- paired: N rounds, each round one Dockerfile build, one `servimg build --to oci:DIR` (a fresh layout)
+  and one `servimg build --to docker` (the image removed from the engine first, so the thin load really
+  happens), the order rotated round by round; verification included. Medians, the median of the per-round
+  ratios, and how many distinct outputs each side produced.
+- scaling: the same overlays on the base with 2× and 4× its files (extra unrelated layers of small
+  files under /opt/filler*, one per file of the base, site-packages/dist-info renamed so the packages
+  stay unique; written as OCI layouts), `--to oci:DIR`, after one warm-up build per base (its indexes,
+  warm root and base verdict).
+- changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
+- warm: the same definition built again with everything cached, `--to oci:DIR`; reports the wall time
+  and the build's own time up to the sink (from the `--json` timings servimg does not have: measured as
+  the wall time of a `--to` that writes nothing new, i.e. the same layout again).
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):
-    .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--json out.json]
+    .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--sections paired,scaling,changed,warm]
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import difflib
 import hashlib
 import json
 import os
@@ -21,37 +37,70 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from servimg.backends import transport  # noqa: E402
+from servimg.backends.target import Target  # noqa: E402
 from servimg.build.definition import ImageDefinition  # noqa: E402
-from servimg.build.pipeline import resolve  # noqa: E402
+from servimg.build.pipeline import base_fs, resolve  # noqa: E402
+from servimg.oci.image import Descriptor, Image, Layer  # noqa: E402
+from servimg.oci.layer import Entry, Kind, write_layer  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
 
-BENCH_REPOSITORY = "servimg-bench/vllm"  # its own repository: the benchmark removes its images
+BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark removes its images
 DOCKER = ["docker"]
+SERVIMG = [sys.executable, "-c", "import sys; from servimg.cli import main; sys.exit(main())"]
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
 
 
-def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=True, **kw)  # type: ignore[call-overload]
+def sh(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=kw.pop("env", ENV), **kw)
 
 
-def bench_definition(tmp: Path) -> Path:
-    """A copy of the demo definition whose images go to their own repository, locked."""
+def servimg(*argv: str) -> dict[str, Any]:
+    proc = subprocess.run([*SERVIMG, *argv, "--json", "--quiet"], capture_output=True, text=True, env=ENV)
+    if proc.returncode != 0:
+        raise SystemExit(f"servimg {' '.join(argv)} failed:\n{proc.stdout}\n{proc.stderr}")
+    out = proc.stdout.strip().splitlines()
+    return json.loads(out[-1]) if out else {}
+
+
+def timed(run: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = run()
+    return time.perf_counter() - start, value
+
+
+# -- definitions ----------------------------------------------------------------------------------
+def checkout(tmp: Path) -> Path:
+    """A copy of images/ and overlays/ whose demo definition publishes to its own repository."""
     shutil.copytree(REPO / "images", tmp / "images")
     shutil.copytree(REPO / "overlays", tmp / "overlays")
     demo = tmp / "images" / "demo.yaml"
     demo.write_text(demo.read_text().replace("repository: servimg/vllm", f"repository: {BENCH_REPOSITORY}"))
-    sh(str(REPO / ".venv" / "bin" / "servimg"), "lock", str(demo), "--quiet")
     return demo
+
+
+def variant(demo: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    doc = yaml.safe_load(demo.read_text())
+    doc["name"] = name
+    edit(doc)
+    path = demo.parent / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    servimg("lock", str(path))
+    return path
 
 
 def dockerfile_context(demo: Path, tmp: Path) -> tuple[Path, str]:
     """The patched files (exactly what servimg's overlays produce) plus a Dockerfile that installs them."""
-    store = BlobStore()
-    resolution = resolve(demo, store, lambda m: None)
+    resolution = resolve(demo, BlobStore(), lambda m: None)
     definition = ImageDefinition.load(demo)
     base_ref = definition.base.ref.removeprefix("docker-daemon:")
     lines = [f"FROM {base_ref}"]
@@ -77,61 +126,208 @@ def dockerfile_context(demo: Path, tmp: Path) -> tuple[Path, str]:
     return tmp, base_ref
 
 
-def time_dockerfile(context: Path, runs: int) -> tuple[list[float], list[str]]:
-    times, ids = [], []
-    env = dict(os.environ, DOCKER_BUILDKIT="0")
-    for i in range(runs):
-        start = time.perf_counter()
-        sh(*DOCKER, "build", "--no-cache", "-q", "-t", f"servimg-bench/dockerfile:{i}", str(context), env=env)
-        times.append(time.perf_counter() - start)
-        ids.append(
-            sh(*DOCKER, "image", "inspect", "-f", "{{.Id}}", f"servimg-bench/dockerfile:{i}").stdout.strip()
+def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
+    """The demo base + (factor - 1) layers, each holding one small file per file of the base (so the
+    merged tree has `factor` times the files), written as an OCI layout. Returns (ref, digest)."""
+    store = BlobStore()
+    definition = ImageDefinition.load(demo)
+    base = transport.fetch(definition.base.ref, store, lambda m: None)
+    files = [n.path for n in base_fs(base, store).walk("") if n.is_file]
+    image = base
+    for k in range(1, factor):
+        # Renamed so that no filler dir is a site dir or a dist-info (the packages stay unique).
+        names = [p.replace("site-packages", "site-pkgs").replace(".dist-info", ".dist-inf") for p in files]
+        entries = [Entry(f"opt/filler{k}/{p}", Kind.FILE, 0o644, data=f"{k}:{p}\n".encode()) for p in names]
+        dirs = {e.path.rsplit("/", 1)[0] for e in entries}
+        for d in list(dirs):
+            while "/" in d:
+                d = d.rsplit("/", 1)[0]
+                dirs.add(d)
+        entries += [Entry(d, Kind.DIR, 0o755) for d in sorted(dirs)]
+        tmp = store.root / "tmp" / f"bench13-filler-{factor}-{k}"
+        blob = write_layer(entries, tmp, mtime=0)
+        store.adopt(tmp, blob.digest)
+        created = str(base.config.get("created") or dt.datetime.fromtimestamp(0, dt.UTC).isoformat())
+        image = image.with_layer(
+            Layer(Descriptor(base.layers[-1].descriptor.media_type, blob.digest, blob.size), blob.diff_id),
+            labels={},
+            created=created,
+            history=f"benchmark filler {k}",
         )
+    assert isinstance(image, Image)
+    transport.publish(image, Target("oci", str(out)), store, lambda m: None, tag=f"x{factor}")
+    return f"oci:{out}:x{factor}", str(image.digest)
+
+
+def changed_files_overlay(demo: Path, count: int) -> dict[str, Any]:
+    """One overlay appending a comment to `count` vLLM modules (sorted, none the demo overlays touch)."""
+    resolution = resolve(demo, BlobStore(), lambda m: None)
+    site = resolution.lock.package("vllm").site_packages.lstrip("/")
+    touched = {c.path for c in resolution.changes}
+    fs = resolution.fs
+    modules = sorted(
+        n.path
+        for n in fs.below(f"{site}/vllm")
+        if n.is_file and n.path.endswith(".py") and n.path not in touched and n.size > 0
+    )[:count]
+    diff: list[str] = []
+    for path in modules:
+        rel = path.removeprefix(site + "/")
+        old = fs.read(path).decode().splitlines(keepends=True)
+        if old and not old[-1].endswith("\n"):
+            continue
+        new = [*old, "# servimg benchmark: changed\n"]
+        diff += difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}", n=1)
+    patch = demo.parent.parent / "overlays" / "vllm" / f"bench-{count}.patch"
+    patch.write_text("".join(diff))
+    return {
+        "id": f"bench-changed-{count}",
+        "package": "vllm",
+        "patch": f"overlays/vllm/bench-{count}.patch",
+        "sha256": hashlib.sha256(patch.read_bytes()).hexdigest(),
+        "description": f"benchmark: {count} changed files",
+        "upstream": [],
+    }
+
+
+# -- sections -------------------------------------------------------------------------------------
+def remove_bench_images() -> None:
+    out = sh(*DOCKER, "images", "-q", "--no-trunc", BENCH_REPOSITORY).stdout.split()
+    for image_id in set(out):
+        subprocess.run([*DOCKER, "rmi", "-f", image_id], capture_output=True)
+
+
+def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
+    (tmp / "ctx").mkdir()
+    context, _ = dockerfile_context(demo, tmp / "ctx")
+    env = dict(ENV, DOCKER_BUILDKIT="0")
+    sides: dict[str, list[float]] = {"dockerfile": [], "oci": [], "docker": []}
+    outputs: dict[str, list[str]] = {k: [] for k in sides}
+
+    def dockerfile(i: int) -> str:
+        tag = f"servimg-bench13/dockerfile:{i}"
+        sh(*DOCKER, "build", "--no-cache", "-q", "-t", tag, str(context), env=env)
+        return sh(*DOCKER, "image", "inspect", "-f", "{{.Id}}", tag).stdout.strip()
+
+    def to_oci(i: int) -> str:
+        return str(servimg("build", str(demo), "--to", f"oci:{tmp / f'layout-{i}'}")["digest"])
+
+    def to_docker(i: int) -> str:
+        return str(servimg("build", str(demo), "--to", "docker")["digest"])
+
+    steps = {"dockerfile": dockerfile, "oci": to_oci, "docker": to_docker}
+    order = list(steps)
+    for i in range(runs):
+        remove_bench_images()
+        for name in order[i % 3 :] + order[: i % 3]:
+            took, out = timed(lambda n=name, i=i: steps[n](i))  # type: ignore[misc]
+            sides[name].append(took)
+            outputs[name].append(out)
         time.sleep(1.1)  # a later second: the hand-written build stamps times into the image
-    return times, ids
+    for i in range(runs):
+        subprocess.run([*DOCKER, "rmi", f"servimg-bench13/dockerfile:{i}"], capture_output=True)
+    remove_bench_images()
+    result: dict[str, Any] = {
+        name: {
+            "median_s": statistics.median(times),
+            "times_s": [round(t, 3) for t in times],
+            "distinct_outputs": len(set(outputs[name])),
+        }
+        for name, times in sides.items()
+    }
+    for sink in ("oci", "docker"):
+        ratios = [s / d for s, d in zip(sides[sink], sides["dockerfile"], strict=True)]
+        result[f"paired_ratio_{sink}"] = statistics.median(ratios)
+    return result
 
 
-def time_servimg(demo: Path, runs: int) -> tuple[list[float], list[str]]:
-    servimg = str(REPO / ".venv" / "bin" / "servimg")
-    times, digests = [], []
-    for _ in range(runs):
-        out = sh(*DOCKER, "images", "-q", "--no-trunc", BENCH_REPOSITORY).stdout.split()
-        for image_id in set(out):
-            subprocess.run([*DOCKER, "rmi", "-f", image_id], capture_output=True)
-        start = time.perf_counter()
-        result = sh(servimg, "build", str(demo), "--to", "docker", "--json", "--quiet")
-        times.append(time.perf_counter() - start)
-        digests.append(json.loads(result.stdout.strip().splitlines()[-1])["digest"])
-    return times, digests
+def repeat(definition: Path, out: Path, runs: int) -> dict[str, Any]:
+    servimg("build", str(definition), "--to", f"oci:{out / 'warmup'}")  # indexes, warm root, base verdict
+    times = [
+        timed(lambda i=i: servimg("build", str(definition), "--to", f"oci:{out / str(i)}"))[0]
+        for i in range(runs)
+    ]
+    return {"median_s": statistics.median(times), "times_s": [round(t, 3) for t in times]}
+
+
+def scaling(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {"1x": repeat(demo, tmp / "s1", runs)}
+    for factor in (2, 4):
+        ref, digest = scaled_base(demo, factor, tmp / f"base-x{factor}")
+
+        def edit(doc: dict[str, Any], ref: str = ref, digest: str = digest) -> None:
+            doc["base"]["ref"], doc["base"]["digest"] = ref, digest
+
+        rows[f"{factor}x"] = repeat(variant(demo, f"demo-x{factor}", edit), tmp / f"s{factor}", runs)
+    for factor in ("2x", "4x"):
+        rows[factor]["vs_1x"] = rows[factor]["median_s"] / rows["1x"]["median_s"]
+    return rows
+
+
+def changed(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
+    """Round by round (one build of each size per round), so that load drifting over the section hits
+    every size alike."""
+    definitions = {}
+    for count in (1, 10, 100):
+        overlay = changed_files_overlay(demo, count)
+
+        def edit(doc: dict[str, Any], overlay: dict[str, Any] = overlay) -> None:
+            doc["overlays"] = [overlay]
+
+        definitions[count] = variant(demo, f"demo-changed-{count}", edit)
+        servimg("build", str(definitions[count]), "--to", f"oci:{tmp / f'warmup-{count}'}")
+    times: dict[int, list[float]] = {count: [] for count in definitions}
+    for i in range(runs):
+        for count, definition in definitions.items():
+            out = tmp / f"c{count}-{i}"
+            times[count].append(
+                timed(lambda d=definition, o=out: servimg("build", str(d), "--to", f"oci:{o}"))[0]
+            )
+    rows: dict[str, Any] = {
+        str(count): {"median_s": statistics.median(t), "times_s": [round(x, 3) for x in t]}
+        for count, t in times.items()
+    }
+    per_file = (rows["100"]["median_s"] - rows["1"]["median_s"]) / 99
+    rows["marginal_s_per_file_1_to_100"] = per_file
+    rows["predicted_10_s"] = rows["1"]["median_s"] + 9 * per_file
+    return rows
+
+
+def warm(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
+    """The same definition again and again into the same layout: the sink has nothing new to write."""
+    servimg("build", str(demo), "--to", f"oci:{tmp / 'warm'}")
+    times = [
+        timed(lambda: servimg("build", str(demo), "--to", f"oci:{tmp / 'warm'}"))[0] for _ in range(runs)
+    ]
+    floor = [timed(lambda: sh(*SERVIMG, "--help"))[0] for _ in range(runs)]
+    return {
+        "median_s": statistics.median(times),
+        "times_s": [round(t, 3) for t in times],
+        "cli_start_median_s": statistics.median(floor),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--sections", default="paired,scaling,changed,warm")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        demo = bench_definition(Path(tmp) / "repo")
-        (Path(tmp) / "ctx").mkdir()
-        context, _ = dockerfile_context(demo, Path(tmp) / "ctx")
-        df_times, df_ids = time_dockerfile(context, args.runs)
-        sv_times, sv_digests = time_servimg(demo, args.runs)
-    for i in range(args.runs):
-        subprocess.run([*DOCKER, "rmi", f"servimg-bench/dockerfile:{i}"], capture_output=True)
-    result = {
-        "runs": args.runs,
-        "dockerfile": {
-            "median_s": statistics.median(df_times),
-            "times_s": df_times,
-            "distinct_image_ids": len(set(df_ids)),
-        },
-        "servimg": {
-            "median_s": statistics.median(sv_times),
-            "times_s": sv_times,
-            "distinct_manifest_digests": len(set(sv_digests)),
-        },
-    }
-    result["ratio_servimg_over_dockerfile"] = result["servimg"]["median_s"] / result["dockerfile"]["median_s"]
+    wanted = args.sections.split(",")
+    result: dict[str, Any] = {"runs": args.runs}
+    with tempfile.TemporaryDirectory(prefix="servimg-bench13-") as tmp:
+        root = Path(tmp)
+        demo = checkout(root / "repo")
+        servimg("lock", str(demo))
+        result["base"] = {
+            "ref": ImageDefinition.load(demo).base.ref,
+            "digest": str(ImageDefinition.load(demo).base.digest),
+        }
+        sections = {"paired": paired, "scaling": scaling, "changed": changed, "warm": warm}
+        for name in wanted:
+            (root / name).mkdir()
+            result[name] = sections[name](demo, root / name, args.runs)
+            print(json.dumps({name: result[name]}), file=sys.stderr)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Unpack
 
 from servimg.backends.target import Target, WriteOptions
-from servimg.build.bytecode import WORK_IN_IMAGE, InterpreterFacts, _read_result
+from servimg.build.bytecode import WORK_IN_IMAGE, InterpreterFacts, read_result
 from servimg.build.seams import ByReference, Seams, TargetSink
 from servimg.build.verify import VerifyReport
 from servimg.core.digest import Digest
@@ -222,13 +222,13 @@ class FakeRunner:
             env={"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONHASHSEED": "0"},
             check=True,
         )
-        return _read_result(jobs_dir, self.name)
+        return read_result(jobs_dir, self.name)
 
 
 class HostRunners:
     """RunnerChoice seam: every build compiles with `FakeRunner` (the fake base has no interpreter)."""
 
-    def choose(self, name: str, base: Image, fs: Any) -> FakeRunner:
+    def choose(self, name: str, base: Image, fs: Any, store: Any) -> FakeRunner:
         return FakeRunner()
 
 

@@ -117,15 +117,18 @@ def test_image_python_loads_the_fresh_checked_hash_pyc(built: dict[str, Any]) ->
     assert "_servimg_check_computed_tokens" in proc.stdout
 
 
+@pytest.mark.parametrize("runner", ["chroot", "warm"])
 def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
-    built: dict[str, Any], tmp_path: Path
+    built: dict[str, Any], tmp_path: Path, runner: str
 ) -> None:
+    """The extracting chroot runner and the warm one (overlay over the cached base tree, split
+    verification) give the docker runner's bytes."""
     root = tmp_path / "elsewhere" / "checkout"
     shutil.copytree(built["root"] / "images", root / "images")
     shutil.copytree(REPO / "overlays", root / "overlays")
     from servimg.build.pipeline import build
 
-    again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner="chroot")
+    again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner=runner)
     assert again.image.digest == built["result"].image.digest
     assert again.layer == built["result"].layer
 

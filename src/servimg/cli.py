@@ -50,7 +50,7 @@ def _runner(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runner",
         default="auto",
-        choices=["auto", "docker", "chroot"],
+        choices=["auto", "warm", "docker", "chroot"],
         help="who runs the image's interpreter to compile bytecode",
     )
 

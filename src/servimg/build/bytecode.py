@@ -99,7 +99,7 @@ def base_opt_levels(fs: LayeredFS, package_dirs: Sequence[str], cache_tag: str) 
     """Which optimisation levels the base's pycs carry in the given package trees (always includes 0)."""
     levels = {0}
     for directory in package_dirs:
-        for node in fs.walk(directory):
+        for node in fs.below(directory):
             name = node.path.rpartition("/")[2]
             if "/__pycache__/" in "/" + node.path and name.endswith(".pyc") and cache_tag in name:
                 for opt in (1, 2):
@@ -148,7 +148,7 @@ def compile_sources(
 
 # -S/-s: no site import, no user site: the compiler needs only the stdlib, and site hooks (.pth files)
 # in the base must not run during a build.
-_SCRIPT_ARGS = (
+COMPILE_ARGS = (
     "-S",
     "-s",
     f"{WORK_IN_IMAGE}/compile.py",
@@ -157,7 +157,7 @@ _SCRIPT_ARGS = (
 )
 
 
-def _read_result(jobs_dir: Path, runner: str) -> InterpreterFacts:
+def read_result(jobs_dir: Path, runner: str) -> InterpreterFacts:
     try:
         data = json.loads((jobs_dir / "result.json").read_text())
     except (OSError, ValueError):
@@ -185,7 +185,7 @@ class DockerRunner:
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
         spec = ContainerSpec(
             self.image,
-            [interpreter, *_SCRIPT_ARGS],
+            [interpreter, *COMPILE_ARGS],
             user="0:0",
             workdir="/",
             env={"PYTHONHASHSEED": "0"},
@@ -204,7 +204,7 @@ class DockerRunner:
                 f"{exited.stderr[-800:]}",
                 hint=hint,
             )
-        return _read_result(jobs_dir, self.name)
+        return read_result(jobs_dir, self.name)
 
 
 @dataclass
@@ -232,7 +232,7 @@ class ChrootRunner:
         shutil.copytree(jobs_dir, target)
         try:
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
-            proc = chroot_run(root, [interpreter, *_SCRIPT_ARGS], env=env)
+            proc = chroot_run(root, [interpreter, *COMPILE_ARGS], env=env)
             if proc.returncode != 0:
                 raise BytecodeError(
                     f"chroot runner: {interpreter} failed ({proc.returncode}): {proc.stderr[-800:]}",
@@ -241,7 +241,7 @@ class ChrootRunner:
             shutil.rmtree(jobs_dir / "out")
             shutil.copytree(target / "out", jobs_dir / "out")
             shutil.copyfile(target / "result.json", jobs_dir / "result.json")
-            return _read_result(jobs_dir, self.name)
+            return read_result(jobs_dir, self.name)
         finally:
             shutil.rmtree(target, ignore_errors=True)
 

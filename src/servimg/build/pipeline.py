@@ -109,12 +109,12 @@ def resolve(
     """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock."""
     definition = ImageDefinition.load(definition_path)
     base, index = _fetch_base(definition, store, log, seams.base_source)
-    fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in base.layers])
+    fs = base_fs(base, store)
     packages = tuple(
         find_package(fs, name, spec.distribution, spec.version)
         for name, spec in sorted(definition.packages.items())
     )
-    chosen = seams.runners.choose(runner, base, fs)
+    chosen = seams.runners.choose(runner, base, fs, store)
     interpreter = _interpreter(definition, fs, base, packages, chosen, log, store)
     overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
     lock = Lock(
@@ -137,6 +137,15 @@ def resolve(
     ladder_lock, ladder_files = _ladder(definition, definition_path)
     lock = replace(lock, ladder=ladder_lock)
     return Resolution(definition, definition_path, base, fs, lock, changes, chosen, ladder_files)
+
+
+def base_fs(base: Image, store: BlobStore) -> LayeredFS:
+    """The base's merged filesystem through the layer and chain indexes cached in the store (docs/
+    architecture.md, "Indexes"): a build of a cached base reads no tar headers."""
+    layers = [
+        (store.uncompressed(layer.descriptor.digest, layer.diff_id), layer.diff_id) for layer in base.layers
+    ]
+    return LayeredFS.cached(layers, store.root)
 
 
 def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderLock | None, dict[str, bytes]]:
@@ -258,7 +267,7 @@ def find_package(fs: LayeredFS, import_name: str, distribution: str, version: st
 
 
 def _site_dirs(fs: LayeredFS) -> list[str]:
-    return [n.path for n in fs.walk("") if n.is_dir and n.path.rpartition("/")[2] in _SITE_DIRS]
+    return fs.dirs_named(_SITE_DIRS)
 
 
 def _interpreter(

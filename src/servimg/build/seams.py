@@ -19,8 +19,11 @@ from typing import Protocol, Unpack
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.target import Target, WriteOptions
+from servimg.build import warmroot
 from servimg.build.bytecode import ChrootRunner, DockerRunner, Runner
+from servimg.build.splitverify import WarmRootUnavailable, verify_split
 from servimg.build.verify import VerifyReport, verify_image_value
+from servimg.build.warmroot import WarmRoot, WarmRunner
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
 from servimg.core.progress import Log
@@ -74,22 +77,25 @@ class FromRef:
 class RunnerChoice(Protocol):
     """Which runner compiles bytecode with the image's interpreter, by the name the user gave."""
 
-    def choose(self, name: str, base: Image, fs: LayeredFS) -> Runner: ...
+    def choose(self, name: str, base: Image, fs: LayeredFS, store: BlobStore) -> Runner: ...
 
 
 @dataclass(frozen=True)
 class DefaultRunners:
-    """docker when asked, or (auto) when the engine already has the base; otherwise the chroot runner."""
+    """auto: the warm daemonless runner where this host can mount overlays (no container, no extraction
+    per build), else docker when the engine already has the base, else the extracting chroot runner."""
 
-    def choose(self, name: str, base: Image, fs: LayeredFS) -> Runner:
+    def choose(self, name: str, base: Image, fs: LayeredFS, store: BlobStore) -> Runner:
         if name == "chroot":
             return ChrootRunner(fs)
+        if name == "warm" or (name == "auto" and warmroot.available()):
+            return WarmRunner(WarmRoot.of(fs, base.diff_ids, store.root), ChrootRunner(fs))
         if name == "docker" or (
             name == "auto" and engine.engine_available() and engine.has_image(base.config_digest)
         ):
             return DockerRunner(str(base.config_digest))
         if name != "auto":
-            raise BuildError(f"unknown runner {name!r}", hint="use auto, docker or chroot")
+            raise BuildError(f"unknown runner {name!r}", hint="use auto, warm, docker or chroot")
         return ChrootRunner(fs)
 
 
@@ -103,9 +109,17 @@ class Verifier(Protocol):
 
 @dataclass(frozen=True)
 class ProbeVerifier:
-    """The in-image probe (`servimg verify`): in a container when an engine runs, else in a chroot."""
+    """The in-image probe. Where this host can mount overlays: split (`build.splitverify`: the base's
+    RECORD verdict cached, the rest run over base + new layer in the warm root, no engine involved);
+    otherwise the whole probe as `servimg verify` runs it (in a container when an engine runs, else in
+    a chroot of the extracted image)."""
 
     def report(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
+        if warmroot.available():
+            try:
+                return verify_split(image, store, log)
+            except WarmRootUnavailable as exc:
+                log(f"{exc.message}; running the whole probe instead")
         return verify_image_value(image, store, log, base_config=base_config)
 
 

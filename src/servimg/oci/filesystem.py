@@ -14,74 +14,66 @@ kept as nodes (what the image carries is passed through untouched) but have no r
 
 from __future__ import annotations
 
-import posixpath
+import contextlib
+import sqlite3
 import tarfile
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
+from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
-from servimg.oci.layer import OPAQUE_MARKER, WHITEOUT_PREFIX, normalize_path
+from servimg.oci import fsindex
+from servimg.oci.layer import normalize_path
+from servimg.oci.layerindex import OPAQUE, IndexCache, LayerIndex, Node
 
 MAX_SYMLINK_HOPS = 40
 
 
-@dataclass(frozen=True)
-class Node:
-    """One path in the final state: which layer provides it, and its tar header facts."""
+class NodeTable(Protocol):
+    """The merged state of a chain of layers: nodes by normalised path, and each directory's children."""
 
-    path: str
-    layer: int
-    type: bytes
-    mode: int
-    size: int
-    linkname: str
-    offset_data: int
+    def node(self, path: str) -> Node | None: ...
 
-    @property
-    def is_dir(self) -> bool:
-        return self.type == tarfile.DIRTYPE
+    def children(self, path: str) -> Iterable[str]:
+        """Full paths of the direct children of `path` (nothing for a non-directory or a missing path)."""
+        ...
 
-    @property
-    def is_file(self) -> bool:
-        return self.type in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+    def dirs_named(self, names: Collection[str]) -> list[str]:
+        """Every directory whose last component is one of `names`, sorted."""
+        ...
 
-    @property
-    def is_symlink(self) -> bool:
-        return self.type == tarfile.SYMTYPE
-
-    @property
-    def is_hardlink(self) -> bool:
-        return self.type == tarfile.LNKTYPE
+    def below(self, path: str) -> Iterable[Node]:
+        """Every node strictly under directory `path`, in no particular order."""
+        ...
 
 
-class LayeredFS:
-    """Read-only view of the merged layers. `layers` are uncompressed tar files, lowest first."""
+ROOT = Node("", -1, tarfile.DIRTYPE, 0o755, 0, "", 0)
 
-    def __init__(self, layers: Sequence[Path]) -> None:
-        self.layers = tuple(layers)
-        self._nodes: dict[str, Node] = {"": Node("", -1, tarfile.DIRTYPE, 0o755, 0, "", 0)}
-        self._children: dict[str, set[str]] = {"": set()}
-        for index, layer in enumerate(self.layers):
-            self._apply_layer(index, layer)
 
-    # -- building the index -------------------------------------------------------------------------
-    def _apply_layer(self, index: int, layer: Path) -> None:
-        members = self._read_members(index, layer)
-        for path, kind in members[0]:
-            if kind == "opaque":
-                for child in list(self._children.get(path, ())):
+class _Merge:
+    """The changeset algorithm over layer indexes, in memory (the table a chain is built into once)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {"": ROOT}
+        self.kids: dict[str, set[str]] = {"": set()}
+
+    def apply(self, position: int, layer: Path, index: LayerIndex) -> None:
+        for path, kind in index.deletions:
+            if kind == OPAQUE:
+                for child in list(self.kids.get(path, ())):
                     self._remove(child)
             else:
                 self._remove(path)
-        for node in members[1]:
-            self._add(self._link_target(index, layer, node) if node.is_hardlink else node)
+        for m in index.members:
+            node = Node(m.path, position, m.type, m.mode, m.size, m.linkname, m.offset_data)
+            self._add(self._link_target(position, layer, node) if node.is_hardlink else node)
 
-    def _link_target(self, index: int, layer: Path, node: Node) -> Node:
+    def _link_target(self, position: int, layer: Path, node: Node) -> Node:
         """A hardlink becomes a copy of its target's node (same data, type and mode: one inode)."""
-        target = self._nodes.get(node.linkname)
-        where = f"layer {index} ({layer.name}): hardlink {node.path!r} -> {node.linkname!r}"
+        target = self.nodes.get(node.linkname)
+        where = f"layer {position} ({layer.name}): hardlink {node.path!r} -> {node.linkname!r}"
         if target is None or not node.linkname:
             raise LayerError(
                 f"{where}: the target is not in this or a lower layer",
@@ -91,89 +83,120 @@ class LayeredFS:
             raise LayerError(f"{where}: the target is a directory", hint="a hardlink must name a file")
         return replace(target, path=node.path)
 
-    def _read_members(self, index: int, layer: Path) -> tuple[list[tuple[str, str]], list[Node]]:
-        deletions: list[tuple[str, str]] = []
-        nodes: list[Node] = []
-        try:
-            with tarfile.open(layer, mode="r:") as tar:
-                for info in tar:
-                    path = self._member_path(index, layer, info.name, "entry")
-                    if info.issparse():
-                        raise LayerError(
-                            f"layer {index} ({layer.name}): {info.name!r} is a GNU sparse member",
-                            hint="servimg reads layers without unpacking them and refuses sparse entries; "
-                            "rebuild the base layer without --sparse",
-                        )
-                    parent, _, base = path.rpartition("/")
-                    if base == OPAQUE_MARKER:
-                        deletions.append((parent, "opaque"))
-                    elif base.startswith(WHITEOUT_PREFIX):
-                        target = posixpath.join(parent, base[len(WHITEOUT_PREFIX) :])
-                        deletions.append((target, "whiteout"))
-                    elif path:
-                        linkname = info.linkname
-                        if info.islnk():
-                            linkname = self._member_path(index, layer, linkname, f"hardlink {path!r} target")
-                        nodes.append(
-                            Node(path, index, info.type, info.mode, info.size, linkname, info.offset_data)
-                        )
-        except tarfile.TarError as exc:
-            raise LayerError(f"layer {index} ({layer.name}) is not a readable tar: {exc}") from exc
-        return deletions, nodes
-
-    @staticmethod
-    def _member_path(index: int, layer: Path, name: str, what: str) -> str:
-        try:
-            return normalize_path(name)
-        except LayerError as exc:
-            raise exc.context(f"layer {index} ({layer.name}): {what} {name!r}") from None
-
     def _remove(self, path: str) -> None:
-        for child in list(self._children.pop(path, ())):
+        for child in list(self.kids.pop(path, ())):
             self._remove(child)
-        if self._nodes.pop(path, None) is not None:
+        if self.nodes.pop(path, None) is not None:
             parent = path.rpartition("/")[0]
-            self._children.get(parent, set()).discard(path)
+            self.kids.get(parent, set()).discard(path)
 
     def _add(self, node: Node) -> None:
-        old = self._nodes.get(node.path)
+        old = self.nodes.get(node.path)
         if old is not None and old.is_dir and not node.is_dir:
             self._remove(node.path)  # a file replacing a directory hides the whole subtree
         self._ensure_parents(node.path, node.layer)
-        self._nodes[node.path] = node
-        self._children[node.path.rpartition("/")[0]].add(node.path)
+        self.nodes[node.path] = node
+        self.kids[node.path.rpartition("/")[0]].add(node.path)
         if node.is_dir:
-            self._children.setdefault(node.path, set())
+            self.kids.setdefault(node.path, set())
 
     def _ensure_parents(self, path: str, layer: int) -> None:
         parent = path.rpartition("/")[0]
-        if parent in self._nodes and self._nodes[parent].is_dir:
+        if parent in self.nodes and self.nodes[parent].is_dir:
             return
-        if parent in self._nodes:
+        if parent in self.nodes:
             self._remove(parent)
         self._ensure_parents(parent, layer)
-        self._nodes[parent] = Node(parent, layer, tarfile.DIRTYPE, 0o755, 0, "", 0)
-        self._children.setdefault(parent, set())
-        self._children[parent.rpartition("/")[0]].add(parent)
+        self.nodes[parent] = Node(parent, layer, tarfile.DIRTYPE, 0o755, 0, "", 0)
+        self.kids.setdefault(parent, set())
+        self.kids[parent.rpartition("/")[0]].add(parent)
+
+    # -- NodeTable ----------------------------------------------------------------------------------
+    def node(self, path: str) -> Node | None:
+        return self.nodes.get(path)
+
+    def children(self, path: str) -> Iterable[str]:
+        return self.kids.get(path, ())
+
+    def dirs_named(self, names: Collection[str]) -> list[str]:
+        return sorted(p for p, n in self.nodes.items() if n.is_dir and p.rpartition("/")[2] in names)
+
+    def below(self, path: str) -> Iterable[Node]:
+        stack = list(self.kids.get(path, ()))
+        while stack:
+            child = stack.pop()
+            yield self.nodes[child]
+            stack.extend(self.kids.get(child, ()))
+
+
+class LayeredFS:
+    """Read-only view of the merged layers. `layers` are uncompressed tar files, lowest first.
+
+    Built in memory from the layers' indexes (read from the tars unless given), or over a `table` that
+    already holds the merged state (`cached`: the chain's table on disk, nothing read from the tars)."""
+
+    def __init__(
+        self,
+        layers: Sequence[Path],
+        indexes: Sequence[LayerIndex] | None = None,
+        *,
+        table: NodeTable | None = None,
+    ) -> None:
+        self.layers = tuple(layers)
+        if table is None:
+            merge = _Merge()
+            for position, layer in enumerate(self.layers):
+                index = indexes[position] if indexes is not None else LayerIndex.read(layer, position)
+                merge.apply(position, layer, index)
+            table = merge
+        self._table = table
+
+    @classmethod
+    def cached(cls, layers: Sequence[tuple[Path, Digest]], cache_root: Path) -> LayeredFS:
+        """The view of `layers` (uncompressed tar, diffID), lowest first, through two caches under
+        `cache_root`: each layer's index by its diffID (`oci.layerindex`) and the merged table of the
+        whole chain by its ordered diffIDs (`oci.fsindex`). A warm chain opens one SQLite file and reads
+        only the rows a caller asks for; the tars are opened only to read file contents."""
+        paths = [path for path, _ in layers]
+        diff_ids = [diff_id for _, diff_id in layers]
+        table = fsindex.open_table(cache_root, diff_ids)
+        if table is not None:
+            return cls(paths, table=table)
+        indexes = IndexCache(cache_root)
+        merge = _Merge()
+        for position, (layer, diff_id) in enumerate(layers):
+            merge.apply(position, layer, indexes.index(layer, diff_id, position))
+        with contextlib.suppress(OSError, sqlite3.Error):  # a cache that cannot be written only costs time
+            fsindex.write_table(cache_root, diff_ids, merge.nodes.values())
+        return cls(paths, table=merge)
 
     # -- queries ------------------------------------------------------------------------------------
     def lstat(self, path: str) -> Node | None:
-        return self._nodes.get(normalize_path(path))
+        return self._table.node(normalize_path(path))
 
     def exists(self, path: str) -> bool:
         return self.lstat(path) is not None
 
     def listdir(self, path: str) -> list[str]:
-        return sorted(p.rpartition("/")[2] for p in self._children.get(normalize_path(path), ()))
+        return sorted(p.rpartition("/")[2] for p in self._table.children(normalize_path(path)))
+
+    def dirs_named(self, names: Collection[str]) -> list[str]:
+        """Every directory whose name is one of `names` (e.g. the site-packages dirs), sorted."""
+        return self._table.dirs_named(names)
+
+    def below(self, prefix: str) -> Iterable[Node]:
+        """Every node strictly under `prefix`, unordered (a range query on a cached view; `walk` when the
+        order matters)."""
+        return self._table.below(normalize_path(prefix))
 
     def walk(self, prefix: str = "") -> Iterator[Node]:
         """Every node under `prefix` (inclusive), depth-first in sorted order."""
         start = normalize_path(prefix)
-        node = self._nodes.get(start)
+        node = self._table.node(start)
         if node is None:
             return
         yield node
-        for child in sorted(self._children.get(start, ())):
+        for child in sorted(self._table.children(start)):
             yield from self.walk(child)
 
     def resolve(self, path: str) -> str:
@@ -182,6 +205,16 @@ class LayeredFS:
         Absolute link targets are relative to the image root; `..` never climbs above it. Raises on
         loops. Returns the resolved path, which may not exist.
         """
+        return self._resolve(path, [])
+
+    def resolution_path(self, path: str) -> list[str]:
+        """Every path `resolve` looks up on the way (each symlink it follows, then the result): another
+        layer that changes none of them cannot change what `path` resolves to."""
+        visited: list[str] = []
+        visited.append(self._resolve(path, visited))
+        return visited
+
+    def _resolve(self, path: str, visited: list[str]) -> str:
         parts = [p for p in path.split("/") if p not in ("", ".")]
         resolved: list[str] = []
         hops = 0
@@ -192,8 +225,9 @@ class LayeredFS:
                     resolved.pop()
                 continue
             candidate = "/".join([*resolved, part])
-            node = self._nodes.get(candidate)
+            node = self._table.node(candidate)
             if node is not None and node.is_symlink:
+                visited.append(candidate)
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
                     raise LayerError(
@@ -210,7 +244,7 @@ class LayeredFS:
 
     def _file_node(self, path: str, follow: bool) -> Node:
         real = self.resolve(path) if follow else normalize_path(path)
-        node = self._nodes.get(real)
+        node = self._table.node(real)
         if node is None:
             raise FileNotFoundError(path)
         if not node.is_file:
