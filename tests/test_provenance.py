@@ -194,11 +194,13 @@ def test_changes_are_re_derived_from_the_layer(tmp_path: Path) -> None:
         Entry("opt/venv/__pycache__/x.cpython-311.pyc", Kind.WHITEOUT),
         Entry("opt/servimg/lock.json", Kind.FILE, 0o644, data=b"{}"),
         Entry("opt/venv", Kind.DIR, 0o755),
+        Entry("var/lib/servimg/witness", Kind.DIR, 0o1777),  # created empty: listed, as the manifest does
     ]
     write_layer(entries, tmp_path / "layer.tar", mtime=0)
     assert provenance.layer_changes(tmp_path / "layer.tar") == (
         ChangedFile("/opt/venv/__pycache__/x.cpython-311.pyc", None, 0o644),
         ChangedFile("/opt/venv/x.py", sha256_hex(b"x = 1\n"), 0o644),
+        ChangedFile("/var/lib/servimg/witness", None, 0o1777),
     )
 
 

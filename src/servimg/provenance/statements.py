@@ -157,13 +157,19 @@ def parse_changes(doc: object) -> tuple[ChangedFile, ...]:
 
 def layer_changes(layer: Path) -> tuple[ChangedFile, ...]:
     """Re-derive the changed-files manifest from an overlay layer's tar: every file and whiteout in it,
-    except directories and servimg's own files. What the layer really holds, whatever its manifest says."""
+    and every directory it creates empty (the witness dir), except servimg's own files. What the layer
+    really holds, whatever its manifest says. A directory with members below it is only their parent,
+    which the manifest does not list; an empty one is listed as the manifest lists it (no sha256, its
+    mode), so a witness image's own dir is no "extra" entry (measured: check FAILed on it)."""
     out: dict[str, ChangedFile] = {}
+    dirs: dict[str, int] = {}
     try:
         with tarfile.open(layer, mode="r:") as tar:
             for info in tar:
                 path = normalize_path(info.name)
                 parent, _, base = path.rpartition("/")
+                if info.isdir() and path:
+                    dirs[path] = info.mode & 0o7777
                 if info.isdir() or path in SERVIMG_FILES or not path:
                     continue
                 if base == OPAQUE_MARKER:
@@ -177,9 +183,21 @@ def layer_changes(layer: Path) -> tuple[ChangedFile, ...]:
                     out[path] = ChangedFile("/" + path, sha256_hex(content), info.mode & 0o7777)
                 else:  # links and devices have no digest; name them so a comparison sees them
                     out[path] = ChangedFile("/" + path, f"{info.type.decode()}:{info.linkname}", 0)
+            members = [normalize_path(info.name) for info in tar.getmembers()]
     except (tarfile.TarError, OSError) as exc:
         raise ProvenanceError(f"the overlay layer is not a readable tar: {exc}") from None
+    parents = {m.rpartition("/")[0] for m in members} | {m.rpartition("/")[0] for m in out}
+    parents = {a for p in parents for a in _ancestors(p)}
+    for path, mode in dirs.items():
+        if path not in parents:
+            out[path] = ChangedFile("/" + path, None, mode)
     return tuple(sorted(out.values(), key=ChangedFile.key))
+
+
+def _ancestors(path: str) -> list[str]:
+    """`a/b/c` → [a/b/c, a/b, a]."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1) if parts[0]]
 
 
 # ------------------------------------------------------------------------------------------ provenance
