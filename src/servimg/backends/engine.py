@@ -128,6 +128,23 @@ def image_id(ref: str) -> Digest | None:
         return None
 
 
+def pull_by_digest(repository: str, manifest: Digest, expected_config: Digest) -> Digest:
+    """`docker pull REPOSITORY@MANIFEST`; refuse unless the engine then holds `expected_config` (a node
+    that pulled other bytes than the submitter resolved must not run them). Returns the image ID."""
+    ref = f"{repository}@{manifest}"
+    try:
+        pulled = Digest.parse(client().images.pull(ref).id)
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise BackendError(
+            f"cannot pull {ref}: {exc}", hint="can this host reach the registry, and does it hold the digest?"
+        ) from exc
+    if pulled != expected_config:
+        raise BackendError(f"{ref} pulled as image {pulled}, not the expected {expected_config}")
+    return pulled
+
+
 def has_image(config_digest: Digest) -> bool:
     return image_id(str(config_digest)) == config_digest
 
