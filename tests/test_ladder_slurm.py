@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import REPO, _require, docker_available
 from servimg.ladder import receipt, remote, slurm
@@ -261,3 +262,111 @@ def test_ctrl_c_cancels_the_submitted_jobs(toy_image: str, tmp_path: Path) -> No
     states = slurm.SlurmCli().tasks(array, 3)
     assert all(not t.active for t in states) and any(t.state == "CANCELLED" for t in states), states
     assert not (tmp_path / "o" / "receipt.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ real vLLM
+
+
+@pytest.mark.slurm
+@pytest.mark.vllm
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.root
+def test_the_cpu_smoke_ladder_on_real_vllm_through_slurm_agrees_with_the_local_run(
+    cpu_clean: Any,
+    cpu_clean_local: tuple[int, Path],
+    store: Any,
+    registry: Any,
+    slurm_cluster: None,
+    tmp_path: Path,
+) -> None:
+    """One Slurm run of the clean image's bundled CPU ladder (3 chains: control | noise | cold → warm →
+    restart; two run at once on 2 CPUs), against the session's local run of the same ladder."""
+    from servimg.backends import engine
+    from servimg.backends import registry as reg
+
+    code, local_out = cpu_clean_local
+    local = receipt.load(local_out / "receipt.json")
+    assert code == 0 and local["verdict"] == "PASS", local["verdict_reasons"]
+    image = engine.read_engine(str(cpu_clean.image.config_digest), store)
+    pushed = reg.push(image, f"{registry.host}/issue16-cpu-clean:ladder", store, print)
+    ref = f"{registry.host}/issue16-cpu-clean@{pushed.rpartition('@')[2]}"
+    lines: list[str] = []
+    loaded = load(local_out / "ladder" / "cpu-smoke.yaml")
+    config = RunConfig(None, tmp_path / "slurm", {})
+    started = time.monotonic()
+    doc = slurm.run(loaded, ref, config, slurm.SlurmOptions(), lambda line: (lines.append(line), print(line)))
+    wall = time.monotonic() - started
+    print(f"cpu-smoke ladder: local {local['timing']['run_wall_s']:.1f}s, slurm {wall:.1f}s")
+    assert doc["verdict"] == "PASS", doc["verdict_reasons"]
+    assert receipt.comparable(doc) == receipt.comparable(local)
+    jobs = doc["placement"]["jobs"]
+    assert [j["arms"] for j in jobs] == [["control"], ["noise"], ["cold", "warm", "restart"]]
+    assert any("running 2" in line for line in lines), "two chains ran at once"
+
+
+# ------------------------------------------------------------------------------------------ witness per arm
+
+
+def _witnessed(role: str, loaded: tuple[str, ...] | None, expected: tuple[str, ...]) -> Any:
+    from servimg.ladder.evaluation import NoiseFloor, judge_arm
+
+    definition = load(CPU_LADDER).definition
+    arm = next(a for a in definition.arms if a.role == role)
+    outcome = ArmOutcome(arm.id, role, (), {"prefix_cache_hits": 8.0}, None, (), loaded, expected)
+    return judge_arm(definition, outcome, None, NoiseFloor(True, 0, 0.0))
+
+
+def test_a_cached_arm_whose_processes_never_loaded_an_overlay_module_is_not_exercised() -> None:
+    lm = "lmcache.v1.cache_engine"
+    sched = "vllm.v1.core.sched.scheduler"
+    verdict = _witnessed("warm", (sched,), (sched, lm))
+    assert verdict.result == "NOT_EXERCISED"
+    assert f"never loaded overlay module(s) {lm} (loaded: {sched})" in verdict.reasons[0]
+    assert _witnessed("warm", (), (lm,)).reasons[0].endswith("(loaded: none)")
+    assert _witnessed("warm", (sched, lm), (sched, lm)).result == "PASS"
+    assert _witnessed("control", (), (lm,)).result == "PASS"  # only cached arms must reach the overlays
+    assert _witnessed("warm", None, (lm,)).result == "PASS"  # no witness in the image: nothing to check
+
+
+def test_an_arm_may_name_the_overlay_modules_its_configuration_reaches() -> None:
+    from servimg.ladder.definition import LadderDefinition
+
+    doc = yaml.safe_load(CPU_LADDER.read_text())
+    doc["arms"][2]["witness_modules"] = ["lmcache.v1.cache_engine"]
+    parsed = LadderDefinition.parse(yaml.safe_dump(doc))
+    assert parsed.arms[2].witness_modules == ("lmcache.v1.cache_engine",)
+    assert parsed.arms[0].witness_modules is None
+    doc["arms"][2]["witness_modules"] = ["not a module"]
+    with pytest.raises(Exception, match="witness_modules"):
+        LadderDefinition.parse(yaml.safe_dump(doc))
+
+
+def test_definitions_that_carry_a_ladder_ship_the_witness_by_default() -> None:
+    from servimg.build.definition import ImageDefinition
+
+    base = {
+        "name": "x",
+        "repository": "r/x",
+        "base": {"ref": "oci:/b:t", "digest": "sha256:" + "0" * 64},
+        "packages": {"vllm": {"distribution": "vllm", "version": "0.32.0"}},
+    }
+    assert ImageDefinition.model_validate({**base, "ladder": "verify/ladders/cpu-smoke.yaml"}).witness
+    assert not ImageDefinition.model_validate(base).witness
+    explicit = {**base, "ladder": "verify/ladders/cpu-smoke.yaml", "witness": False}
+    assert not ImageDefinition.model_validate(explicit).witness
+
+
+def test_the_overlay_modules_are_read_from_the_witness_spec_stream() -> None:
+    import io
+    import tarfile
+
+    from servimg.ladder.runner import overlay_modules
+
+    data = json.dumps({"modules": [{"module": "b.m"}, {"module": "a.m"}, {"module": "a.m"}]}).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("witness-spec.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert overlay_modules(buffer.getvalue()) == ("a.m", "b.m")

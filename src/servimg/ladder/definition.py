@@ -114,6 +114,9 @@ class ArmSpec(_Frozen):
     caches: dict[str, str] = {}  # cache name → wipe | retain-from:<arm>
     pre_steps: tuple[Literal["reset_prefix_cache"], ...] = ()
     exercise: tuple[Gate, ...] = ()
+    # Overlay modules (dotted names) this arm's configuration reaches: a cached arm whose engine processes
+    # never loaded one is NOT_EXERCISED. None: every overlay module in the image's witness spec.
+    witness_modules: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")], ...] | None = None
 
     @property
     def reuses(self) -> str | None:

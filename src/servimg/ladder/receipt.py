@@ -175,9 +175,11 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------- comparing
 
 # What differs between two runs of the same ladder on the same image by construction: where and when they
-# ran (placement, timing, ids, ports, host paths of caches and witness copies, process ids), and the seal
-# over all of it. Everything else (verdict, outputs, metric deltas, gates, inputs) must be equal whether
-# the arms ran locally or as Slurm jobs.
+# ran (placement, timing, ids, ports, a server's exit status after `docker stop`, host paths of caches,
+# witness copies and of the ladder/probe files, whose sha256 stay compared; the name the image was given
+# (engine ID or registry ref), whose digests stay compared; process ids), and the seals over all of it.
+# Everything else (verdict, outputs, metric deltas, gates, input hashes) must be equal whether the arms
+# ran locally or as Slurm jobs.
 RUN_FIELDS = ("run_id", "started_at", "finished_at", "timing", "placement", "sha256")
 ARM_RUN_FIELDS = ("timing", "logs")
 SERVER_RUN_FIELDS = ("container", "port", "healthy_after_s", "logs_sha256", "exit_code")

@@ -177,6 +177,8 @@ def record_json(record: ArmRecord) -> dict[str, Any]:
         "error": o.error,
         "metrics_delta": dict(o.metrics_delta),
         "witness_problems": None if o.witness_problems is None else list(o.witness_problems),
+        "witness_loaded": None if o.witness_loaded is None else list(o.witness_loaded),
+        "witness_expected": list(o.witness_expected),
         "requests": [
             {
                 "prompt_id": r.prompt_id,
@@ -222,7 +224,7 @@ def read_record(doc: Mapping[str, Any], loaded: LoadedLadder) -> ArmRecord:
         prompt = prompts[str(r["prompt_id"])]
         judgement = judge(output, prompt.expect, ladder.thresholds.detectors, r.get("error"))
         requests.append(RequestOutcome(prompt.id, str(r["family_id"]), output, judgement, r.get("error")))
-    witness = doc.get("witness_problems")
+    witness, modules = doc.get("witness_problems"), doc.get("witness_loaded")
     outcome = ArmOutcome(
         spec.id,
         spec.role,
@@ -230,6 +232,8 @@ def read_record(doc: Mapping[str, Any], loaded: LoadedLadder) -> ArmRecord:
         dict(doc.get("metrics_delta") or {}),
         doc.get("error"),
         None if witness is None else tuple(witness),
+        None if modules is None else tuple(modules),
+        tuple(doc.get("witness_expected") or ()),
     )
     return ArmRecord(spec, outcome, dict(doc.get("facts") or {}))
 

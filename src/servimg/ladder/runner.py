@@ -160,6 +160,7 @@ class Server:
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     witness: bool = False
+    overlay_modules: tuple[str, ...] = ()  # from the image's witness spec
 
     def stop(self) -> None:
         if self.container is not None:
@@ -556,9 +557,14 @@ def _run_arm(
         if isinstance(exc, ServimgError) and exc.problems:
             facts["error_detail"] = list(exc.problems)[-25:]
         log(f"{prefix} ERROR: {error}")
-    witness_problems = None
+    witness_problems: tuple[str, ...] | None = None
+    modules: tuple[str, ...] | None = None
+    expected: tuple[str, ...] = ()
     if server is not None and server.witness and server.container is not None:
         witness_problems, facts["witness"] = _collect_witness(server, config.out / "witness" / arm.id, log)
+        modules = tuple(sorted({str(r["module"]) for r in facts["witness"].get("records") or []}))
+        expected = arm.witness_modules if arm.witness_modules is not None else server.overlay_modules
+        facts["witness"].update(loaded_modules=list(modules), expected_modules=list(expected))
     facts["metrics"] = {"before": before, "after": after}
     wall = time.monotonic() - arm_started
     facts["timing"] = {
@@ -574,6 +580,8 @@ def _run_arm(
         delta(before, after),
         error,
         witness_problems,
+        modules,
+        expected,
     )
     return ArmRecord(arm, outcome, facts)
 
@@ -673,12 +681,25 @@ def _start(
                 "mounts": {k: f"{m.target}:{m.mode}" for k, m in sorted(mounts.items())},
             }
         )
-        server.witness = container.archive(WITNESS_SPEC) is not None
+        spec_tar = container.archive(WITNESS_SPEC)
+        server.witness = spec_tar is not None
+        server.overlay_modules = overlay_modules(spec_tar) if spec_tar is not None else ()
         log(f"  started container {container.id[:12]} on 127.0.0.1:{port}")
     except BaseException:
         server.stop()
         raise
     return server
+
+
+def overlay_modules(spec_tar: bytes) -> tuple[str, ...]:
+    """The overlay modules a witness spec (as `docker cp` streams it) lists."""
+    with tarfile.open(fileobj=io.BytesIO(spec_tar)) as tar:
+        for member in tar.getmembers():
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is not None:
+                spec = json.loads(handle.read())
+                return tuple(sorted({str(m["module"]) for m in spec.get("modules") or []}))
+    return ()
 
 
 def _remove_run_containers(run_id: str) -> None:
@@ -694,7 +715,7 @@ def _collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ..
     except ServimgError as exc:
         return (f"witness files could not be collected: {exc.message}",), {"error": exc.message}
     problems = list(result.problems())
-    if not result.records():
+    if not result.records() and server.overlay_modules:  # an image without overlays has none to record
         problems.append("no serving process recorded loading an overlay module")
     log(f"  witness: {len(result.records())} record(s), {len(problems)} problem(s)")
     return tuple(problems), result.as_dict()
