@@ -349,6 +349,8 @@ def collect(
                 "reason": state.reason,
                 "exit_code": state.exit_code,
                 "job_status": status.get("state"),
+                "started_at": status.get("started_at"),
+                "finished_at": status.get("finished_at"),
                 "error": failure,
             }
         )
