@@ -370,3 +370,30 @@ def test_the_overlay_modules_are_read_from_the_witness_spec_stream() -> None:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     assert overlay_modules(buffer.getvalue()) == ("a.m", "b.m")
+
+
+class _FlakyScheduler:
+    """A Scheduler whose first query fails (slurmctld busy): the wait retries instead of ending early."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def submit(self, argv: Any) -> str:
+        return "1"
+
+    def tasks(self, array_id: str, count: int) -> list[slurm.TaskState]:
+        self.calls += 1
+        if self.calls == 1:
+            raise slurm.SlurmError("scontrol failed: Socket timed out")
+        state = "RUNNING" if self.calls == 2 else "COMPLETED"
+        return [slurm.TaskState(i, f"{array_id}_{i}", state) for i in range(count)]
+
+    def cancel(self, array_id: str) -> None:
+        pass
+
+
+def test_the_wait_retries_a_failing_query_and_logs_each_change() -> None:
+    lines: list[str] = []
+    states = slurm.wait(_FlakyScheduler(), "1", 2, 0.01, lines.append)
+    assert [t.state for t in states] == ["COMPLETED", "COMPLETED"]
+    assert "retrying" in lines[0] and "running 2" in lines[1] and "done 2" in lines[2]

@@ -188,12 +188,12 @@ class SlurmCli:
 
     def tasks(self, array_id: str, count: int) -> list[TaskState]:
         try:
-            found = {
-                t.task: t
-                for t in parse_scontrol(self._call(["scontrol", "show", "job", "-o", array_id], "scontrol"))
-            }
-        except SlurmError:
-            found = {}
+            text = self._call(["scontrol", "show", "job", "-o", array_id], "scontrol")
+        except SlurmError as exc:
+            if "Invalid job id" not in exc.message:  # slurmctld busy or away: the caller retries
+                raise
+            text = ""  # purged after MinJobAge
+        found = {t.task: t for t in parse_scontrol(text)}
         if len(found) < count:  # purged from slurmctld (MinJobAge): ask accounting, where it runs
             try:
                 text = self._call(
@@ -306,11 +306,24 @@ def run(
     return finish(loaded, results, prepared, records, unchanged, placement, time.monotonic() - started, log)
 
 
-def wait(scheduler: Scheduler, array_id: str, count: int, poll_s: float, log: Log) -> list[TaskState]:
-    """Poll until no task is active; log the pending/running/done counts whenever they change."""
+def wait(
+    scheduler: Scheduler, array_id: str, count: int, poll_s: float, log: Log, retries: int = 10
+) -> list[TaskState]:
+    """Poll until no task is active; log the pending/running/done counts whenever they change. A failing
+    query is retried (`retries` times in a row): a busy slurmctld must not end the wait early."""
     last = ""
+    failures = 0
     while True:
-        states = scheduler.tasks(array_id, count)
+        try:
+            states = scheduler.tasks(array_id, count)
+            failures = 0
+        except SlurmError as exc:
+            failures += 1
+            if failures > retries:
+                raise
+            log(f"slurm: {exc.message} (retrying, {failures}/{retries})")
+            time.sleep(poll_s * failures)
+            continue
         phases = [t.phase for t in states]
         counts = ", ".join(f"{p} {phases.count(p)}" for p in ("pending", "running", "done"))
         line = f"slurm {array_id}: {counts}"
