@@ -200,7 +200,7 @@ def test_chains_run_as_slurm_jobs_and_the_receipt_equals_the_local_one(
     code, _ = _cli(toy_image, "--ladder", ladder, "--var", var, "--out", str(tmp_path / "l"), capsys=capsys)
     local = receipt.load(tmp_path / "l" / "receipt.json")
     assert code == 0 and local["placement"]["scheduler"] == "local"
-    assert receipt.comparable(on_slurm) == receipt.comparable(local)
+    assert not receipt.differences(receipt.comparable(on_slurm), receipt.comparable(local))
     placement = on_slurm["placement"]
     assert placement["scheduler"] == "slurm" and result["placement"] == placement
     jobs = placement["jobs"]
@@ -299,7 +299,8 @@ def test_the_cpu_smoke_ladder_on_real_vllm_through_slurm_agrees_with_the_local_r
     wall = time.monotonic() - started
     print(f"cpu-smoke ladder: local {local['timing']['run_wall_s']:.1f}s, slurm {wall:.1f}s")
     assert doc["verdict"] == "PASS", doc["verdict_reasons"]
-    assert receipt.comparable(doc) == receipt.comparable(local)
+    differing = receipt.differences(receipt.comparable(doc), receipt.comparable(local))
+    assert not differing, differing
     jobs = doc["placement"]["jobs"]
     assert [j["arms"] for j in jobs] == [["control"], ["noise"], ["cold", "warm", "restart"]]
     assert any("running 2" in line for line in lines), "two chains ran at once"

@@ -156,6 +156,7 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
     the image under the expected ID (= config digest).
     """
     c = client()
+    _remember(image, store)  # the engine ID alone does not name the manifest: remember which one it is
     if has_image(image.config_digest):
         _tag(c, image, tag)
         return "present"

@@ -212,3 +212,14 @@ def _comparable_arm(arm: Mapping[str, Any]) -> dict[str, Any]:
         ]
         out["witness"] = witness
     return out
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two JSON values differ, as dotted paths with both values (for `comparable` receipts)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")
+        ]
+    return [] if a == b else [f"{path or '.'}: {json.dumps(a)[:160]} != {json.dumps(b)[:160]}"]
