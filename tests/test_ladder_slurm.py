@@ -259,7 +259,11 @@ def test_ctrl_c_cancels_the_submitted_jobs(toy_image: str, tmp_path: Path) -> No
     proc.send_signal(signal.SIGINT)
     rest = proc.communicate(timeout=60)[0]
     assert proc.returncode != 0 and "cancelled Slurm job array" in rest, rest
+    deadline = time.monotonic() + 90  # a cancelled running task is COMPLETING for a moment
     states = slurm.SlurmCli().tasks(array, 3)
+    while any(t.active for t in states) and time.monotonic() < deadline:
+        time.sleep(1)
+        states = slurm.SlurmCli().tasks(array, 3)
     assert all(not t.active for t in states) and any(t.state == "CANCELLED" for t in states), states
     assert not (tmp_path / "o" / "receipt.json").exists()
 
