@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install and start everything servimg's tests and demo need, on a fresh Debian 12 machine (as root):
 # Docker Engine (Debian docker.io), the OCI registry (Debian docker-registry) on 127.0.0.1:5000,
+# Slurm + munge (scripts/slurm.sh: a one-node cluster for `ladder --on slurm`),
 # mmdebstrap (bases are bootstrapped from pinned packages), faketime (the reproducibility tests build under
 # another clock), Nix (Debian nix-bin, for the offline flake tests), the ecosystem's tools the interop tests
 # drive (skopeo, umoci, podman; docker-credential-pass + pass for the credential-helper tests), and the
@@ -51,6 +52,9 @@ YAML
   for _ in $(seq 1 30); do curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && break; sleep 1; done
   curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "setup: registry did not start" >&2; exit 1; }
 fi
+
+# Slurm (Debian slurm-wlm + munge) as a single-node cluster on 127.0.0.1: `servimg ladder --on slurm`.
+bash scripts/slurm.sh start
 
 if [ ! -x .venv/bin/servimg ]; then
   echo "setup: creating .venv"

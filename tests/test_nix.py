@@ -148,7 +148,7 @@ def locked_definitions(repo: Path = REPO) -> list[Path]:
 
 
 def copy_repo(dest: Path) -> Path:
-    for name in ("images", "overlays", "nix"):
+    for name in ("images", "overlays", "nix", "verify"):
         shutil.copytree(REPO / name, dest / name)
     shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
     return dest

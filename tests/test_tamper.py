@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, docker
+from conftest import copy_checkout, docker
 from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from servimg.cli import main
 from servimg.core.digest import Digest
@@ -84,8 +83,7 @@ def keyring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> dict[str, Any]:
     """The demo image, built once into an OCI layout, and its verify report (probe run once)."""
     root = tmp_path_factory.mktemp("tamper") / "repo"
-    shutil.copytree(REPO / "images", root / "images")
-    shutil.copytree(REPO / "overlays", root / "overlays")
+    copy_checkout(root)
     from servimg.build.pipeline import build
     from servimg.build.verify import verify_image_value
     from servimg.oci.store import BlobStore

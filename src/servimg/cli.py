@@ -13,6 +13,7 @@ from typing import TypeVar
 from servimg import __version__, commands
 from servimg.build.seams import FromRef, Seams
 from servimg.commands import Context, Outcome
+from servimg.ladder import slurm
 from servimg.oci.store import BlobStore
 from servimg.render import Reporter
 
@@ -152,6 +153,18 @@ def _ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=None, help="run every arm against this existing server URL")
     p.add_argument("--attach", default=None, metavar="REPO", help="attach the receipt (test-result) there")
     p.add_argument("--key", type=Path, default=None, help="private key to sign the attestation with")
+    p.add_argument(
+        "--on",
+        choices=("local", "slurm"),
+        default="local",
+        help="slurm: each chain of arms as one Slurm job (IMAGE is then HOST/REPO@sha256:… or :TAG in a "
+        "registry; --out must be on a filesystem the nodes share)",
+    )
+    p.add_argument("--partition", default=None, help="--on slurm: the partition")
+    p.add_argument("--gres", default=None, help="--on slurm: generic resources per job, e.g. gpu:1")
+    p.add_argument("--nodes-max", type=int, default=None, help="--on slurm: at most N chains at once")
+    p.add_argument("--time-limit", default=None, help="--on slurm: per job (sbatch --time), e.g. 2:00:00")
+    p.add_argument("--sbatch-arg", action="append", default=[], help="--on slurm: one more sbatch argument")
 
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
@@ -284,7 +297,10 @@ def _check(a: argparse.Namespace) -> commands.Check:
 
 
 def _ladder(a: argparse.Namespace) -> commands.Ladder:
-    return commands.Ladder(a.image, a.ladder, a.gpus, a.out, tuple(a.var), a.endpoint, a.attach, a.key)
+    options = slurm.SlurmOptions(a.partition, a.gres, a.nodes_max, a.time_limit, tuple(a.sbatch_arg))
+    return commands.Ladder(
+        a.image, a.ladder, a.gpus, a.out, tuple(a.var), a.endpoint, a.attach, a.key, a.on, options
+    )
 
 
 def _rebase(a: argparse.Namespace) -> commands.Rebase:

@@ -28,7 +28,7 @@ from servimg.build.verify import VerifyFailed, VerifyReport, verify_ref
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import Findings
 from servimg.core.progress import NULL, Log, Progress
-from servimg.ladder import receipt, runner
+from servimg.ladder import receipt, runner, slurm
 from servimg.ladder import witness as witnesses
 from servimg.ladder.definition import LadderError, load
 from servimg.oci import treediff
@@ -257,6 +257,8 @@ class Ladder:
     endpoint: str | None = None  # every arm against this server instead
     attach: str | None = None  # REPO: attach the receipt there as a test-result
     key: Path | None = None
+    on: str = "local"  # local | slurm (each chain of arms one job)
+    slurm: slurm.SlurmOptions = field(default_factory=slurm.SlurmOptions)
 
 
 def ladder(p: Ladder, ctx: Context) -> Iterator[Outcome]:
@@ -278,8 +280,13 @@ def ladder(p: Ladder, ctx: Context) -> Iterator[Outcome]:
         config = runner.RunConfig(
             None if p.endpoint else image, out, variables, p.gpus, p.endpoint, store=ctx.store
         )
-        doc = runner.run(loaded, config, ctx.log)
+        if p.on == "slurm":
+            doc = slurm.run(loaded, p.image, config, p.slurm, ctx.log)
+        else:
+            doc = runner.run(loaded, config, ctx.log)
         fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
+        if p.on == "slurm":
+            fields["placement"] = doc["placement"]
         if p.attach:
             attached = attach.attest_file(
                 p.image,

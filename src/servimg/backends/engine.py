@@ -148,6 +148,23 @@ def list_images() -> list[EngineImage] | None:
     return found
 
 
+def pull_by_digest(repository: str, manifest: Digest, expected_config: Digest) -> Digest:
+    """`docker pull REPOSITORY@MANIFEST`; refuse unless the engine then holds `expected_config` (a node
+    that pulled other bytes than the submitter resolved must not run them). Returns the image ID."""
+    ref = f"{repository}@{manifest}"
+    try:
+        pulled = Digest.parse(client().images.pull(ref).id)
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise BackendError(
+            f"cannot pull {ref}: {exc}", hint="can this host reach the registry, and does it hold the digest?"
+        ) from exc
+    if pulled != expected_config:
+        raise BackendError(f"{ref} pulled as image {pulled}, not the expected {expected_config}")
+    return pulled
+
+
 def has_image(config_digest: Digest) -> bool:
     return image_id(str(config_digest)) == config_digest
 
@@ -159,6 +176,7 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
     the image under the expected ID (= config digest).
     """
     c = client()
+    _remember(image, store)  # the engine ID alone does not name the manifest: remember which one it is
     if has_image(image.config_digest):
         _tag(c, image, tag)
         return "present"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -118,7 +118,16 @@ class ImageDefinition(_Frozen):
     ladder: str | None = None
     tag: str = DEFAULT_TEMPLATE
     source_date_epoch: Literal["base"] | Annotated[int, Field(ge=0)] = "base"
-    witness: bool = False
+    witness: bool = False  # default True when the definition carries a ladder (`_witness_default`)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _witness_default(cls, data: Any) -> Any:
+        """A ladder's cached arms must show the patched code ran (witness records per arm), so an image
+        that carries a ladder ships the witness unless its definition says `witness: false`."""
+        if isinstance(data, Mapping) and "witness" not in data and data.get("ladder") is not None:
+            return {**data, "witness": True}
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ImageDefinition:

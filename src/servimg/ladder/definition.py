@@ -114,6 +114,10 @@ class ArmSpec(_Frozen):
     caches: dict[str, str] = {}  # cache name → wipe | retain-from:<arm>
     pre_steps: tuple[Literal["reset_prefix_cache"], ...] = ()
     exercise: tuple[Gate, ...] = ()
+    # Modules (dotted names) this arm's configuration reaches: a cached arm whose engine processes never
+    # loaded one the image overlays is NOT_EXERCISED (modules it does not overlay leave no record and are
+    # not expected). None: every overlay module in the image's witness spec.
+    witness_modules: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")], ...] | None = None
 
     @property
     def reuses(self) -> str | None:

@@ -252,6 +252,16 @@ class ArmOutcome:
     metrics_delta: Mapping[str, float | None] = field(default_factory=dict)
     error: str | None = None
     witness_problems: tuple[str, ...] | None = None  # None: no witness in this image
+    # overlay modules the arm's engine processes loaded (witness records; None: no witness) and the ones
+    # its configuration should reach (`ArmSpec.witness_modules`, default every overlay module of the image)
+    witness_loaded: tuple[str, ...] | None = None
+    witness_expected: tuple[str, ...] = ()
+
+    def witness_missing(self) -> tuple[str, ...]:
+        """Overlay modules the arm should reach that no engine process of it loaded."""
+        if self.witness_loaded is None:
+            return ()
+        return tuple(m for m in self.witness_expected if m not in self.witness_loaded)
 
     @property
     def corrupted(self) -> int:
@@ -469,6 +479,13 @@ def judge_arm(
         for g in gates
         if not g.ok
     ]
+    missing = outcome.witness_missing()
+    if spec.role in CACHED_ROLES and missing:
+        loaded = ", ".join(outcome.witness_loaded or ()) or "none"
+        unexercised.append(
+            f"witness: the arm's engine processes never loaded overlay module(s) {', '.join(missing)} "
+            f"(loaded: {loaded})"
+        )
     if fails:
         return ArmVerdict(
             outcome.arm_id, spec.role, FAIL, tuple(fails + unexercised), outcome.corrupted, gates, comparison

@@ -170,3 +170,56 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
     out.append(_el("text", legend, x=10, y=height - 12, fill="#555"))
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- comparing
+
+# What differs between two runs of the same ladder on the same image by construction: where and when they
+# ran (placement, timing, ids, ports, a server's exit status after `docker stop`, host paths of caches,
+# witness copies and of the ladder/probe files, whose sha256 stay compared; the name the image was given
+# (engine ID or registry ref), whose digests stay compared; process ids), and the seals over all of it.
+# Everything else (verdict, outputs, metric deltas, gates, input hashes) must be equal whether the arms
+# ran locally or as Slurm jobs.
+RUN_FIELDS = ("run_id", "started_at", "finished_at", "timing", "placement", "sha256")
+ARM_RUN_FIELDS = ("timing", "logs")
+SERVER_RUN_FIELDS = ("container", "port", "healthy_after_s", "logs_sha256", "exit_code")
+
+
+def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The receipt without its run-specific fields (`RUN_FIELDS` …): equal for equal outputs."""
+    out = {k: v for k, v in doc.items() if k not in RUN_FIELDS}
+    out["preregistration"] = {
+        k: v for k, v in (doc.get("preregistration") or {}).items() if k != "registered_at"
+    }
+    out["arms"] = [_comparable_arm(a) for a in doc.get("arms") or []]
+    return out
+
+
+def _comparable_arm(arm: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in arm.items() if k not in ARM_RUN_FIELDS}
+    server = {k: v for k, v in (arm.get("server") or {}).items() if k not in SERVER_RUN_FIELDS}
+    if "mounts" in server:  # keyed by host path (caches live under each run's own directory)
+        server["mounts"] = sorted(server["mounts"].values())
+    out["server"] = server
+    out["caches"] = {
+        n: {k: v for k, v in c.items() if k != "host"} for n, c in (arm.get("caches") or {}).items()
+    }
+    out["requests"] = [{k: v for k, v in r.items() if k != "seconds"} for r in arm.get("requests") or []]
+    if arm.get("witness") is not None:
+        witness = {k: v for k, v in arm["witness"].items() if k not in ("container", "files")}
+        witness["records"] = [
+            {k: v for k, v in r.items() if k != "pid"} for r in witness.get("records") or []
+        ]
+        out["witness"] = witness
+    return out
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two JSON values differ, as dotted paths with both values (for `comparable` receipts)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")
+        ]
+    return [] if a == b else [f"{path or '.'}: {json.dumps(a)[:160]} != {json.dumps(b)[:160]}"]

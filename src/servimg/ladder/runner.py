@@ -25,11 +25,12 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ import requests
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
 from servimg.core import canonical
+from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.progress import Log
@@ -158,6 +160,7 @@ class Server:
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     witness: bool = False
+    overlay_modules: tuple[str, ...] = ()  # from the image's witness spec
 
     def stop(self) -> None:
         if self.container is not None:
@@ -291,7 +294,9 @@ class RunConfig:
 
 
 @dataclass
-class _ArmRecord:
+class ArmRecord:
+    """One arm as the harness saw it: its outcome (judged later) and the facts for the receipt."""
+
     spec: ArmSpec
     outcome: ArmOutcome
     facts: dict[str, Any]
@@ -305,64 +310,137 @@ class _Clock:
         self.requests_s = 0.0
 
 
-def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> dict[str, Any]:
-    """Run the ladder; write `receipt.json` + `receipt.svg` into `config.out`; return the sealed receipt."""
+@dataclass(frozen=True)
+class Prepared:
+    """What is fixed before the first arm: the image, the run variables and the pre-registration."""
+
+    run_id: str
+    started_at: str
+    image: Mapping[str, Any]
+    variables: Mapping[str, str]
+    model_dir: Path | None
+    inputs: Inputs
+    prereg: Mapping[str, Any]
+    deviations: tuple[str, ...]
+
+
+def prepare(
+    loaded: LoadedLadder, config: RunConfig, log: Log, image: Mapping[str, Any] | None = None
+) -> Prepared:
+    """Image facts, variables (the tiny model generated when asked), and `preregistration.json` in `out`."""
     ladder = loaded.definition
-    out = config.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
+    config.out.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
     started_at = _now()
-    run_started = time.monotonic()
-    adapter = ADAPTERS[ladder.engine]
-    image = _image_facts(config, ladder)
+    facts = dict(image) if image is not None else _image_facts(config, ladder)
+    deviations = tuple(facts.pop("deviations", []))
     variables, model_dir = _variables(loaded, config, log)
-    deviations: list[str] = list(image.pop("deviations", []))
     pre = capture_inputs(loaded, variables, model_dir)
     prereg = {"run_id": run_id, "registered_at": started_at, "inputs": pre.as_json(), "sha256": pre.sha256}
-    (out / "preregistration.json").write_bytes(canonical.dumps_pretty(prereg))
+    atomic_write(config.out / "preregistration.json", canonical.dumps_pretty(prereg), 0o644)
     log(f"ladder {ladder.name}: pre-registered inputs sha256 {pre.sha256[:16]}… ({len(ladder.arms)} arms)")
+    return Prepared(run_id, started_at, facts, variables, model_dir, pre, prereg, deviations)
+
+
+def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> dict[str, Any]:
+    """Run the ladder; write `receipt.json` + `receipt.svg` into `config.out`; return the sealed receipt."""
+    run_started = time.monotonic()
+    prepared = prepare(loaded, config, log)
+    arm_ids = [a.id for a in loaded.definition.arms]
+    records, unchanged = run_arms(loaded, arm_ids, config, prepared, prepared.run_id, log)
+    placement = {"scheduler": "local", "host": socket.gethostname()}
+    return finish(
+        loaded, config.out, prepared, records, unchanged, placement, time.monotonic() - run_started, log
+    )
+
+
+def run_arms(
+    loaded: LoadedLadder,
+    arm_ids: Sequence[str],
+    config: RunConfig,
+    prepared: Prepared,
+    container_run_id: str,
+    log: Log,
+    on_record: Callable[[ArmRecord], None] = lambda record: None,
+) -> tuple[list[ArmRecord], bool]:
+    """Run `arm_ids` (in declared order; a chain of the ladder or all of it) with the pre-registered
+    inputs re-hashed before each arm. Returns the records and whether the inputs stayed unchanged.
+    `container_run_id` labels the containers started (a Slurm job removes only its own)."""
+    ladder = loaded.definition
+    (config.out / "logs").mkdir(parents=True, exist_ok=True)
+    adapter = ADAPTERS[ladder.engine]
+    variables, model_dir, pre = prepared.variables, prepared.model_dir, prepared.inputs
+    arms = [(i, a) for i, a in enumerate(ladder.arms) if a.id in set(arm_ids)]
     servers: dict[str, Server] = {}
     caches: dict[tuple[str, str], Path] = {}
-    records: list[_ArmRecord] = []
+    records: list[ArmRecord] = []
     unchanged = True
-    last_use = {ladder.server_arm(a).id: i for i, a in enumerate(ladder.arms)}
+    last_use = {ladder.server_arm(a).id: i for i, a in arms}
     try:
-        for index, arm in enumerate(ladder.arms):
+        for index, arm in arms:
             if capture_inputs(loaded, variables, model_dir).sha256 != pre.sha256:
                 unchanged = False
                 log(f"ladder {ladder.name}: inputs changed before arm {arm.id}: the run is INVALID")
                 break
-            record = _run_arm(loaded, arm, index, config, variables, adapter, servers, caches, run_id, log)
+            record = _run_arm(
+                loaded, arm, index, config, variables, adapter, servers, caches, container_run_id, log
+            )
             records.append(record)
             for owner, server in list(servers.items()):
                 if last_use.get(owner, -1) <= index:
                     server.stop()
                     _merge_stop_facts(records, owner, server)
                     del servers[owner]
+            on_record(record)
     finally:
         for owner, server in servers.items():
             server.stop()
             _merge_stop_facts(records, owner, server)
         if config.image is not None and config.endpoint is None and not config.command:
-            _remove_run_containers(run_id)
+            _remove_run_containers(container_run_id)
     if capture_inputs(loaded, variables, model_dir).sha256 != pre.sha256:
         unchanged = False
+    return records, unchanged
+
+
+def finish(
+    loaded: LoadedLadder,
+    out: Path,
+    prepared: Prepared,
+    records: Sequence[ArmRecord],
+    unchanged: bool,
+    placement: Mapping[str, Any],
+    wall_s: float,
+    log: Log,
+) -> dict[str, Any]:
+    """Judge the records (pure), write the sealed receipt + plot into `out`, return the receipt."""
+    ladder = loaded.definition
+    deviations = list(prepared.deviations)
     for record in records:
         deviations += record.facts.pop("deviations", [])
     deviations += _prompt_consistency(records)
     verdict = evaluate(
         ladder, [r.outcome for r in records], inputs_unchanged=unchanged, deviations=deviations
     )
-    doc = build_receipt(loaded, image, pre, prereg, records, verdict, started_at, run_id)
-    doc["timing"]["run_wall_s"] = round(time.monotonic() - run_started, 3)
+    doc = build_receipt(
+        loaded,
+        prepared.image,
+        prepared.inputs,
+        prepared.prereg,
+        records,
+        verdict,
+        prepared.started_at,
+        prepared.run_id,
+    )
+    doc["timing"]["run_wall_s"] = round(wall_s, 3)
+    doc["placement"] = dict(placement)
     receipt.write(out, doc)
     sealed = receipt.load(out / "receipt.json")
     log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256 {sealed['sha256'][:16]}…)")
     return sealed
 
 
-def _prompt_consistency(records: Sequence[_ArmRecord]) -> list[str]:
+def _prompt_consistency(records: Sequence[ArmRecord]) -> list[str]:
     """Every arm must have sent the same prompt tokens (text probes are tokenized by each server)."""
     seen: dict[str, tuple[str, str]] = {}
     out = []
@@ -375,7 +453,7 @@ def _prompt_consistency(records: Sequence[_ArmRecord]) -> list[str]:
     return out
 
 
-def _merge_stop_facts(records: Sequence[_ArmRecord], owner: str, server: Server) -> None:
+def _merge_stop_facts(records: Sequence[ArmRecord], owner: str, server: Server) -> None:
     for record in records:
         if record.spec.id == owner:
             record.facts.setdefault("server", {}).update(
@@ -394,7 +472,7 @@ def _run_arm(
     caches: dict[tuple[str, str], Path],
     run_id: str,
     log: Log,
-) -> _ArmRecord:
+) -> ArmRecord:
     ladder = loaded.definition
     arm_started = time.monotonic()
     clock = _Clock()
@@ -479,9 +557,16 @@ def _run_arm(
         if isinstance(exc, ServimgError) and exc.problems:
             facts["error_detail"] = list(exc.problems)[-25:]
         log(f"{prefix} ERROR: {error}")
-    witness_problems = None
+    witness_problems: tuple[str, ...] | None = None
+    modules: tuple[str, ...] | None = None
+    expected: tuple[str, ...] = ()
     if server is not None and server.witness and server.container is not None:
         witness_problems, facts["witness"] = _collect_witness(server, config.out / "witness" / arm.id, log)
+        modules = tuple(sorted({str(r["module"]) for r in facts["witness"].get("records") or []}))
+        # Of the modules the arm reaches, only those the image overlays leave witness records.
+        reached = arm.witness_modules if arm.witness_modules is not None else server.overlay_modules
+        expected = tuple(m for m in reached if m in server.overlay_modules)
+        facts["witness"].update(loaded_modules=list(modules), expected_modules=list(expected))
     facts["metrics"] = {"before": before, "after": after}
     wall = time.monotonic() - arm_started
     facts["timing"] = {
@@ -497,8 +582,10 @@ def _run_arm(
         delta(before, after),
         error,
         witness_problems,
+        modules,
+        expected,
     )
-    return _ArmRecord(arm, outcome, facts)
+    return ArmRecord(arm, outcome, facts)
 
 
 def _start(
@@ -596,12 +683,25 @@ def _start(
                 "mounts": {k: f"{m.target}:{m.mode}" for k, m in sorted(mounts.items())},
             }
         )
-        server.witness = container.archive(WITNESS_SPEC) is not None
+        spec_tar = container.archive(WITNESS_SPEC)
+        server.witness = spec_tar is not None
+        server.overlay_modules = overlay_modules(spec_tar) if spec_tar is not None else ()
         log(f"  started container {container.id[:12]} on 127.0.0.1:{port}")
     except BaseException:
         server.stop()
         raise
     return server
+
+
+def overlay_modules(spec_tar: bytes) -> tuple[str, ...]:
+    """The overlay modules a witness spec (as `docker cp` streams it) lists."""
+    with tarfile.open(fileobj=io.BytesIO(spec_tar)) as tar:
+        for member in tar.getmembers():
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is not None:
+                spec = json.loads(handle.read())
+                return tuple(sorted({str(m["module"]) for m in spec.get("modules") or []}))
+    return ()
 
 
 def _remove_run_containers(run_id: str) -> None:
@@ -617,7 +717,7 @@ def _collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ..
     except ServimgError as exc:
         return (f"witness files could not be collected: {exc.message}",), {"error": exc.message}
     problems = list(result.problems())
-    if not result.records():
+    if not result.records() and server.overlay_modules:  # an image without overlays has none to record
         problems.append("no serving process recorded loading an overlay module")
     log(f"  witness: {len(result.records())} record(s), {len(problems)} problem(s)")
     return tuple(problems), result.as_dict()
@@ -668,16 +768,22 @@ def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, Any]:
         manifest = str(cached.digest) if cached is not None else None
     for repo_digest in attrs.get("RepoDigests") or []:
         manifest = manifest or repo_digest.rpartition("@")[2]
-    labels = {
-        k: v
-        for k, v in sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())
-        if k.startswith(("io.servimg", "org.opencontainers"))
-    }
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    return image_facts(config.image, manifest, config_digest, labels, ladder)
+
+
+def image_facts(
+    ref: str, manifest: str | None, config_digest: str, labels: Mapping[str, str], ladder: LadderDefinition
+) -> dict[str, Any]:
+    """The receipt's `image`: ref, manifest and config digests, servimg/OCI labels; checked against the
+    digest the ladder names (wherever the image was resolved: the engine, or a registry)."""
     facts: dict[str, Any] = {
-        "ref": config.image,
+        "ref": ref,
         "digest": manifest,
         "config_digest": config_digest,
-        "labels": labels,
+        "labels": {
+            k: v for k, v in sorted(labels.items()) if k.startswith(("io.servimg", "org.opencontainers"))
+        },
         "deviations": [],
     }
     if manifest is None:
@@ -688,8 +794,7 @@ def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, Any]:
         facts["expected_digest"] = ladder.image.digest
         if ladder.image.digest not in (manifest, config_digest):
             raise LadderRunError(
-                f"the ladder is about {ladder.image.digest}, "
-                f"the image {config.image} is {manifest or config_digest}",
+                f"the ladder is about {ladder.image.digest}, the image {ref} is {manifest or config_digest}",
                 hint="run the ladder against the image it names, or update image.digest in the ladder",
             )
     return facts
@@ -728,7 +833,7 @@ def build_receipt(
     image: Mapping[str, Any],
     inputs: Inputs,
     prereg: Mapping[str, Any],
-    records: Sequence[_ArmRecord],
+    records: Sequence[ArmRecord],
     verdict: Verdict,
     started_at: str,
     run_id: str,

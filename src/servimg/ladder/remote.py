@@ -1,0 +1,364 @@
+"""A ladder run split over scheduler jobs: the plan a job reads, the results it writes, and the job itself.
+
+The submitter (`servimg.ladder.slurm`) pre-registers the inputs, writes `plan.json` into the shared results
+directory (`--out`, which every node must see) and submits one job per chain (`servimg.ladder.plan`). A job
+runs `python -m servimg.ladder.remote RESULTS CHAIN` on its node, which:
+
+1. pulls the image BY DIGEST and refuses other bytes (`engine.pull_by_digest`);
+2. re-hashes the pre-registered inputs (ladder, probes, harness source, model files, variables) on the
+   node, and refuses to run an arm if they differ from what the submitter registered;
+3. runs its chain's arms with the local harness (`runner.run_arms`), writing each arm's record atomically
+   to `arms/<arm>.json` as it finishes, and its own status to `jobs/chain-<n>.json`.
+
+The submitter then reads the records back (`read_record`: outputs are re-judged by the same pure
+functions) and writes the same receipt a local run writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from servimg.backends import engine
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
+from servimg.core.errors import ServimgError
+from servimg.core.progress import Log
+from servimg.ladder.definition import LoadedLadder, load
+from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
+from servimg.ladder.plan import Chain
+from servimg.ladder.runner import ArmRecord, LadderRunError, Prepared, RunConfig, capture_inputs, run_arms
+
+PLAN = "plan.json"
+PLAN_VERSION = 1
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What every job of one run needs: written once by the submitter, read by each job."""
+
+    run_id: str
+    started_at: str
+    ladder_path: str  # absolute: the node re-reads (and re-hashes) the same file
+    repository: str  # HOST[:PORT]/REPO of the image under test
+    manifest: str  # the image's manifest digest: what each node pulls
+    config_digest: str  # the image ID the pull must produce
+    image: Mapping[str, Any]  # the receipt's image facts, as the submitter resolved them
+    variables: Mapping[str, str]
+    model_dir: str | None
+    inputs_sha256: str
+    prereg: Mapping[str, Any]
+    deviations: tuple[str, ...]
+    gpus: str | None
+    chains: tuple[Chain, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "plan_version": PLAN_VERSION,
+            "run_id": self.run_id,
+            "started_at": self.started_at,
+            "ladder_path": self.ladder_path,
+            "repository": self.repository,
+            "manifest": self.manifest,
+            "config_digest": self.config_digest,
+            "image": dict(self.image),
+            "variables": dict(self.variables),
+            "model_dir": self.model_dir,
+            "inputs_sha256": self.inputs_sha256,
+            "prereg": dict(self.prereg),
+            "deviations": list(self.deviations),
+            "gpus": self.gpus,
+            "chains": [{"index": c.index, "arms": list(c.arms)} for c in self.chains],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> JobPlan:
+        if doc.get("plan_version") != PLAN_VERSION:
+            raise LadderRunError(f"plan version {doc.get('plan_version')!r} is not {PLAN_VERSION}")
+        return cls(
+            str(doc["run_id"]),
+            str(doc["started_at"]),
+            str(doc["ladder_path"]),
+            str(doc["repository"]),
+            str(doc["manifest"]),
+            str(doc["config_digest"]),
+            dict(doc["image"]),
+            dict(doc["variables"]),
+            doc.get("model_dir"),
+            str(doc["inputs_sha256"]),
+            dict(doc["prereg"]),
+            tuple(doc.get("deviations") or ()),
+            doc.get("gpus"),
+            tuple(Chain(int(c["index"]), tuple(c["arms"])) for c in doc["chains"]),
+        )
+
+    @classmethod
+    def of(
+        cls,
+        prepared: Prepared,
+        loaded: LoadedLadder,
+        repository: str,
+        gpus: str | None,
+        chains: Sequence[Chain],
+    ) -> JobPlan:
+        image = prepared.image
+        return cls(
+            prepared.run_id,
+            prepared.started_at,
+            str(loaded.ladder_path.resolve()),
+            repository,
+            str(image["digest"]),
+            str(image["config_digest"]),
+            dict(image),
+            dict(prepared.variables),
+            None if prepared.model_dir is None else str(prepared.model_dir.resolve()),
+            prepared.inputs.sha256,
+            dict(prepared.prereg),
+            prepared.deviations,
+            gpus,
+            tuple(chains),
+        )
+
+    def prepared(self, loaded: LoadedLadder) -> Prepared:
+        """The submitter's pre-registration, with the inputs hashed again HERE (on the node)."""
+        model_dir = None if self.model_dir is None else Path(self.model_dir)
+        inputs = capture_inputs(loaded, self.variables, model_dir)
+        return Prepared(
+            self.run_id,
+            self.started_at,
+            self.image,
+            self.variables,
+            model_dir,
+            inputs,
+            self.prereg,
+            self.deviations,
+        )
+
+
+def write_plan(results: Path, plan: JobPlan) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / PLAN
+    atomic_write(path, json.dumps(plan.as_json(), indent=1, sort_keys=True).encode(), 0o644)
+    return path
+
+
+def read_plan(results: Path) -> JobPlan:
+    try:
+        return JobPlan.from_json(json.loads((results / PLAN).read_bytes()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LadderRunError(
+            f"cannot read the job plan {results / PLAN}: {exc}",
+            hint="--out must be a directory every node sees at the same path (a shared filesystem)",
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+def record_json(record: ArmRecord) -> dict[str, Any]:
+    """An arm's record as JSON: raw outputs (judged again by the reader), metric deltas, facts."""
+    o = record.outcome
+    return {
+        "arm": o.arm_id,
+        "role": o.role,
+        "error": o.error,
+        "metrics_delta": dict(o.metrics_delta),
+        "witness_problems": None if o.witness_problems is None else list(o.witness_problems),
+        "witness_loaded": None if o.witness_loaded is None else list(o.witness_loaded),
+        "witness_expected": list(o.witness_expected),
+        "requests": [
+            {
+                "prompt_id": r.prompt_id,
+                "family_id": r.family_id,
+                "error": r.error,
+                "output": None if r.output is None else _output_json(r.output),
+            }
+            for r in o.requests
+        ],
+        "facts": record.facts,
+    }
+
+
+def _output_json(output: Output) -> dict[str, Any]:
+    """Exact: every logprob as Python's repr round-trips it (NaN, which JSON lacks, as null)."""
+    return {
+        "token_ids": list(output.token_ids),
+        "logprobs": [None if math.isnan(x) else x for x in output.logprobs],
+        "text": output.text,
+        "finish_reason": output.finish_reason,
+        "prompt_token_ids": list(output.prompt_token_ids),
+    }
+
+
+def read_record(doc: Mapping[str, Any], loaded: LoadedLadder) -> ArmRecord:
+    """A record written by `record_json`, with every request judged again here (pure functions, the
+    pre-registered detectors): the verdict never trusts a node's own judgement."""
+    ladder = loaded.definition
+    spec = ladder.arm(str(doc["arm"]))
+    prompts = {p.id: p for _, p in loaded.probes.prompts}
+    requests = []
+    for r in doc["requests"]:
+        raw = r.get("output")
+        output = None
+        if raw is not None:
+            output = Output(
+                str(raw["text"]),
+                tuple(int(t) for t in raw["token_ids"]),
+                tuple(float("nan") if x is None else float(x) for x in raw["logprobs"]),
+                raw.get("finish_reason"),
+                tuple(int(t) for t in raw.get("prompt_token_ids") or ()),
+            )
+        prompt = prompts[str(r["prompt_id"])]
+        judgement = judge(output, prompt.expect, ladder.thresholds.detectors, r.get("error"))
+        requests.append(RequestOutcome(prompt.id, str(r["family_id"]), output, judgement, r.get("error")))
+    witness, modules = doc.get("witness_problems"), doc.get("witness_loaded")
+    outcome = ArmOutcome(
+        spec.id,
+        spec.role,
+        tuple(requests),
+        dict(doc.get("metrics_delta") or {}),
+        doc.get("error"),
+        None if witness is None else tuple(witness),
+        None if modules is None else tuple(modules),
+        tuple(doc.get("witness_expected") or ()),
+    )
+    return ArmRecord(spec, outcome, dict(doc.get("facts") or {}))
+
+
+def arm_path(results: Path, arm_id: str) -> Path:
+    return results / "arms" / f"{arm_id}.json"
+
+
+def status_path(results: Path, chain: Chain) -> Path:
+    return results / "jobs" / f"{chain.name}.json"
+
+
+def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode(), 0o644)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# ------------------------------------------------------------------------------------------ the job
+
+
+def job_id() -> str | None:
+    """The scheduler's id for this job (Slurm array task `ARRAY_TASK`, else the plain job id)."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("HOSTNAME")
+
+
+def run_chain(results: Path, chain_index: int, log: Log) -> int:
+    """Run one chain on this node; exit status 0 when every arm ran with unchanged inputs."""
+    plan = read_plan(results)
+    chain = next((c for c in plan.chains if c.index == chain_index), None)
+    if chain is None:
+        raise LadderRunError(f"the plan has no chain {chain_index} (chains 0..{len(plan.chains) - 1})")
+    status: dict[str, Any] = {
+        "chain": chain.index,
+        "arms": list(chain.arms),
+        "job_id": job_id(),
+        "node": socket.gethostname(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "state": "running",
+        "error": None,
+        "inputs_unchanged": None,
+    }
+    _write_json(status_path(results, chain), status)
+    try:
+        code = _run(results, plan, chain, status, log)
+    except ServimgError as exc:
+        status.update(state="error", error=exc.message, problems=list(exc.problems)[:20])
+        code = 2
+    except KeyboardInterrupt:  # SIGTERM from the scheduler (scancel, time limit): see `_terminate`
+        status.update(state="terminated", error="the job was terminated by the scheduler")
+        code = 143
+    status["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _write_json(status_path(results, chain), status)
+    return code
+
+
+def _run(results: Path, plan: JobPlan, chain: Chain, status: dict[str, Any], log: Log) -> int:
+    loaded = load(Path(plan.ladder_path))
+    log(f"{chain.name} on {status['node']}: pulling {plan.repository}@{plan.manifest}")
+    engine.pull_by_digest(plan.repository, Digest.parse(plan.manifest), Digest.parse(plan.config_digest))
+    prepared = plan.prepared(loaded)
+    status["inputs_sha256"] = prepared.inputs.sha256
+    if prepared.inputs.sha256 != plan.inputs_sha256:
+        status.update(
+            state="invalid",
+            inputs_unchanged=False,
+            error="the pre-registered inputs differ on this node",
+            differences=input_differences(plan.prereg.get("inputs") or {}, prepared.inputs.as_json()),
+        )
+        log(f"{chain.name}: the pre-registered inputs differ on this node: no arm runs")
+        return 3
+    config = RunConfig(plan.config_digest, results, plan.variables, plan.gpus)
+
+    def written(record: ArmRecord) -> None:
+        _write_json(arm_path(results, record.spec.id), record_json(record))
+
+    records, unchanged = run_arms(
+        loaded, chain.arms, config, prepared, f"{plan.run_id}-{chain.index}", log, written
+    )
+    for record in records:  # again: a server's exit facts are merged into its arm once it stopped
+        written(record)
+    status.update(state="done" if unchanged else "invalid", inputs_unchanged=unchanged)
+    return 0 if unchanged else 3
+
+
+def input_differences(registered: Mapping[str, Any], here: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Which pre-registered inputs differ (dotted keys), to say WHY a node refused to run."""
+    out = []
+    for key in sorted(set(registered) | set(here)):
+        a, b = registered.get(key), here.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += input_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """Slurm signals a job it cancels or times out with SIGTERM (KillWait before SIGKILL): unwind, so
+    the runner's `finally` removes the containers it started (dockerd, not the job, is their parent)."""
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or not args[1].isdigit():
+        print("usage: python -m servimg.ladder.remote RESULTS_DIR CHAIN_INDEX", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run_chain(Path(args[0]), int(args[1]), lambda line: print(line, flush=True))
+    except ServimgError as exc:
+        print(f"FAIL: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
