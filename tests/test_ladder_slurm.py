@@ -38,8 +38,13 @@ CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"
 
 def test_chains_follow_server_reuse_and_retained_caches() -> None:
     plan = chains(load(CPU_LADDER).definition)
-    assert [c.arms for c in plan] == [("control",), ("noise",), ("cold", "warm", "restart")]
-    assert [c.index for c in plan] == [0, 1, 2]
+    assert [c.arms for c in plan] == [
+        ("control",),
+        ("noise",),
+        ("cold", "warm", "restart"),
+        ("lmcache-cold", "lmcache-warm"),
+    ]
+    assert [c.index for c in plan] == [0, 1, 2, 3]
     toy = chains(load(TOY / "toy.yaml").definition)
     assert [c.arms for c in toy] == [("control",), ("noise",), ("cold", "warm")]
 
