@@ -57,8 +57,8 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
     arms = {a["id"]: a for a in receipt["arms"]}
     result: list[tuple[bool, str, str]] = [
         (
-            lock["base"]["digest"] == base_pin["digest"],
-            f"the base is built from pins only: {base_pin['digest']} (verify/bases/demo.lock.json)",
+            lock["base"]["manifest_digest"] == base_pin["manifest_digest"],
+            f"the base is built from pins only: {base_pin['manifest_digest']} (verify/bases/demo.lock.json)",
             "servimg base demo",
         ),
         (
