@@ -23,7 +23,8 @@ let
 
   locks = import ./lock.nix { inherit root; };
 
-  # The repository subset `servimg build` reads: images/ (definitions, locks) and overlays/ (patches).
+  # The repository subset `servimg build` reads: images/ (definitions, locks), overlays/ (patches) and
+  # the bundled ladders and probes (verify/ladders, verify/probes).
   # Other edits (src/, docs/, tests/) do not rebuild images; servimg itself comes in via toolchain.python.
   prefix = toString root + "/";
   relative = path: substring (stringLength prefix) (stringLength path) path;
@@ -31,7 +32,10 @@ let
   src = builtins.path {
     path = root;
     name = "servimg-image-inputs";
-    filter = path: _type: let rel = relative (toString path); in under "images" rel || under "overlays" rel;
+    filter = path: _type: let rel = relative (toString path); in
+      under "images" rel || under "overlays" rel
+      # The ladders and probe sets a definition bundles (`ladder:`): "verify" itself, to descend.
+      || rel == "verify" || under "verify/ladders" rel || under "verify/probes" rel;
   };
 
   base = import ./base.nix { inherit toolchain; };
