@@ -362,6 +362,31 @@ def test_layout_blob_that_does_not_hash_to_its_name(work: Path) -> None:
     assert fb.cache_is_sound(work / "cache") == []
 
 
+@pytest.mark.parametrize("how", ["own-cache", "read-only"])
+def test_layout_blobs_are_linked_not_copied_and_still_verified(work: Path, how: str) -> None:
+    """The base cache's own layout (link=True) and a layout whose blobs have no write bit (a Nix store
+    path) are hard-linked into the store, each blob hashed first: a bit flip is still refused."""
+    base = _honest(work)
+    blob = base.blob(base.image.layer_descriptors[0].digest)
+    if how == "read-only":
+        blob.chmod(0o444)
+    store = BlobStore(work / "cache")
+    read_layout(base.layout, store, link=how == "own-cache")
+    assert store.path(base.image.layer_descriptors[0].digest).stat().st_ino == blob.stat().st_ino
+    if how == "own-cache":  # a user's writable layout is copied: its later edits never reach the store
+        copied = BlobStore(work / "copied")
+        read_layout(base.layout, copied)
+        assert copied.path(base.image.layer_descriptors[0].digest).stat().st_ino != blob.stat().st_ino
+    flipped = _honest(work / "flipped")
+    bad = flipped.blob(flipped.image.layer_descriptors[0].digest)
+    data = bytearray(bad.read_bytes())
+    data[600] ^= 1
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ServimgError, match="blob digest mismatch"):
+        read_layout(flipped.layout, BlobStore(work / "cache2"), link=True)
+    assert not BlobStore(work / "cache2").has(flipped.image.layer_descriptors[0].digest)
+
+
 def test_layout_descriptor_that_lies_about_size(work: Path) -> None:
     from servimg.oci.image import Descriptor, Image, Layer
 

@@ -76,6 +76,9 @@ for job in json.loads(sys.argv[1]):
     stat = os.stat(src)
     if job.get("content") is not None:
         open(src, "w").write(job["content"])
+        # py_compile stamps the source's mtime: keep the original, or the stamp depends on whether the
+        # fixture's write and this one fell in the same second (a flake under load).
+        os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     mode = getattr(py_compile.PycInvalidationMode, job["mode"])
     os.makedirs(os.path.dirname(job["cfile"]), exist_ok=True)
     py_compile.compile(src, cfile=job["cfile"], dfile=src, doraise=True, optimize=job["opt"],

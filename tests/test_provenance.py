@@ -226,7 +226,6 @@ def test_clean_evidence_passes(facts: ImageFacts, image: Image, key: dsse.Signin
 @pytest.mark.parametrize(
     ("tamper", "reason"),
     [
-        ("untrusted", "signed by a key that is not trusted"),
         ("forged", "signature claims trusted key"),
         ("unsigned", "unsigned envelope: no signature to verify"),
         ("other-subject", "the statement is about"),
@@ -244,14 +243,10 @@ def test_each_tamper_fails_with_its_reason(
     facts: ImageFacts, image: Image, key: dsse.SigningKey, tamper: str, reason: str
 ) -> None:
     trusted = [key.public_key]
-    stranger = dsse.SigningKey.generate()
     prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
     verify = provenance.verify_predicate(_Report(facts), facts)
     other = Image.create({"config": {}, "rootfs": {"type": "layers", "diff_ids": []}}, [])
     builders: dict[str, Callable[[], check.Found]] = {
-        "untrusted": lambda: _found(
-            _envelope(_statement(image, attest.PROVENANCE_V1, prov), stranger), "provenance", trusted
-        ),
         "forged": lambda: _found(
             _forge(_envelope(_statement(image, attest.PROVENANCE_V1, prov), key)), "provenance", trusted
         ),
@@ -321,6 +316,28 @@ def _with_extra_file(facts: ImageFacts) -> dict[str, Any]:
     return provenance.provenance_predicate(
         replace(facts, changes=changes), Invocation("id"), provenance.DEFAULT_BUILDER_ID
     )
+
+
+def test_an_untrusted_signer_is_reported_and_not_counted(
+    facts: ImageFacts, image: Image, key: dsse.SigningKey
+) -> None:
+    """Stale attestations by another key (an old run's key, another team's CI) sit beside the trusted
+    ones in the registry: they are a WARN each and never decide the verdict, either way."""
+    trusted = [key.public_key]
+    prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
+    stranger = _envelope(_statement(image, attest.PROVENANCE_V1, prov), dsse.SigningKey.generate())
+    beside = evaluate(
+        Policy(),
+        _evidence(image, facts, [*_clean(image, facts, key), _found(stranger, "provenance", trusted)]),
+    )
+    assert beside.ok, _fails(beside)
+    warned = [r.message for r in beside.findings if r.status == WARN]
+    assert any("signed by a key that is not trusted" in m and m.endswith("not counted") for m in warned), (
+        warned
+    )
+    alone = evaluate(Policy(), _evidence(image, facts, [_found(stranger, "provenance", trusted)]))
+    assert not alone.ok
+    assert any(line.startswith("provenance:") for line in _fails(alone)), _fails(alone)
 
 
 def test_unsigned_mode_reports_but_accepts(facts: ImageFacts, image: Image, key: dsse.SigningKey) -> None:

@@ -33,9 +33,18 @@ LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 
 
 def read_layout(
-    root: Path, store: BlobStore, *, tag: str | None = None, digest: Digest | None = None
+    root: Path,
+    store: BlobStore,
+    *,
+    tag: str | None = None,
+    digest: Digest | None = None,
+    link: bool = False,
 ) -> Image:
-    """Load the manifest selected by `digest` or `tag` (or the only one) and copy its blobs into `store`."""
+    """Load the manifest selected by `digest` or `tag` (or the only one) and copy its blobs into `store`.
+
+    Blobs are hard-linked instead (each verified first) when `link` says the layout is the caller's own
+    and never rewritten (servimg's base cache), or when a blob has no write bit at all (a Nix store path,
+    a read-only layout): a copy would only double the disk a multi-GB base takes."""
     index = _read_index(root)
     desc = _select(index, root, tag, digest)
     manifest_bytes = _read_blob(root, desc.digest)
@@ -61,7 +70,7 @@ def read_layout(
                 f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
                 hint="the layout is incomplete; copy it again from its source",
             )
-        _, size = store.put_file(source, layer.digest)
+        _, size = store.put_file(source, layer.digest, link=link or _read_only(source))
         if size != layer.size:
             raise BackendError(
                 f"{root}: manifest.layers[{i}] says {layer.size} bytes, blob {layer.digest.short} has {size}",
@@ -70,6 +79,10 @@ def read_layout(
     store.put_bytes(manifest_bytes)
     store.put_bytes(image.config_bytes)
     return image
+
+
+def _read_only(path: Path) -> bool:
+    return path.stat().st_mode & 0o222 == 0
 
 
 def _read_index(root: Path) -> dict[str, Any]:

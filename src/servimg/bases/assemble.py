@@ -121,7 +121,7 @@ def cached_base(
     """
     if (cache / "index.json").is_file():
         log(f"{what}: cached at {cache}")
-        image = layout.read_layout(cache, store)
+        image = layout.read_layout(cache, store, link=True)  # the cache's own layout: never rewritten
         if pinned is not None:
             basepin.check(*pinned, image, store, log)
         return image

@@ -107,9 +107,45 @@ class BlobStore:
         os.replace(tmp, self.path(digest))
         return digest, size
 
-    def put_file(self, src: Path, expected: Digest | None = None) -> tuple[Digest, int]:
+    def put_file(
+        self, src: Path, expected: Digest | None = None, *, link: bool = False
+    ) -> tuple[Digest, int]:
+        """Copy `src` in, or with `link` hard-link it (verified first) where it is on the store's
+        filesystem: a multi-GB base layer that already sits in an immutable layout (the cache's own base,
+        a Nix store path) then costs no second copy on disk and no write (the CI disk ran out)."""
+        if link:
+            linked = self._link_verified(src, expected)
+            if linked is not None:
+                return linked
         with src.open("rb") as fh:
             return self.put_stream(fh, expected)
+
+    def _link_verified(self, src: Path, expected: Digest | None) -> tuple[Digest, int] | None:
+        sha, size = hashlib.sha256(), 0
+        with src.open("rb") as fh:
+            while block := fh.read(1 << 20):
+                sha.update(block)
+                size += len(block)
+        digest = Digest("sha256", sha.hexdigest())
+        if expected is not None and digest != expected:
+            raise StoreError(
+                f"blob digest mismatch: expected {expected}, got {digest}",
+                hint="the source altered the content; fetch it again from a trusted source",
+            )
+        if self.has(digest, size):
+            return digest, size
+        fd, name = tempfile.mkstemp(prefix=".link-", dir=self.path(digest).parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            tmp.unlink()
+            os.link(src, tmp)
+            os.replace(tmp, self.path(digest))
+        except OSError:
+            return None  # another filesystem, or links refused: the caller copies
+        finally:
+            tmp.unlink(missing_ok=True)
+        return digest, size
 
     def adopt(self, src: Path, digest: Digest) -> None:
         """Move an already-verified file into the store under `digest` (atomic rename when `src` is on

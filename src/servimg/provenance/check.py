@@ -548,8 +548,11 @@ def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]
     if f.problem is not None:
         return [row(what, FAIL, f.problem)], False
     signature = _signature_row(policy, ev, f, what)
-    if signature.status == FAIL and f.signature == "untrusted" and kind == "rebuild":
-        # Anyone may rebuild and attach; a rebuild by a key this policy does not trust is not evidence.
+    if signature.status == FAIL and f.signature == "untrusted":
+        # Anyone who may push may attach (a rebuilder, an old key's run, another team's CI): bytes signed
+        # by a key this policy does not trust are not evidence either way, so they are reported and not
+        # counted, as cosign counts only signatures that verify. What the verdict needs must still come
+        # from a trusted key; a signature that claims a trusted key and fails ("forged") still fails.
         return [replace(signature, status=WARN, message=f"{signature.message}; not counted")], False
     if signature.status == FAIL:
         return [signature], False
