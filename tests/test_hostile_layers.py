@@ -373,6 +373,9 @@ def test_layout_blobs_are_linked_not_copied_and_still_verified(work: Path, how: 
     store = BlobStore(work / "cache")
     read_layout(base.layout, store, link=how == "own-cache")
     assert store.path(base.image.layer_descriptors[0].digest).stat().st_ino == blob.stat().st_ino
+    with blob.open("rb") as again:  # the same bytes read again (a `docker save`) keep the one copy
+        store.put_stream(again)
+    assert store.path(base.image.layer_descriptors[0].digest).stat().st_ino == blob.stat().st_ino
     if how == "own-cache":  # a user's writable layout is copied: its later edits never reach the store
         copied = BlobStore(work / "copied")
         read_layout(base.layout, copied)

@@ -104,7 +104,12 @@ class BlobStore:
                 f"blob digest mismatch: expected {expected}, got {digest}",
                 hint="the source altered the content; fetch it again from a trusted source",
             )
-        os.replace(tmp, self.path(digest))
+        if self.has(digest, size):
+            # Same name, same size, same content: keep the file already there, so the hard links a base
+            # layout shares with it stay one copy on disk (a replace would split them).
+            tmp.unlink(missing_ok=True)
+        else:
+            os.replace(tmp, self.path(digest))
         return digest, size
 
     def put_file(
