@@ -29,6 +29,12 @@ from servimg.core.digest import sha256_hex
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.root]
 
 
+# These ladders test the scheduler's cache accounting, the planted overlay and the exercise gates, not
+# the compile cache (the bundled ladder's restart arm is, in the main job): eager mode skips vLLM's
+# torch.compile warm-up, ~65 s of each server's ~140 s start on 2 cores (docs/benchmarks.md).
+EAGER = ("--enforce-eager",)
+
+
 @pytest.fixture(scope="module")
 def repo(cpu_ladder_repo: Path) -> Path:
     return cpu_ladder_repo
@@ -38,6 +44,7 @@ def derived_ladder(repo: Path, name: str, arms: list[dict[str, Any]]) -> Path:
     """The CPU ladder with other arms (same server, probes, thresholds), written beside it."""
     doc = yaml.safe_load((repo / CPU_LADDER).read_text())
     doc["name"], doc["arms"] = name, arms
+    doc["server"]["args"] = [*doc["server"]["args"], *EAGER]
     path = repo / "verify" / "ladders" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
