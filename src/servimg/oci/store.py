@@ -100,10 +100,7 @@ class BlobStore:
         digest = Digest("sha256", sha.hexdigest())
         if expected is not None and digest != expected:
             tmp.unlink(missing_ok=True)
-            raise StoreError(
-                f"blob digest mismatch: expected {expected}, got {digest}",
-                hint="the source altered the content; fetch it again from a trusted source",
-            )
+            raise _mismatch(expected, digest)
         if self.has(digest, size):
             # Same name, same size, same content: keep the file already there, so the hard links a base
             # layout shares with it stay one copy on disk (a replace would split them).
@@ -133,10 +130,7 @@ class BlobStore:
                 size += len(block)
         digest = Digest("sha256", sha.hexdigest())
         if expected is not None and digest != expected:
-            raise StoreError(
-                f"blob digest mismatch: expected {expected}, got {digest}",
-                hint="the source altered the content; fetch it again from a trusted source",
-            )
+            raise _mismatch(expected, digest)
         if self.has(digest, size):
             return digest, size
         fd, name = tempfile.mkstemp(prefix=".link-", dir=self.path(digest).parent)
@@ -210,3 +204,10 @@ class BlobStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def _mismatch(expected: Digest, got: Digest) -> StoreError:
+    return StoreError(
+        f"blob digest mismatch: expected {expected}, got {got}",
+        hint="the source altered the content; fetch it again from a trusted source",
+    )
