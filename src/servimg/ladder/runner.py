@@ -290,6 +290,9 @@ class RunConfig:
     gpus: str | None = None
     endpoint: str | None = None  # every arm against this URL (no servers started)
     command: bool = False  # arms as local commands (server.command on the host) instead of containers
+    # with `command`: realise each mount as a symlink TARGET -> SOURCE (inside the container under test,
+    # e.g. a Kubernetes pod, where no engine can mount; `remote --in-container`)
+    link_mounts: bool = False
     store: BlobStore | None = None
 
 
@@ -637,7 +640,10 @@ def _start(
     if config.command:
         log_path = config.out / "logs" / f"{arm.id}.log"
         port = spec.port
-        if mounts:
+        if mounts and config.link_mounts:
+            for bound in mounts.values():
+                link_mount(bound)
+        elif mounts:
             facts["deviations"].append(f"{arm.id}: local command: mounts not applied ({', '.join(mounts)})")
         with log_path.open("wb") as fh:
             process = subprocess.Popen(
@@ -691,6 +697,24 @@ def _start(
         server.stop()
         raise
     return server
+
+
+def link_mount(mount: Mount) -> None:
+    """Make `mount.target` a symlink to `mount.source` (what a bind mount does for a container, done from
+    inside one). An earlier link is replaced (a restart arm over a retained cache points it again); a real
+    file or a non-empty directory there is refused: it would be shadowed, not mounted over."""
+    target = Path(mount.target)
+    if target.is_symlink():
+        target.unlink()
+    elif target.is_dir() and not any(target.iterdir()):
+        target.rmdir()
+    elif target.exists():
+        raise LadderRunError(
+            f"cannot mount {mount.source} at {mount.target} inside this container: something is there",
+            hint="the image under test must not ship files at a ladder mount or cache target",
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(mount.source, target_is_directory=True)
 
 
 def overlay_modules(spec_tar: bytes) -> tuple[str, ...]:
