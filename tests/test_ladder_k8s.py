@@ -263,7 +263,7 @@ def test_a_non_empty_directory_is_refused_unless_forced_and_nothing_is_half_writ
 
 def test_options_are_checked_all_at_once() -> None:
     with pytest.raises(k8s.K8sError) as caught:
-        k8s.K8sOptions(namespace="Bad_NS", gpus="two", gpu_resource="gpu", time_limit="soon")
+        k8s.K8sOptions(namespace="Bad_NS", gpus="two", gpu_resource="gpu", time_limit="soon").check()
     assert len(caught.value.problems) == 5  # namespace, volume, gpus, resource, time limit
     assert k8s.time_limit_s("90") == 5400 and k8s.time_limit_s("1-00:00:30") == 86430
     assert k8s.time_limit_s("2:00:00") == 7200 and k8s.time_limit_s("10:30") == 630
@@ -364,3 +364,66 @@ def test_collect_refuses_another_images_results(tmp_path: Path) -> None:
     _, results = _emit(tmp_path, tmp_path / "k8s")
     with pytest.raises(k8s.K8sError, match="holds a run of"):
         k8s.collect(results, f"{REPOSITORY}@sha256:{'ef' * 32}", lambda _: None)
+
+
+WRAPPER = """
+import json, os, runpy, sys
+where = os.environ.get("SERVIMG_WITNESS_DIR")
+if where:  # what the image's witness hook would record: this process loaded the patched toy_mod
+    record = {"module": "toy_mod", "patched_code_ran": True, "origin": "/image/toy_mod.py"}
+    doc = {"pid": os.getpid(), "started_ns": 1, "records": [record], "errors": []}
+    with open(os.path.join(where, f"{os.getpid()}.json"), "w") as fh:
+        json.dump(doc, fh)
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("overlays", [("toy_mod",), ("toy_mod", "other_mod")])
+def test_in_container_arms_collect_the_witness_of_their_processes(
+    tmp_path: Path, overlays: tuple[str, ...]
+) -> None:
+    from servimg.ladder import runner
+
+    port = _free_port()
+    path = _toy_ladder(tmp_path / "ladder", port)
+    doc = yaml.safe_load(path.read_text())
+    (tmp_path / "wrapper.py").write_text(WRAPPER)
+    engine = doc["server"]["command"][1]
+    doc["server"]["command"] = [sys.executable, str(tmp_path / "wrapper.py"), engine]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    spec = tmp_path / "witness-spec.json"  # the image's /opt/servimg/witness-spec.json
+    spec.write_text(json.dumps({"modules": [{"module": m} for m in overlays]}))
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    shutil.copy(TOY / "toy_engine.py", toy / "toy_engine.py")
+    loaded = load(path)
+    config = RunConfig(
+        None, tmp_path / "out", {"toy_dir": str(toy)}, command=True, link_mounts=True, witness_spec=spec
+    )
+    prepared = runner.prepare(
+        loaded, config, lambda _: None, image=image_facts("x", DIGEST, CONFIG, {}, loaded.definition)
+    )
+    records, unchanged = runner.run_arms(loaded, ["cold", "warm"], config, prepared, "t", lambda _: None)
+    assert unchanged and [r.outcome.witness_loaded for r in records] == [("toy_mod",), ("toy_mod",)]
+    assert [r.outcome.witness_expected for r in records] == [tuple(sorted(overlays))] * 2
+    from servimg.ladder.evaluation import evaluate
+
+    verdict = {a.arm: a for a in evaluate(loaded.definition, [r.outcome for r in records]).arms}
+    if overlays == ("toy_mod",):
+        assert verdict["warm"].result == "PASS"
+    else:  # a cached arm whose processes never loaded other_mod
+        assert verdict["warm"].result == "NOT_EXERCISED"
+        assert "other_mod" in " ".join(verdict["warm"].reasons)
+
+
+def test_on_k8s_without_emit_says_what_to_give(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ladder = _toy_ladder(tmp_path / "ladder", 8000)
+    code = cli.main(["ladder", "r.example/x@" + DIGEST, "--ladder", str(ladder), "--on", "k8s", "--json"])
+    out = capsys.readouterr().out
+    assert code != 0 and "--emit DIR" in out and not (tmp_path / "results").exists()
+    flags = ["--emit", str(tmp_path / "k8s"), "--out", str(tmp_path / "results"), "--gpus", "all", "--json"]
+    code = cli.main(["ladder", "r.example/x@" + DIGEST, "--ladder", str(ladder), "--on", "k8s", *flags])
+    out = capsys.readouterr().out
+    assert code != 0 and "--gpus all" in out and "results volume" in out  # every problem at once
+    assert not (tmp_path / "k8s").exists() and not (tmp_path / "results").exists()

@@ -147,7 +147,11 @@ def _witness_flags(p: argparse.ArgumentParser) -> None:
 def _ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", help=f"the image under test (its arms run as containers): {IMAGE_HELP}")
     p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
-    p.add_argument("--gpus", default=None, help="all | 0,1,… (docker device requests; none by default)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="all | 0,1,… (docker device requests; none by default); --on k8s: N per Job",
+    )
     p.add_argument("--out", type=Path, default=None, help="receipt directory (default ladder-out/<ladder>)")
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a ladder variable")
     p.add_argument("--endpoint", default=None, help="run every arm against this existing server URL")
@@ -164,7 +168,9 @@ def _ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition", default=None, help="--on slurm: the partition")
     p.add_argument("--gres", default=None, help="--on slurm: generic resources per job, e.g. gpu:1")
     p.add_argument("--nodes-max", type=int, default=None, help="--on slurm: at most N chains at once")
-    p.add_argument("--time-limit", default=None, help="--on slurm: per job (sbatch --time), e.g. 2:00:00")
+    p.add_argument(
+        "--time-limit", default=None, help="--on slurm|k8s: per job (sbatch --time; activeDeadlineSeconds)"
+    )
     p.add_argument("--sbatch-arg", action="append", default=[], help="--on slurm: one more sbatch argument")
     p.add_argument("--emit", type=Path, default=None, help="--on k8s: write the manifests into DIR (new)")
     p.add_argument("--force", action="store_true", help="--on k8s: replace a non-empty --emit DIR")

@@ -61,7 +61,9 @@ class K8sOptions:
     python: str | None = None  # the interpreter in the image (default: the ladder's server command's)
     force: bool = False  # replace a non-empty --emit directory
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """Every problem of the options at once (not at construction: the CLI builds them from its
+        arguments before a command runs, and a command's errors are its outcome)."""
         problems = []
         if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
             problems.append(f"--namespace {self.namespace!r} is not a DNS-1123 label")
@@ -312,6 +314,7 @@ def emit(
 ) -> dict[str, Any]:
     """Pre-register into the results directory (`config.out`), put the inputs and the harness there, and
     write the manifests into `dest` (a new directory, renamed into place: never half-written)."""
+    options.check()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())) and not options.force:
         raise K8sError(
             f"--emit {dest} exists and is not empty",
