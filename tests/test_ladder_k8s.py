@@ -326,6 +326,19 @@ def test_the_jobs_commands_run_the_chains_and_collect_writes_the_receipt(tmp_pat
     # the Jobs ran servimg from the results volume: its harness hashes are what was pre-registered
     assert doc["inputs"]["harness"] == remote.read_plan(results).prereg["inputs"]["harness"]
 
+    # the same ladder run here in one process, the same way (servers in "the image"): the same receipt
+    from servimg.ladder import runner
+
+    loaded = load(Path(remote.read_plan(results).ladder_path))
+    plan = remote.read_plan(results)
+    config = RunConfig(CONFIG, tmp_path / "local", plan.variables, command=True, link_mounts=True)
+    prepared = runner.prepare(loaded, config, lambda _: None, image=dict(plan.image))
+    records, unchanged = runner.run_arms(
+        loaded, [a.id for a in loaded.definition.arms], config, prepared, "local", lambda _: None
+    )
+    local = runner.finish(loaded, config.out, prepared, records, unchanged, {}, 0.0, lambda _: None)
+    assert receipt.differences(receipt.comparable(doc), receipt.comparable(local)) == []
+
     # a chain whose pod never started, and one killed at its deadline, FAIL with the reason
     shutil.rmtree(results / "jobs")
     (results / "jobs").mkdir()
@@ -427,3 +440,12 @@ def test_on_k8s_without_emit_says_what_to_give(tmp_path: Path, capsys: pytest.Ca
     out = capsys.readouterr().out
     assert code != 0 and "--gpus all" in out and "results volume" in out  # every problem at once
     assert not (tmp_path / "k8s").exists() and not (tmp_path / "results").exists()
+
+
+def test_servers_in_the_pod_get_the_images_environment_not_the_harness() -> None:
+    from servimg.ladder import runner
+
+    harness = str(Path(runner.__file__).resolve().parents[2])
+    job = {"PYTHONPATH": f"{harness}:/img/lib", "SERVIMG_NODE": "n1", "SERVIMG_JOB_ID": "j", "HOME": "/root"}
+    assert runner.image_env(job) == {"PYTHONPATH": "/img/lib", "HOME": "/root"}
+    assert runner.image_env({"PYTHONPATH": harness, "PYTHONDONTWRITEBYTECODE": "1"}) == {}

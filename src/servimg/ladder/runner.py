@@ -654,10 +654,9 @@ def _start(
                 env["SERVIMG_WITNESS_DIR"] = str(witness_dir)
         elif mounts:
             facts["deviations"].append(f"{arm.id}: local command: mounts not applied ({', '.join(mounts)})")
+        base = image_env(os.environ) if config.link_mounts else dict(os.environ)
         with log_path.open("wb") as fh:
-            process = subprocess.Popen(
-                list(argv), env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT
-            )
+            process = subprocess.Popen(list(argv), env={**base, **env}, stdout=fh, stderr=subprocess.STDOUT)
         server = Server(f"http://127.0.0.1:{port}", "command", argv, env, process=process, log_path=log_path)
         if witness_dir is not None:
             server.witness, server.witness_dir = True, witness_dir
@@ -710,6 +709,22 @@ def _start(
         server.stop()
         raise
     return server
+
+
+# What a Kubernetes Job adds to the image's environment for the harness (`servimg.ladder.k8s`): not for
+# the servers, which get the environment a container of the image would.
+HARNESS_ENV = ("PYTHONDONTWRITEBYTECODE", "SERVIMG_JOB_ID", "SERVIMG_NODE")
+
+
+def image_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without what was added for the harness: its variables, and its own
+    directory on PYTHONPATH (the servers must not import servimg's copy of the docker SDK)."""
+    harness = str(Path(__file__).resolve().parents[2])
+    out = {k: v for k, v in environ.items() if k not in HARNESS_ENV}
+    path = [p for p in out.pop("PYTHONPATH", "").split(os.pathsep) if p and str(Path(p).resolve()) != harness]
+    if path:
+        out["PYTHONPATH"] = os.pathsep.join(path)
+    return out
 
 
 def link_mount(mount: Mount) -> None:
