@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from servimg.core.atomic import atomic_write
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
@@ -357,7 +358,7 @@ def emit(
         tuple((c, _deadline(staged, c, options)) for c in planned),
     )
     files = manifests(emission, options)
-    (results / INDEX).write_bytes(files["jobs.json"])
+    atomic_write(results / INDEX, files["jobs.json"], 0o644)
     write_directory(dest, files)
     log(f"k8s: {len(planned)} Job(s) in {dest}: kubectl apply -k {dest}; then --collect {results}")
     emitted: dict[str, Any] = json.loads(files["jobs.json"])
