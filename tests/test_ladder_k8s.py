@@ -449,3 +449,66 @@ def test_servers_in_the_pod_get_the_images_environment_not_the_harness() -> None
     job = {"PYTHONPATH": f"{harness}:/img/lib", "SERVIMG_NODE": "n1", "SERVIMG_JOB_ID": "j", "HOME": "/root"}
     assert runner.image_env(job) == {"PYTHONPATH": "/img/lib", "HOME": "/root"}
     assert runner.image_env({"PYTHONPATH": harness, "PYTHONDONTWRITEBYTECODE": "1"}) == {}
+
+
+def _docker_run_job(job: dict[str, Any], image_id: str, results: Path) -> subprocess.CompletedProcess[str]:
+    """The kubelet, simulated by the engine: the Job's container (command, env, the results volume at its
+    mountPath) from the image under test. Not simulated: the pull by digest, scheduling, the device plugin."""
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = [f"{e['name']}={e['value']}" for e in container["env"] if "value" in e] + ["SERVIMG_NODE=engine"]
+    flags = [
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        f"{results}:{results}",
+        "--entrypoint",
+        container["command"][0],
+    ]
+    argv = [
+        "docker",
+        "run",
+        *flags,
+        *[x for e in env for x in ("-e", e)],
+        image_id,
+        *container["command"][1:],
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.vllm
+@pytest.mark.root
+def test_the_jobs_run_inside_the_real_image_under_its_own_python(cpu_clean: Any, tmp_path: Path) -> None:
+    """The pod's code path in the CPU vLLM image (its /opt/venv python imports servimg from the results
+    volume, its witness hook is active): the toy engine stands in for vLLM, so the run takes seconds."""
+    image_id = str(cpu_clean.image.config_digest)
+    doc = yaml.safe_load((TOY / "toy.yaml").read_text())
+    doc["name"] = "toy-in-image"
+    doc["server"]["command"] = ["/opt/venv/bin/python", "/toy/toy_engine.py"]
+    for arm in doc["arms"]:
+        arm["witness_modules"] = []  # the toy engine imports no overlay module
+    (tmp_path / "ladder").mkdir()
+    shutil.copy(TOY / "toy-probes.json", tmp_path / "ladder" / "toy-probes.json")
+    (tmp_path / "ladder" / "toy-in-image.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    loaded = load(tmp_path / "ladder" / "toy-in-image.yaml")
+    results = tmp_path / "results"
+    (results / "toy").mkdir(parents=True)
+    shutil.copy(TOY / "toy_engine.py", results / "toy" / "toy_engine.py")
+
+    def resolver(ref: str, loaded: LoadedLadder) -> tuple[str, dict[str, Any]]:  # the engine's image
+        return "servimg-test/cpu-vllm", image_facts(ref, image_id, image_id, {}, loaded.definition)
+
+    config = RunConfig(None, results, {"toy_dir": str(results / "toy")})
+    opts = k8s.K8sOptions(results_claim="ladder-results")
+    k8s.emit(loaded, image_id, config, opts, tmp_path / "k8s", print, resolver)
+    jobs = _jobs(tmp_path / "k8s")
+    assert {j["spec"]["template"]["spec"]["containers"][0]["command"][0] for j in jobs} == {
+        "/opt/venv/bin/python"
+    }
+    ran = [_docker_run_job(j, image_id, results) for j in jobs]
+    assert [r.returncode for r in ran] == [0] * len(jobs), [r.stderr[-2000:] for r in ran]
+    doc = k8s.collect(results, None, print)
+    assert doc["verdict"] == "PASS", doc["verdict_reasons"]
+    assert all(a["witness"]["directory"].startswith(str(results)) for a in doc["arms"])  # collected here
+    assert {p["node"] for p in doc["placement"]["arms"].values()} == {"engine"}
