@@ -13,7 +13,7 @@ from typing import TypeVar
 from servimg import __version__, commands
 from servimg.build.seams import FromRef, Seams
 from servimg.commands import Context, Outcome
-from servimg.ladder import slurm
+from servimg.ladder import k8s, slurm
 from servimg.oci.store import BlobStore
 from servimg.render import Reporter
 
@@ -147,7 +147,11 @@ def _witness_flags(p: argparse.ArgumentParser) -> None:
 def _ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", help=f"the image under test (its arms run as containers): {IMAGE_HELP}")
     p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
-    p.add_argument("--gpus", default=None, help="all | 0,1,… (docker device requests; none by default)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="all | 0,1,… (docker device requests; none by default); --on k8s: N per Job",
+    )
     p.add_argument("--out", type=Path, default=None, help="receipt directory (default ladder-out/<ladder>)")
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a ladder variable")
     p.add_argument("--endpoint", default=None, help="run every arm against this existing server URL")
@@ -155,16 +159,38 @@ def _ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", type=Path, default=None, help="private key to sign the attestation with")
     p.add_argument(
         "--on",
-        choices=("local", "slurm"),
+        choices=("local", "slurm", "k8s"),
         default="local",
         help="slurm: each chain of arms as one Slurm job (IMAGE is then HOST/REPO@sha256:… or :TAG in a "
-        "registry; --out must be on a filesystem the nodes share)",
+        "registry; --out must be on a filesystem the nodes share); k8s: write one Kubernetes Job manifest "
+        "per chain into --emit DIR (--out is then the results volume's path, on the pods too)",
     )
     p.add_argument("--partition", default=None, help="--on slurm: the partition")
     p.add_argument("--gres", default=None, help="--on slurm: generic resources per job, e.g. gpu:1")
     p.add_argument("--nodes-max", type=int, default=None, help="--on slurm: at most N chains at once")
-    p.add_argument("--time-limit", default=None, help="--on slurm: per job (sbatch --time), e.g. 2:00:00")
+    p.add_argument(
+        "--time-limit", default=None, help="--on slurm|k8s: per job (sbatch --time; activeDeadlineSeconds)"
+    )
     p.add_argument("--sbatch-arg", action="append", default=[], help="--on slurm: one more sbatch argument")
+    p.add_argument("--emit", type=Path, default=None, help="--on k8s: write the manifests into DIR (new)")
+    p.add_argument("--force", action="store_true", help="--on k8s: replace a non-empty --emit DIR")
+    p.add_argument("--namespace", default="default", help="--on k8s: the Jobs' namespace")
+    p.add_argument("--gpu-resource", default="nvidia.com/gpu", help="--on k8s: the GPU extended resource")
+    p.add_argument("--results-claim", default=None, help="--on k8s: the PVC holding the results directory")
+    p.add_argument(
+        "--results-host-path", default=None, help="--on k8s: or the results directory on each node (hostPath)"
+    )
+    p.add_argument("--python", default=None, help="--on k8s: the image's interpreter (default: the server's)")
+    p.add_argument(
+        "--collect",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="judge what emitted Kubernetes Jobs wrote into RESULTS and write the receipt there",
+    )
+    p.add_argument(
+        "--k8s-jobs", type=Path, default=None, help="with --collect: `kubectl get jobs -o json` output"
+    )
 
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
@@ -298,8 +324,35 @@ def _check(a: argparse.Namespace) -> commands.Check:
 
 def _ladder(a: argparse.Namespace) -> commands.Ladder:
     options = slurm.SlurmOptions(a.partition, a.gres, a.nodes_max, a.time_limit, tuple(a.sbatch_arg))
+    kube = None
+    gpus = a.gpus
+    if a.on == "k8s":
+        kube = k8s.K8sOptions(
+            a.namespace,
+            a.gpu_resource,
+            a.gpus,
+            a.results_claim,
+            a.results_host_path,
+            a.time_limit,
+            a.python,
+            a.force,
+        )
+        gpus = None  # the pod is given the GPUs; nothing for an engine to request
     return commands.Ladder(
-        a.image, a.ladder, a.gpus, a.out, tuple(a.var), a.endpoint, a.attach, a.key, a.on, options
+        a.image,
+        a.ladder,
+        gpus,
+        a.out,
+        tuple(a.var),
+        a.endpoint,
+        a.attach,
+        a.key,
+        a.on,
+        options,
+        kube,
+        a.emit,
+        a.collect,
+        a.k8s_jobs,
     )
 
 

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servimg.backends import transport
 from servimg.bases import catalog as bases
@@ -28,9 +29,9 @@ from servimg.build.verify import VerifyFailed, VerifyReport, verify_ref
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import Findings
 from servimg.core.progress import NULL, Log, Progress
-from servimg.ladder import receipt, runner, slurm
+from servimg.ladder import k8s, receipt, runner, slurm
 from servimg.ladder import witness as witnesses
-from servimg.ladder.definition import LadderError, load
+from servimg.ladder.definition import LadderError, LoadedLadder, load
 from servimg.oci import treediff
 from servimg.oci.store import BlobStore
 from servimg.provenance import attach, card, keys
@@ -257,20 +258,29 @@ class Ladder:
     endpoint: str | None = None  # every arm against this server instead
     attach: str | None = None  # REPO: attach the receipt there as a test-result
     key: Path | None = None
-    on: str = "local"  # local | slurm (each chain of arms one job)
+    on: str = "local"  # local | slurm | k8s (each chain of arms one job)
     slurm: slurm.SlurmOptions = field(default_factory=slurm.SlurmOptions)
+    k8s: k8s.K8sOptions | None = None  # with on == "k8s"
+    emit: Path | None = None  # --on k8s: the manifests' directory
+    collect: Path | None = None  # the results of emitted Jobs: judge them, write the receipt
+    k8s_jobs: Path | None = None  # with collect: `kubectl get jobs -o json`, for the Jobs' own states
 
 
 def ladder(p: Ladder, ctx: Context) -> Iterator[Outcome]:
     """Run the smoke ladder: OK only on PASS; FAIL and NOT_EXERCISED fail (never a pass)."""
 
     def run() -> Outcome:
+        if p.collect is not None:
+            jobs = _json_file(p.k8s_jobs) if p.k8s_jobs is not None else None
+            doc = k8s.collect(p.collect, p.image, ctx.log, jobs)
+            return _ladder_outcome(p, doc, p.collect, "k8s", ctx)
         variables = dict(v.split("=", 1) for v in p.variables if "=" in v)
         if len(variables) != len(p.variables):
             raise UsageError("--var takes NAME=VALUE", hint="e.g. --var model_dir=/models/tiny")
         out, path = p.out, p.ladder
-        # Arms and the bundled ladder need the image in the engine: a name or ID it has, else pulled in.
-        needs_engine = path is None or not p.endpoint
+        # Arms and the bundled ladder need the image in the engine: a name or ID it has, else pulled in
+        # (emitted Kubernetes Jobs run it on the cluster: only a bundled ladder needs it here).
+        needs_engine = path is None or not (p.endpoint or p.on == "k8s")
         image = transport.in_engine(p.image, ctx.store, ctx.log) if needs_engine else p.image
         if path is None:
             out = out or Path("ladder-out") / "bundled"
@@ -280,34 +290,61 @@ def ladder(p: Ladder, ctx: Context) -> Iterator[Outcome]:
         config = runner.RunConfig(
             None if p.endpoint else image, out, variables, p.gpus, p.endpoint, store=ctx.store
         )
+        if p.on == "k8s":
+            return _emit_k8s(p, loaded, config, ctx)
         if p.on == "slurm":
             doc = slurm.run(loaded, p.image, config, p.slurm, ctx.log)
         else:
             doc = runner.run(loaded, config, ctx.log)
-        fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
-        if p.on == "slurm":
-            fields["placement"] = doc["placement"]
-        if p.attach:
-            attached = attach.attest_file(
-                p.image,
-                TEST_RESULT_V01,
-                out / "receipt.json",
-                ctx.store,
-                ctx.log,
-                key=signing_key(p.key),
-                repo=p.attach,
-            )
-            fields["attestation"] = attached.as_dict()
-        error = None
-        if doc["verdict"] != "PASS":
-            error = LadderError(
-                f"ladder {loaded.definition.name}: {doc['verdict']}",
-                problems=list(doc["verdict_reasons"])[:20],
-                hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",
-            )
-        return Outcome(p.image, fields, findings=receipt.verdict(doc), error=error)
+        return _ladder_outcome(p, doc, out, p.on, ctx)
 
     yield attempt(p.image, run)
+
+
+def _emit_k8s(p: Ladder, loaded: LoadedLadder, config: runner.RunConfig, ctx: Context) -> Outcome:
+    if p.emit is None or p.k8s is None or p.out is None:
+        raise UsageError(
+            "--on k8s writes manifests: give --emit DIR and --out RESULTS (the results volume's path)",
+            hint="servimg ladder IMAGE --on k8s --emit DIR --out /shared/run --results-claim PVC",
+        )
+    index = k8s.emit(loaded, p.image, config, p.k8s, p.emit, ctx.log, slurm.resolve_image)
+    return Outcome(p.image, {"emitted": str(p.emit), **index})
+
+
+def _ladder_outcome(p: Ladder, doc: dict[str, Any], out: Path, on: str, ctx: Context) -> Outcome:
+    """OK only on PASS (FAIL and NOT_EXERCISED fail); the receipt attached when asked."""
+    fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
+    if on != "local":
+        fields["placement"] = doc["placement"]
+    if p.attach:
+        attached = attach.attest_file(
+            p.image,
+            TEST_RESULT_V01,
+            out / "receipt.json",
+            ctx.store,
+            ctx.log,
+            key=signing_key(p.key),
+            repo=p.attach,
+        )
+        fields["attestation"] = attached.as_dict()
+    error = None
+    if doc["verdict"] != "PASS":
+        error = LadderError(
+            f"ladder {doc['ladder']['name']}: {doc['verdict']}",
+            problems=list(doc["verdict_reasons"])[:20],
+            hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",
+        )
+    return Outcome(p.image, fields, findings=receipt.verdict(doc), error=error)
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}", hint="kubectl get jobs -n NS -o json > FILE") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path} is not a JSON object", hint="kubectl get jobs -n NS -o json > FILE")
+    return doc
 
 
 BASES = ("demo", "test-bookworm", "test-trixie")

@@ -10,12 +10,17 @@ runs `python -m servimg.ladder.remote RESULTS CHAIN` on its node, which:
 3. runs its chain's arms with the local harness (`runner.run_arms`), writing each arm's record atomically
    to `arms/<arm>.json` as it finishes, and its own status to `jobs/chain-<n>.json`.
 
+In a Kubernetes Job (`servimg.ladder.k8s`) the same entry runs with `--in-container`: the kubelet pulled the
+image by digest and the job runs INSIDE it, so step 1 is the kubelet's, and the arms' servers are processes
+of this container (`RunConfig.command`, mounts as symlinks) instead of containers of an engine.
+
 The submitter then reads the records back (`read_record`: outputs are re-judged by the same pure
 functions) and writes the same receipt a local run writes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -24,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -238,6 +243,32 @@ def read_record(doc: Mapping[str, Any], loaded: LoadedLadder) -> ArmRecord:
     return ArmRecord(spec, outcome, dict(doc.get("facts") or {}))
 
 
+def chain_records(
+    loaded: LoadedLadder, results: Path, chain: Chain, failure: str | None, job: str
+) -> dict[str, ArmRecord]:
+    """The records of one chain's arms as the job wrote them. With `failure` (the job did not end done)
+    every arm carries it as its error, so it FAILs; an arm without a record fails the same way."""
+    found = {}
+    for arm_id in chain.arms:
+        doc = read_json(arm_path(results, arm_id))
+        record = read_record(doc, loaded) if doc is not None else None
+        if failure is not None:
+            record = failed_record(loaded, arm_id, record, failure)
+        elif record is None:
+            why = f"{job} completed without a record of arm {arm_id}"
+            record = failed_record(loaded, arm_id, None, why)
+        found[arm_id] = record
+    return found
+
+
+def failed_record(loaded: LoadedLadder, arm_id: str, record: ArmRecord | None, why: str) -> ArmRecord:
+    spec = loaded.definition.arm(arm_id)
+    if record is None:
+        return ArmRecord(spec, ArmOutcome(spec.id, spec.role, (), {}, why), {})
+    error = why if record.outcome.error is None else f"{why}; {record.outcome.error}"
+    return ArmRecord(spec, replace(record.outcome, error=error), record.facts)
+
+
 def arm_path(results: Path, arm_id: str) -> Path:
     return results / "arms" / f"{arm_id}.json"
 
@@ -263,14 +294,22 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def job_id() -> str | None:
-    """The scheduler's id for this job (Slurm array task `ARRAY_TASK`, else the plain job id)."""
+    """The scheduler's id for this job: `SERVIMG_JOB_ID` (a Kubernetes Job's name, set by its manifest),
+    a Slurm array task `ARRAY_TASK`, else the plain job id."""
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if os.environ.get("SERVIMG_JOB_ID"):
+        return os.environ["SERVIMG_JOB_ID"]
     if array and task:
         return f"{array}_{task}"
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("HOSTNAME")
 
 
-def run_chain(results: Path, chain_index: int, log: Log) -> int:
+def node_name() -> str:
+    """Where the job runs: `SERVIMG_NODE` (a pod's spec.nodeName, via the downward API), else the host."""
+    return os.environ.get("SERVIMG_NODE") or socket.gethostname()
+
+
+def run_chain(results: Path, chain_index: int, log: Log, in_container: bool = False) -> int:
     """Run one chain on this node; exit status 0 when every arm ran with unchanged inputs."""
     plan = read_plan(results)
     chain = next((c for c in plan.chains if c.index == chain_index), None)
@@ -280,7 +319,7 @@ def run_chain(results: Path, chain_index: int, log: Log) -> int:
         "chain": chain.index,
         "arms": list(chain.arms),
         "job_id": job_id(),
-        "node": socket.gethostname(),
+        "node": node_name(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "state": "running",
         "error": None,
@@ -288,7 +327,7 @@ def run_chain(results: Path, chain_index: int, log: Log) -> int:
     }
     _write_json(status_path(results, chain), status)
     try:
-        code = _run(results, plan, chain, status, log)
+        code = _run(results, plan, chain, status, log, in_container)
     except ServimgError as exc:
         status.update(state="error", error=exc.message, problems=list(exc.problems)[:20])
         code = 2
@@ -300,10 +339,15 @@ def run_chain(results: Path, chain_index: int, log: Log) -> int:
     return code
 
 
-def _run(results: Path, plan: JobPlan, chain: Chain, status: dict[str, Any], log: Log) -> int:
+def _run(
+    results: Path, plan: JobPlan, chain: Chain, status: dict[str, Any], log: Log, in_container: bool
+) -> int:
     loaded = load(Path(plan.ladder_path))
-    log(f"{chain.name} on {status['node']}: pulling {plan.repository}@{plan.manifest}")
-    engine.pull_by_digest(plan.repository, Digest.parse(plan.manifest), Digest.parse(plan.config_digest))
+    if in_container:  # the kubelet pulled {repository}@{manifest}: this process runs inside it
+        log(f"{chain.name} on {status['node']}: inside {plan.repository}@{plan.manifest}")
+    else:
+        log(f"{chain.name} on {status['node']}: pulling {plan.repository}@{plan.manifest}")
+        engine.pull_by_digest(plan.repository, Digest.parse(plan.manifest), Digest.parse(plan.config_digest))
     prepared = plan.prepared(loaded)
     status["inputs_sha256"] = prepared.inputs.sha256
     if prepared.inputs.sha256 != plan.inputs_sha256:
@@ -316,6 +360,8 @@ def _run(results: Path, plan: JobPlan, chain: Chain, status: dict[str, Any], log
         log(f"{chain.name}: the pre-registered inputs differ on this node: no arm runs")
         return 3
     config = RunConfig(plan.config_digest, results, plan.variables, plan.gpus)
+    if in_container:
+        config = replace(config, command=True, link_mounts=True)
 
     def written(record: ArmRecord) -> None:
         _write_json(arm_path(results, record.spec.id), record_json(record))
@@ -347,14 +393,28 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def node_parser() -> argparse.ArgumentParser:
+    """The job's command line (`sbatch_argv`, and the Kubernetes manifests, are tested against it)."""
+    p = argparse.ArgumentParser(prog="python -m servimg.ladder.remote", description="run one chain of arms")
+    p.add_argument("results", type=Path, help="the shared results directory holding plan.json")
+    p.add_argument("chain", type=int, help="the chain's index in the plan")
+    p.add_argument(
+        "--in-container",
+        action="store_true",
+        help="run inside the image under test (a Kubernetes pod): no pull, servers as local processes",
+    )
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or not args[1].isdigit():
-        print("usage: python -m servimg.ladder.remote RESULTS_DIR CHAIN_INDEX", file=sys.stderr)
-        return 2
+    try:
+        args = node_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return run_chain(Path(args[0]), int(args[1]), lambda line: print(line, flush=True))
+        log: Log = lambda line: print(line, flush=True)  # noqa: E731
+        return run_chain(args.results, args.chain, log, args.in_container)
     except ServimgError as exc:
         print(f"FAIL: {exc.message}", file=sys.stderr)
         return 2

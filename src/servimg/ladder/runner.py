@@ -59,7 +59,7 @@ from servimg.ladder.evaluation import (
     parse_prometheus,
 )
 from servimg.ladder.tinymodel import TinyModelRecipe, ensure_model
-from servimg.ladder.witness import collect
+from servimg.ladder.witness import collect, collect_dir
 from servimg.oci.store import BlobStore
 
 BUNDLE_DIR = "/opt/servimg/ladder"
@@ -161,6 +161,7 @@ class Server:
     log_path: Path | None = None
     witness: bool = False
     overlay_modules: tuple[str, ...] = ()  # from the image's witness spec
+    witness_dir: Path | None = None  # a local server's SERVIMG_WITNESS_DIR (inside the image under test)
 
     def stop(self) -> None:
         if self.container is not None:
@@ -290,6 +291,11 @@ class RunConfig:
     gpus: str | None = None
     endpoint: str | None = None  # every arm against this URL (no servers started)
     command: bool = False  # arms as local commands (server.command on the host) instead of containers
+    # with `command`: realise each mount as a symlink TARGET -> SOURCE (inside the container under test,
+    # e.g. a Kubernetes pod, where no engine can mount; `remote --in-container`)
+    link_mounts: bool = False
+    # with `link_mounts`: the image's witness spec, here (its serving processes record beside the results)
+    witness_spec: Path = Path(WITNESS_SPEC)
     store: BlobStore | None = None
 
 
@@ -560,7 +566,7 @@ def _run_arm(
     witness_problems: tuple[str, ...] | None = None
     modules: tuple[str, ...] | None = None
     expected: tuple[str, ...] = ()
-    if server is not None and server.witness and server.container is not None:
+    if server is not None and server.witness and (server.container or server.witness_dir) is not None:
         witness_problems, facts["witness"] = _collect_witness(server, config.out / "witness" / arm.id, log)
         modules = tuple(sorted({str(r["module"]) for r in facts["witness"].get("records") or []}))
         # Of the modules the arm reaches, only those the image overlays leave witness records.
@@ -637,13 +643,25 @@ def _start(
     if config.command:
         log_path = config.out / "logs" / f"{arm.id}.log"
         port = spec.port
-        if mounts:
+        witness_dir = None
+        if config.link_mounts:  # inside the image under test: mounts and its witness as a container has them
+            for bound in mounts.values():
+                link_mount(bound)
+            if config.witness_spec.is_file():
+                witness_dir = config.out / "witness-raw" / arm.id
+                shutil.rmtree(witness_dir, ignore_errors=True)
+                witness_dir.mkdir(parents=True)
+                env["SERVIMG_WITNESS_DIR"] = str(witness_dir)
+        elif mounts:
             facts["deviations"].append(f"{arm.id}: local command: mounts not applied ({', '.join(mounts)})")
+        base = image_env(os.environ) if config.link_mounts else dict(os.environ)
         with log_path.open("wb") as fh:
-            process = subprocess.Popen(
-                list(argv), env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT
-            )
-        return Server(f"http://127.0.0.1:{port}", "command", argv, env, process=process, log_path=log_path)
+            process = subprocess.Popen(list(argv), env={**base, **env}, stdout=fh, stderr=subprocess.STDOUT)
+        server = Server(f"http://127.0.0.1:{port}", "command", argv, env, process=process, log_path=log_path)
+        if witness_dir is not None:
+            server.witness, server.witness_dir = True, witness_dir
+            server.overlay_modules = spec_modules(json.loads(config.witness_spec.read_bytes()))
+        return server
     assert config.image is not None
     container = engine.start(
         ContainerSpec(
@@ -693,15 +711,52 @@ def _start(
     return server
 
 
+# What a Kubernetes Job adds to the image's environment for the harness (`servimg.ladder.k8s`): not for
+# the servers, which get the environment a container of the image would.
+HARNESS_ENV = ("PYTHONDONTWRITEBYTECODE", "SERVIMG_JOB_ID", "SERVIMG_NODE")
+
+
+def image_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without what was added for the harness: its variables, and its own
+    directory on PYTHONPATH (the servers must not import servimg's copy of the docker SDK)."""
+    harness = str(Path(__file__).resolve().parents[2])
+    out = {k: v for k, v in environ.items() if k not in HARNESS_ENV}
+    path = [p for p in out.pop("PYTHONPATH", "").split(os.pathsep) if p and str(Path(p).resolve()) != harness]
+    if path:
+        out["PYTHONPATH"] = os.pathsep.join(path)
+    return out
+
+
+def link_mount(mount: Mount) -> None:
+    """Make `mount.target` a symlink to `mount.source` (what a bind mount does for a container, done from
+    inside one). An earlier link is replaced (a restart arm over a retained cache points it again); a real
+    file or a non-empty directory there is refused: it would be shadowed, not mounted over."""
+    target = Path(mount.target)
+    if target.is_symlink():
+        target.unlink()
+    elif target.is_dir() and not any(target.iterdir()):
+        target.rmdir()
+    elif target.exists():
+        raise LadderRunError(
+            f"cannot mount {mount.source} at {mount.target} inside this container: something is there",
+            hint="the image under test must not ship files at a ladder mount or cache target",
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(mount.source, target_is_directory=True)
+
+
 def overlay_modules(spec_tar: bytes) -> tuple[str, ...]:
     """The overlay modules a witness spec (as `docker cp` streams it) lists."""
     with tarfile.open(fileobj=io.BytesIO(spec_tar)) as tar:
         for member in tar.getmembers():
             handle = tar.extractfile(member) if member.isfile() else None
             if handle is not None:
-                spec = json.loads(handle.read())
-                return tuple(sorted({str(m["module"]) for m in spec.get("modules") or []}))
+                return spec_modules(json.loads(handle.read()))
     return ()
+
+
+def spec_modules(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted({str(m["module"]) for m in spec.get("modules") or []}))
 
 
 def _remove_run_containers(run_id: str) -> None:
@@ -711,9 +766,12 @@ def _remove_run_containers(run_id: str) -> None:
 
 def _collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ...], dict[str, Any]]:
     """Witness records of the serving processes (`witness.collect`); none recorded is a problem."""
-    assert server.container is not None
     try:
-        result = collect(server.container.id, out)
+        if server.container is not None:
+            result = collect(server.container.id, out)
+        else:
+            assert server.witness_dir is not None
+            result = collect_dir(server.witness_dir, out)
     except ServimgError as exc:
         return (f"witness files could not be collected: {exc.message}",), {"error": exc.message}
     problems = list(result.problems())

@@ -34,7 +34,6 @@ from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder import remote
 from servimg.ladder.definition import LoadedLadder
-from servimg.ladder.evaluation import ArmOutcome
 from servimg.ladder.plan import Chain, chains
 from servimg.ladder.runner import ArmRecord, LadderRunError, RunConfig, finish, image_facts, prepare
 
@@ -226,7 +225,7 @@ def resolve_image(ref_text: str, loaded: LoadedLadder) -> tuple[str, dict[str, A
         ref = Reference.parse(ref_text)
     except ServimgError as exc:
         raise LadderRunError(
-            f"--on slurm needs the image in a registry: {exc.message}",
+            f"--on slurm|k8s needs the image in a registry: {exc.message}",
             hint="push it (servimg build --to HOST/REPO:TAG, or servimg push); pass HOST/REPO@sha256:…",
         ) from None
     reference = str(ref.digest) if ref.digest is not None else ref.tag or "latest"
@@ -369,18 +368,7 @@ def collect(
         )
         for arm_id in chain.arms:
             arm_place[arm_id] = {"job_id": state.job_id, "node": str(state.node or status.get("node") or "")}
-            doc = remote.read_json(remote.arm_path(results, arm_id))
-            record = remote.read_record(doc, loaded) if doc is not None else None
-            if failure is not None:
-                record = _failed(loaded, arm_id, record, failure)
-            elif record is None:
-                record = _failed(
-                    loaded,
-                    arm_id,
-                    None,
-                    f"slurm job {state.job_id} completed without a record of arm {arm_id}",
-                )
-            found[arm_id] = record
+        found.update(remote.chain_records(loaded, results, chain, failure, f"slurm job {state.job_id}"))
     records = [found[a.id] for a in loaded.definition.arms if a.id in found]
     placement = {"scheduler": "slurm", "array_job_id": array_id, "jobs": jobs, "arms": arm_place}
     return records, unchanged, placement
@@ -398,13 +386,3 @@ def _failure(state: TaskState, status: Mapping[str, Any]) -> str | None:
     elif state.state == "COMPLETED":
         text += f": the job reported {status.get('state') or 'nothing'}"
     return text
-
-
-def _failed(loaded: LoadedLadder, arm_id: str, record: ArmRecord | None, why: str) -> ArmRecord:
-    spec = loaded.definition.arm(arm_id)
-    if record is None:
-        return ArmRecord(spec, ArmOutcome(spec.id, spec.role, (), {}, why), {})
-    outcome = replace(
-        record.outcome, error=why if record.outcome.error is None else f"{why}; {record.outcome.error}"
-    )
-    return ArmRecord(spec, outcome, record.facts)

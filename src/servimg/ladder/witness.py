@@ -227,6 +227,21 @@ def collect(container: str, out: Path | None = None) -> WitnessCollection:
         raise WitnessError(exc.message, hint=exc.hint or hint) from exc
     if data is None:
         raise WitnessError(f"{container} has no witness directory {directory}", hint=hint)
+    return _gathered(container, directory, data, out)
+
+
+def collect_dir(directory: Path, out: Path | None = None) -> WitnessCollection:
+    """The same, from a directory of this machine: the serving processes ran here, inside the image
+    under test (a Kubernetes pod, `runner.RunConfig.link_mounts`). Read as one tar stream, so both
+    paths parse the files the same way."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:") as tar:
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+            tar.add(path, arcname=path.name, recursive=False)
+    return _gathered(f"local:{directory}", str(directory), buffer.getvalue(), out)
+
+
+def _gathered(source: str, directory: str, data: bytes, out: Path | None) -> WitnessCollection:
     files, docs = read_documents(data)
     written: list[Path] = []
     if out is not None:
@@ -237,4 +252,4 @@ def collect(container: str, out: Path | None = None) -> WitnessCollection:
             tmp.write_bytes(raw)
             tmp.replace(target)
             written.append(target)
-    return WitnessCollection(container, directory, tuple(docs), tuple(written))
+    return WitnessCollection(source, directory, tuple(docs), tuple(written))
