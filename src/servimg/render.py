@@ -24,7 +24,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 from rich.text import Text
 
-from servimg.commands import Outcome
+from servimg.commands.outcome import Outcome
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Findings, Status
 

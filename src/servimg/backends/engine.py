@@ -9,6 +9,7 @@ callers get a `Container` handle and `Exited` results with plain types.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import tempfile
 import time
@@ -16,10 +17,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import docker
-import docker.errors
-import docker.types
 
 from servimg.backends.archive import read_archive, write_archive
 from servimg.backends.resolve import EngineImage
@@ -32,10 +29,16 @@ from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
 
+def sdk() -> Any:
+    """The Docker SDK (`docker`), imported on first use: it costs ≈0.2 s (requests, urllib3, its API
+    modules) and a build that neither reads from nor writes to the engine never talks to it."""
+    return importlib.import_module("docker")
+
+
 def client() -> Any:
     """A docker SDK client from the environment (DOCKER_HOST …), or a clear error."""
     try:
-        c = docker.from_env(timeout=600)
+        c = sdk().from_env(timeout=600)
         c.ping()
         return c
     except Exception as exc:  # the SDK raises several unrelated types for "no engine"
@@ -302,8 +305,8 @@ def device_requests(gpus: str | None) -> list[Any]:
     if not gpus:
         return []
     if gpus == "all":
-        return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    return [docker.types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
+        return [sdk().types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [sdk().types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
 
 
 @dataclass(frozen=True)
@@ -376,7 +379,7 @@ class Container:
         try:
             chunks, _ = self._raw.get_archive(path)
             return b"".join(chunks)
-        except docker.errors.NotFound:
+        except sdk().errors.NotFound:
             return None
         except Exception as exc:
             raise BackendError(f"cannot copy {path} out of container {self.id[:12]}: {exc}") from exc
