@@ -9,7 +9,6 @@ callers get a `Container` handle and `Exited` results with plain types.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import tempfile
 import time
@@ -24,21 +23,20 @@ from servimg.backends.target import Target, WriteOptions
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
+from servimg.core.lazy import LazyModule
 from servimg.core.progress import Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
-
-def sdk() -> Any:
-    """The Docker SDK (`docker`), imported on first use: it costs ≈0.2 s (requests, urllib3, its API
-    modules) and a build that neither reads from nor writes to the engine never talks to it."""
-    return importlib.import_module("docker")
+# The SDK (requests, urllib3, its API modules: ≈0.2 s) is imported when an engine is first asked: a
+# build that neither reads from nor writes to the engine never pays for it.
+docker = LazyModule("docker")
 
 
 def client() -> Any:
     """A docker SDK client from the environment (DOCKER_HOST …), or a clear error."""
     try:
-        c = sdk().from_env(timeout=600)
+        c = docker.from_env(timeout=600)
         c.ping()
         return c
     except Exception as exc:  # the SDK raises several unrelated types for "no engine"
@@ -305,8 +303,8 @@ def device_requests(gpus: str | None) -> list[Any]:
     if not gpus:
         return []
     if gpus == "all":
-        return [sdk().types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    return [sdk().types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
+        return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [docker.types.DeviceRequest(device_ids=gpus.split(","), capabilities=[["gpu"]])]
 
 
 @dataclass(frozen=True)
@@ -379,7 +377,7 @@ class Container:
         try:
             chunks, _ = self._raw.get_archive(path)
             return b"".join(chunks)
-        except sdk().errors.NotFound:
+        except docker.errors.NotFound:
             return None
         except Exception as exc:
             raise BackendError(f"cannot copy {path} out of container {self.id[:12]}: {exc}") from exc
