@@ -191,3 +191,13 @@ def test_the_verdict_key_names_the_probe_the_spec_and_the_verifier() -> None:
         resultcache.verdict_key(image, b"probe", b"spec", image),
     ]
     assert len({json.dumps(k, sort_keys=True) for k in [key, *others]}) == 5
+
+
+def test_a_result_that_cannot_be_cached_is_still_the_result(tmp_path: Path) -> None:
+    """A key canonical JSON cannot hold (a non-UTF-8 name) or an unwritable cache: no entry, no error."""
+    odd = {"jobs": [["/site/\udcff.py", "0" * 64, [0]]]}
+    assert resultcache.write(tmp_path, resultcache.COMPILED, odd, {"x": 1}) is False
+    assert resultcache.read(tmp_path, resultcache.COMPILED, odd) is None
+    blocked = tmp_path / "file"
+    blocked.write_bytes(b"")
+    assert resultcache.write(blocked, resultcache.COMPILED, {"a": 1}, {"x": 1}) is False

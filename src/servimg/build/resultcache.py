@@ -64,7 +64,7 @@ def read(root: Path, kind: str, key: Mapping[str, Any]) -> Any | None:
         return None
     try:
         doc = json.loads(entry_path(root, kind, key).read_bytes())
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError):  # none, unreadable, not JSON; a key JSON cannot hold
         return None
     if (
         not isinstance(doc, dict)
@@ -78,11 +78,19 @@ def read(root: Path, kind: str, key: Mapping[str, Any]) -> Any | None:
     return value
 
 
-def write(root: Path, kind: str, key: Mapping[str, Any], value: Any) -> None:
-    path = entry_path(root, kind, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"format": FORMAT, "key": key, "value": value, "value_sha256": sha256_hex(canonical.dumps(value))}
-    atomic_write(path, canonical.dumps(doc))
+def write(root: Path, kind: str, key: Mapping[str, Any], value: Any) -> bool:
+    """Cache `value` under `key` (atomically); False when it cannot be: a result that cannot be cached
+    (a name canonical JSON cannot hold, a full disk) is still the result, and the build goes on."""
+    try:
+        path = entry_path(root, kind, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest = sha256_hex(canonical.dumps(value))
+        atomic_write(
+            path, canonical.dumps({"format": FORMAT, "key": key, "value": value, "value_sha256": digest})
+        )
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 # -- compiled bytecode -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from servimg.build.bytecode import ChrootRunner, DockerRunner, Runner
 from servimg.build.splitverify import WarmRootUnavailable, verify_split
 from servimg.build.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport, verify_image_value
 from servimg.build.warmroot import WarmRoot, WarmRunner
+from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import Log
@@ -124,7 +125,7 @@ class ProbeVerifier:
             if cached is not None:
                 with contextlib.suppress(ServimgError):
                     report = VerifyReport.from_json(cached)
-                    if report.ok and report.as_dict() == cached:
+                    if report.ok and canonical.dumps(report.as_dict()) == canonical.dumps(cached):
                         log(f"verify: {image.digest} passed this verifier before (cached verdict)")
                         return report
         report = self._run(image, store, log, base_config=base_config)
