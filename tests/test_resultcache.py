@@ -201,3 +201,13 @@ def test_a_result_that_cannot_be_cached_is_still_the_result(tmp_path: Path) -> N
     blocked = tmp_path / "file"
     blocked.write_bytes(b"")
     assert resultcache.write(blocked, resultcache.COMPILED, {"a": 1}, {"x": 1}) is False
+
+
+def test_inside_bypassed_every_lookup_misses(tmp_path: Path) -> None:
+    """`servimg check --rebuild` rebuilds under `bypassed()`: it compiles again, whatever is cached."""
+    definition, store, runners, seams = _repo(tmp_path)
+    first = _build(definition, store, seams, tmp_path / "a")
+    with resultcache.bypassed():
+        assert _build(definition, store, seams, tmp_path / "b") == first
+    assert runners.runs == 2
+    assert _build(definition, store, seams, tmp_path / "c") == first and runners.runs == 2

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,18 @@ VERIFIER_SOURCES = ("verify.py", "splitverify.py", "warmroot.py")
 # Set (to anything but empty): every lookup misses, entries are still written. For measuring a build
 # that does all its work (benchmarks/build_vs_dockerfile.py sets it outside its `warm` section).
 OFF = "SERVIMG_NO_RESULT_CACHE"
+_bypassed: ContextVar[bool] = ContextVar("servimg_result_cache_bypassed", default=False)
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Every lookup inside misses (entries are still written): for a build whose point is to do all the
+    work again, the independent rebuild of `servimg check --rebuild` (provenance.rebuild)."""
+    token = _bypassed.set(True)
+    try:
+        yield
+    finally:
+        _bypassed.reset(token)
 
 
 def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
@@ -60,7 +74,7 @@ def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
 
 def read(root: Path, kind: str, key: Mapping[str, Any]) -> Any | None:
     """The cached value for `key`; None when there is none, it does not check out, or `OFF` is set."""
-    if os.environ.get(OFF):
+    if os.environ.get(OFF) or _bypassed.get():
         return None
     try:
         doc = json.loads(entry_path(root, kind, key).read_bytes())
