@@ -362,7 +362,7 @@ COMMANDS: tuple[Command, ...] = (
         ("rebase",),
         "carry a definition's overlays onto a new base: a verdict per overlay, a proposed lock",
         _rebase_flags,
-        Bound(_rebase, "servimg.commands.build:rebase"),
+        Bound(_rebase, "servimg.commands.rebase:rebase"),
     ),
     Command(
         ("verify",),
