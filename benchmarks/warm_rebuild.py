@@ -10,8 +10,14 @@ measures both, interleaved round by round (load drifting over the run hits each 
   the demo's `warm` section of benchmarks/build_vs_dockerfile.py measures on a real base;
 - a bare `python -c pass` (the interpreter's own start, the floor under all of it).
 
+With `--base oci:LAYOUT:TAG --base-digest sha256:…` (a real test base, e.g. the one `servimg base
+test-trixie` caches), the rebuilt definition is instead tests/fixtures/images/tiny.yaml on that base,
+built by the real CLI (`servimg lock`, then `servimg build`, each checkout with its own cache): its
+compile and probe are real, and a warm rebuild on this branch takes both from the result caches.
+
 Usage:
     .venv/bin/python benchmarks/warm_rebuild.py --runs 10 [--checkout DIR ...] [--json out.json]
+        [--base oci:DIR:TAG --base-digest sha256:...]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,11 +62,44 @@ def run(argv: list[str], checkout: Path) -> tuple[float, str]:
     return time.perf_counter() - start, proc.stdout
 
 
+def fake_base(checkout: Path, root: Path) -> list[str]:
+    """The fake tiny base's repository, locked and built once; the command that rebuilds it."""
+    run([sys.executable, "-c", SETUP, str(checkout), str(root)], checkout)
+    definition = root / "repo" / "images" / "tiny.yaml"
+    build = ["build", str(definition), "--to", f"oci:{root / 'out'}", "--cache", str(root / "cache")]
+    return [sys.executable, "-c", BUILD, str(checkout), *build, "--json", "--quiet"]
+
+
+def real_base(checkout: Path, root: Path, base: str, digest: str) -> list[str]:
+    """tests/fixtures' tiny definition on a real base, locked and built once by the real CLI."""
+    shutil.copytree(checkout / "tests" / "fixtures" / "images", root / "images")
+    shutil.copytree(checkout / "tests" / "fixtures" / "overlays", root / "overlays")
+    definition = root / "images" / "tiny.yaml"
+    text = definition.read_text().replace("oci:FILLED-IN-BY-THE-TEST", base)
+    definition.write_text(text.replace("sha256:" + "0" * 64, digest))
+    cache = ["--cache", str(root / "cache")]
+    run([str(CONSOLE), "lock", str(definition), *cache, "--quiet"], checkout)
+    build = [
+        str(CONSOLE),
+        "build",
+        str(definition),
+        "--to",
+        f"oci:{root / 'out'}",
+        *cache,
+        "--json",
+        "--quiet",
+    ]
+    run(build, checkout)
+    return build
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--checkout", type=Path, action="append", default=[])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--base", default=None, help="oci:LAYOUT:TAG of a real test base")
+    parser.add_argument("--base-digest", default=None)
     args = parser.parse_args()
     checkouts = args.checkout or [REPO]
     result: dict[str, Any] = {"runs": args.runs, "load_average_before": os.getloadavg()}
@@ -67,13 +107,15 @@ def main() -> int:
         commands: dict[str, dict[str, list[str]]] = {}
         for i, checkout in enumerate(checkouts):
             root = Path(tmp) / str(i)
-            run([sys.executable, "-c", SETUP, str(checkout), str(root)], checkout)
-            definition = root / "repo" / "images" / "tiny.yaml"
-            build = ["build", str(definition), "--to", f"oci:{root / 'out'}", "--cache", str(root / "cache")]
+            warm = (
+                real_base(checkout, root, args.base, args.base_digest)
+                if args.base
+                else fake_base(checkout, root)
+            )
             commands[str(checkout)] = {
                 "help": [str(CONSOLE), "--help"],
                 "version": [str(CONSOLE), "--version"],
-                "warm_build": [sys.executable, "-c", BUILD, str(checkout), *build, "--json", "--quiet"],
+                "warm_build": warm,
                 "python": [sys.executable, "-c", "pass"],
             }
         times: dict[str, dict[str, list[float]]] = {c: {k: [] for k in cmds} for c, cmds in commands.items()}
@@ -90,6 +132,7 @@ def main() -> int:
                 **{f"{name}_median_s": round(statistics.median(t), 3) for name, t in by_name.items()},
                 **{f"{name}_s": [round(x, 3) for x in t] for name, t in by_name.items()},
                 "warm_build_distinct_digests": len(digests[checkout]),
+                "warm_build_digests": sorted(digests[checkout]),
             }
     result["load_average_after"] = os.getloadavg()
     report(result, args.json)
