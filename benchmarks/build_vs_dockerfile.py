@@ -85,9 +85,12 @@ def timed(run: Callable[[], Any]) -> tuple[float, Any]:
 
 # -- definitions ----------------------------------------------------------------------------------
 def checkout(tmp: Path) -> Path:
-    """A copy of images/ and overlays/ whose demo definition publishes to its own repository."""
+    """A copy of images/, overlays/, verify/ladders/ and verify/probes/ whose demo definition publishes
+    to its own repository."""
     shutil.copytree(REPO / "images", tmp / "images")
     shutil.copytree(REPO / "overlays", tmp / "overlays")
+    for bundled in ("ladders", "probes"):  # the ladder demo.yaml bundles, and its probe sets
+        shutil.copytree(REPO / "verify" / bundled, tmp / "verify" / bundled)
     demo = tmp / "images" / "demo.yaml"
     demo.write_text(demo.read_text().replace("repository: servimg/vllm", f"repository: {BENCH_REPOSITORY}"))
     return demo
