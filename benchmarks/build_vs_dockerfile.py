@@ -14,9 +14,10 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
   stay unique; written as OCI layouts), `--to oci:DIR`, after one warm-up build per base (its indexes,
   warm root and base verdict).
 - changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
-- warm: the same definition built again with everything cached, `--to oci:DIR`; reports the wall time
-  and the build's own time up to the sink (from the `--json` timings servimg does not have: measured as
-  the wall time of a `--to` that writes nothing new, i.e. the same layout again).
+- warm: the same definition built again with everything cached (indexes, warm root, the compiled
+  bytecode and the verdict: servimg.build.resultcache), into the same layout (the sink writes nothing
+  new); interleaved with `servimg --help` (the CLI's start) and a bare `python -c pass`. Every other
+  section sets SERVIMG_NO_RESULT_CACHE (a build that does all its work, as `--no-cache` does).
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):
     .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--sections paired,scaling,changed,warm]
@@ -57,15 +58,19 @@ from servimg.oci.store import BlobStore  # noqa: E402
 BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark removes its images
 DOCKER = ["docker"]
 SERVIMG = [sys.executable, "-c", "import sys; from servimg.cli import main; sys.exit(main())"]
-ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+# Every section but `warm` measures a build that does all its work: the result caches (compiled
+# bytecode, the verdict of an image that passed before; servimg.build.resultcache) are switched off, as
+# `docker build --no-cache` reuses nothing. `warm` measures exactly what they save.
+WARM_ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+ENV = dict(WARM_ENV, SERVIMG_NO_RESULT_CACHE="1")
 
 
 def sh(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=True, env=kw.pop("env", ENV), **kw)
 
 
-def servimg(*argv: str) -> dict[str, Any]:
-    proc = subprocess.run([*SERVIMG, *argv, "--json", "--quiet"], capture_output=True, text=True, env=ENV)
+def servimg(*argv: str, env: dict[str, str] = ENV) -> dict[str, Any]:
+    proc = subprocess.run([*SERVIMG, *argv, "--json", "--quiet"], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"servimg {' '.join(argv)} failed:\n{proc.stdout}\n{proc.stderr}")
     out = proc.stdout.strip().splitlines()
@@ -80,9 +85,12 @@ def timed(run: Callable[[], Any]) -> tuple[float, Any]:
 
 # -- definitions ----------------------------------------------------------------------------------
 def checkout(tmp: Path) -> Path:
-    """A copy of images/ and overlays/ whose demo definition publishes to its own repository."""
+    """A copy of images/, overlays/, verify/ladders/ and verify/probes/ whose demo definition publishes
+    to its own repository."""
     shutil.copytree(REPO / "images", tmp / "images")
     shutil.copytree(REPO / "overlays", tmp / "overlays")
+    for bundled in ("ladders", "probes"):  # the ladder demo.yaml bundles, and its probe sets
+        shutil.copytree(REPO / "verify" / bundled, tmp / "verify" / bundled)
     demo = tmp / "images" / "demo.yaml"
     demo.write_text(demo.read_text().replace("repository: servimg/vllm", f"repository: {BENCH_REPOSITORY}"))
     return demo
@@ -295,15 +303,22 @@ def changed(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
 
 def warm(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
     """The same definition again and again into the same layout: the sink has nothing new to write."""
-    servimg("build", str(demo), "--to", f"oci:{tmp / 'warm'}")
-    times = [
-        timed(lambda: servimg("build", str(demo), "--to", f"oci:{tmp / 'warm'}"))[0] for _ in range(runs)
-    ]
-    floor = [timed(lambda: sh(*SERVIMG, "--help"))[0] for _ in range(runs)]
+    out = f"oci:{tmp / 'warm'}"
+    first = servimg("build", str(demo), "--to", out, env=WARM_ENV)["digest"]
+    times, digests, floor, python = [], set(), [], []
+    for _ in range(runs):  # interleaved, so that load drifting over the section hits each alike
+        took, built = timed(lambda: servimg("build", str(demo), "--to", out, env=WARM_ENV))
+        times.append(took)
+        digests.add(built["digest"])
+        floor.append(timed(lambda: sh(*SERVIMG, "--help"))[0])
+        python.append(timed(lambda: sh(sys.executable, "-c", "pass"))[0])
     return {
         "median_s": statistics.median(times),
         "times_s": [round(t, 3) for t in times],
+        "same_digest": digests == {first},
         "cli_start_median_s": statistics.median(floor),
+        "python_start_median_s": statistics.median(python),
+        "load_average": os.getloadavg(),
     }
 
 

@@ -30,7 +30,9 @@ tag=$(field "$built" tag)
 digest=$(field "$built" digest)
 config=$(field "$built" config_digest)
 image="servimg/vllm:$tag"
-again=$(servimg build images/demo.yaml --to "oci:$OUT/oci" --json | last_json)
+# The rebuild compiles and verifies again (no result caches): "same digest" must mean the bytecode was
+# made twice, not taken from the first build's entry (docs/architecture.md, "Result caches").
+again=$(SERVIMG_NO_RESULT_CACHE=1 servimg build images/demo.yaml --to "oci:$OUT/oci" --json | last_json)
 echo "$built" >"$OUT/build.json"
 echo "$again" >"$OUT/rebuild.json"
 if [ "$(field "$again" digest)" != "$digest" ]; then

@@ -12,9 +12,15 @@ hook); `provenance` may use `build` and `ladder`; `bases` may use `build`.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from servimg import cli
+from servimg.commands import build as command_build
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -360,3 +366,59 @@ def test_the_private_patch_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
         "monkeypatch.setattr(layout, '_copy_blob')",
         "setattr(layout, '_write_file')",
     ]
+
+
+# --------------------------------------------------------------------------- (d) what a command loads
+# Third-party packages a command pays for only when it needs them (≈0.1–0.3 s each to import).
+HEAVY = ("docker", "requests", "urllib3", "pydantic", "yaml", "cryptography", "rich")
+
+
+def _loaded_after(code: str) -> list[str]:
+    """The modules a fresh interpreter holds after running `code` (servimg from this checkout)."""
+    probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return list(json.loads(out))
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in HEAVY})
+
+
+def test_the_parser_imports_only_the_standard_library_and_the_parameters() -> None:
+    """`servimg --help`, `--version` and every parse: cli.py names each command's function as a string
+    (loaded by importlib as the command runs), so nothing behind a command is imported to parse it."""
+    loaded = _loaded_after("import servimg.cli; servimg.cli.parser().parse_args(['build', 'x.yaml'])")
+    servimg = sorted(m for m in loaded if m.split(".")[0] == "servimg")
+    assert servimg == ["servimg", "servimg.cli", "servimg.commands", "servimg.commands.params"]
+    assert _heavy(loaded) == []
+
+
+def test_every_command_function_is_named_in_the_commands_layer() -> None:
+    """The dotted names (the table's, the session's, the signed build's) bypass the import graph above,
+    so they are held to the same rule here: each names a function of a module of the commands layer
+    (which may import every concern)."""
+    named = [c.run.function for c in cli.COMMANDS]
+    named += [f"{cli.SESSION}:execute", f"{command_build.SIGNED_BUILD}:build_one"]
+    for function in named:
+        module = function.partition(":")[0]
+        assert module.startswith("servimg.commands.") and layer_of(module) == "commands", function
+        assert module in modules() and callable(cli.load(function)), function
+
+
+def test_a_command_loads_only_what_it_needs() -> None:
+    """A plain build (to an OCI layout) loads neither the provenance stack, the ladder runner, the
+    Debian base builder, the Docker SDK nor requests (servimg.core.lazy: imported when an engine or a
+    registry is first asked)."""
+    loaded = _loaded_after("import servimg.commands.build, servimg.commands.session")
+    assert not [
+        m for m in loaded if m.startswith(("servimg.provenance", "servimg.bases", "servimg.ladder.runner"))
+    ]
+    assert _heavy(loaded) == ["pydantic", "yaml"], "no docker, requests, urllib3, cryptography or rich"
+    keys = _loaded_after("import servimg.commands.keys")
+    assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]

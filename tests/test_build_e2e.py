@@ -118,10 +118,12 @@ def test_image_python_loads_the_fresh_checked_hash_pyc(built: dict[str, Any]) ->
 
 @pytest.mark.parametrize("runner", ["chroot", "warm"])
 def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
-    built: dict[str, Any], tmp_path: Path, runner: str
+    built: dict[str, Any], tmp_path: Path, runner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The extracting chroot runner and the warm one (overlay over the cached base tree, split
-    verification) give the docker runner's bytes."""
+    verification) give the docker runner's bytes: compiled and verified again (the result caches off:
+    an earlier build with this runner in the shared cache must not stand in for this one)."""
+    monkeypatch.setenv("SERVIMG_NO_RESULT_CACHE", "1")
     root = tmp_path / "elsewhere" / "checkout"
     copy_checkout(root, ("overlays", "verify/ladders", "verify/probes"))
     shutil.copytree(built["root"] / "images", root / "images")

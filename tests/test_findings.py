@@ -3,17 +3,23 @@ JSON shapes the reports keep, and a CLI whose subcommands come from a single tab
 
 from __future__ import annotations
 
+import inspect
 import json
+import typing
 from pathlib import Path
 
 import pytest
 
-from servimg import cli, commands
+from servimg import cli
+from servimg.bases import catalog
 from servimg.build.verify import VerifyFailed, VerifyReport
+from servimg.commands import ladder, params
+from servimg.commands.outcome import Context
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
 from servimg.ladder import receipt
 from servimg.ladder.witness import WitnessCollection
 from servimg.oci.store import BlobStore
+from servimg.provenance import keys
 from servimg.provenance.check import CheckReport, row
 from servimg.render import findings_table
 
@@ -118,14 +124,25 @@ def test_the_cli_has_one_registry_of_commands() -> None:
         elif name[0] == "promote":
             argv += ["ref", "--tag", "qualified"]
         args = top.parse_args(argv)
-        assert args.run is next(c.run for c in cli.COMMANDS if c.name == name)
+        command = next(c for c in cli.COMMANDS if c.name == name)
+        assert args.run is command.run
+        # The function the entry names (loaded as the command runs) takes what its entry builds.
+        function = cli.load(command.run.function)
+        first = next(iter(inspect.signature(function).parameters))
+        assert isinstance(command.run.params(args), typing.get_type_hints(function)[first]), name
+
+
+def test_the_parameters_name_what_the_library_names() -> None:
+    """servimg.commands.params repeats two names so that parsing imports nothing behind a command."""
+    assert tuple(catalog.BASES) == params.BASES
+    assert params.DEFAULT_KEY_NAME == keys.DEFAULT_NAME
 
 
 def test_a_refused_target_is_a_fail_outcome_not_an_exception(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    context = commands.Context(BlobStore(tmp_path / "cache"))
-    (outcome,) = commands.ladder(commands.Ladder("img", variables=("novalue",)), context)
+    context = Context(BlobStore(tmp_path / "cache"))
+    (outcome,) = ladder.ladder(params.Ladder("img", variables=("novalue",)), context)
     assert outcome.error is not None and "NAME=VALUE" in outcome.error.message
     assert cli.main(["ladder", "img", "--var", "novalue", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["status"] == "FAIL"

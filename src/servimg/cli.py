@@ -1,31 +1,50 @@
 """The `servimg` command line. No logic of its own: parse, call the library, report OK/FAIL."""
 
+# A table (`COMMANDS`) of subcommands, each naming its library function as a dotted string that is
+# loaded (importlib) only when that command runs: `servimg --help` and the parser import the standard
+# library and `servimg.commands.params` only, and `servimg build` imports the build pipeline, not the
+# provenance stack or the ladder. tests/test_architecture.py checks both: what `import servimg.cli` loads,
+# and that every name in the table is a function of the commands layer taking the parameters its entry
+# builds. (The docstring above is `servimg --help`'s description.)
+
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, cast
 
-from servimg import __version__, commands
-from servimg.build.seams import FromRef, Seams
-from servimg.commands import Context, Outcome
-from servimg.ladder import k8s, slurm
-from servimg.oci.store import BlobStore
-from servimg.render import Reporter
+from servimg import __version__
+from servimg.commands import params
 
-P = TypeVar("P")
-Run = Callable[[argparse.Namespace, Context], Iterator[Outcome]]
+if TYPE_CHECKING:
+    from servimg.build.seams import Seams
+    from servimg.commands.outcome import Context, Outcome
+
+# What runs a parsed command (the reporter, the context, the exit status): loaded once parsing is done.
+SESSION = "servimg.commands.session"
 
 
-def bind(
-    params: Callable[[argparse.Namespace], P], command: Callable[[P, Context], Iterator[Outcome]]
-) -> Run:
-    """A command as the parser calls it: the arguments turned into its typed parameters, then the call."""
-    return lambda args, ctx: command(params(args), ctx)
+def load(function: str) -> Any:
+    """`package.module:function`, imported now."""
+    module, _, name = function.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A command as the parser calls it: the arguments turned into its typed parameters (`params`), then
+    the library function named by `function` (loaded at that moment) called with them."""
+
+    params: Callable[[argparse.Namespace], object]
+    function: str  # "servimg.commands.MODULE:FUNCTION"
+
+    def __call__(self, args: argparse.Namespace, ctx: Context) -> Iterator[Outcome]:
+        given = self.params(args)
+        return cast("Iterator[Outcome]", load(self.function)(given, ctx))
 
 
 @dataclass(frozen=True)
@@ -36,7 +55,7 @@ class Command:
     name: tuple[str, ...]
     help: str
     flags: Callable[[argparse.ArgumentParser], None]
-    run: Run
+    run: Bound
     description: str | None = None
 
 
@@ -194,7 +213,7 @@ def _ladder_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=commands.BASES)
+    p.add_argument("name", choices=params.BASES)
     p.add_argument(
         "--to",
         action="append",
@@ -298,12 +317,12 @@ def _diff_flags(p: argparse.ArgumentParser) -> None:
 
 
 # -- arguments → parameters -----------------------------------------------------------------------------
-def _lookup(a: argparse.Namespace) -> commands.Lookup:
-    return commands.Lookup(tuple(a.key), a.repo, a.remote)
+def _lookup(a: argparse.Namespace) -> params.Lookup:
+    return params.Lookup(tuple(a.key), a.repo, a.remote)
 
 
-def _policy(a: argparse.Namespace) -> commands.PolicyFlags:
-    return commands.PolicyFlags(
+def _policy(a: argparse.Namespace) -> params.PolicyFlags:
+    return params.PolicyFlags(
         a.policy,
         tuple(a.require_ladder),
         tuple(a.builder),
@@ -316,18 +335,18 @@ def _policy(a: argparse.Namespace) -> commands.PolicyFlags:
     )
 
 
-def _check(a: argparse.Namespace) -> commands.Check:
+def _check(a: argparse.Namespace) -> params.Check:
     asked = a.rebuild or a.definition or a.attach or a.rebuilder_id
-    rebuild = commands.RebuildFlags(a.definition, a.attach, a.rebuilder_id, a.rebuild) if asked else None
-    return commands.Check(a.ref, _policy(a), _lookup(a), rebuild)
+    rebuild = params.RebuildFlags(a.definition, a.attach, a.rebuilder_id, a.rebuild) if asked else None
+    return params.Check(a.ref, _policy(a), _lookup(a), rebuild)
 
 
-def _ladder(a: argparse.Namespace) -> commands.Ladder:
-    options = slurm.SlurmOptions(a.partition, a.gres, a.nodes_max, a.time_limit, tuple(a.sbatch_arg))
+def _ladder(a: argparse.Namespace) -> params.Ladder:
+    options = params.Slurm(a.partition, a.gres, a.nodes_max, a.time_limit, tuple(a.sbatch_arg))
     kube = None
     gpus = a.gpus
     if a.on == "k8s":
-        kube = k8s.K8sOptions(
+        kube = params.K8s(
             a.namespace,
             a.gpu_resource,
             a.gpus,
@@ -338,7 +357,7 @@ def _ladder(a: argparse.Namespace) -> commands.Ladder:
             a.force,
         )
         gpus = None  # the pod is given the GPUs; nothing for an engine to request
-    return commands.Ladder(
+    return params.Ladder(
         a.image,
         a.ladder,
         gpus,
@@ -356,23 +375,23 @@ def _ladder(a: argparse.Namespace) -> commands.Ladder:
     )
 
 
-def _rebase(a: argparse.Namespace) -> commands.Rebase:
-    return commands.Rebase(
+def _rebase(a: argparse.Namespace) -> params.Rebase:
+    return params.Rebase(
         a.definition, a.base, a.digest, tuple(a.versions), a.drop_absorbed, a.write, a.runner
     )
 
 
-def _base(a: argparse.Namespace) -> commands.Base:
-    return commands.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir)
+def _base(a: argparse.Namespace) -> params.Base:
+    return params.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir)
 
 
-def _promote(a: argparse.Namespace) -> commands.Promote:
-    return commands.Promote(a.ref, a.tag, a.sign, a.verifier_id, _policy(a), _lookup(a))
+def _promote(a: argparse.Namespace) -> params.Promote:
+    return params.Promote(a.ref, a.tag, a.sign, a.verifier_id, _policy(a), _lookup(a))
 
 
-def _attest(a: argparse.Namespace) -> commands.Attest:
-    lookup = commands.Lookup(repo=a.repo, remote=a.remote)
-    return commands.Attest(a.ref, a.predicate_type, a.file, a.key, lookup)
+def _attest(a: argparse.Namespace) -> params.Attest:
+    lookup = params.Lookup(repo=a.repo, remote=a.remote)
+    return params.Attest(a.ref, a.predicate_type, a.file, a.key, lookup)
 
 
 # The one registry of subcommands, in the order `servimg --help` lists them.
@@ -381,89 +400,97 @@ COMMANDS: tuple[Command, ...] = (
         ("lock",),
         "resolve every input of a definition and write its lock",
         _lock_flags,
-        bind(lambda a: commands.Lock(tuple(a.definitions), a.runner), commands.lock),
+        Bound(lambda a: params.Lock(tuple(a.definitions), a.runner), "servimg.commands.build:lock"),
     ),
     Command(
         ("build",),
         "build an image exactly as locked and publish it",
         _build_flags,
-        bind(
-            lambda a: commands.Build(tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id),
-            commands.build,
+        Bound(
+            lambda a: params.Build(tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id),
+            "servimg.commands.build:build",
         ),
     ),
     Command(
         ("rebase",),
         "carry a definition's overlays onto a new base: a verdict per overlay, a proposed lock",
         _rebase_flags,
-        bind(_rebase, commands.rebase),
+        Bound(_rebase, "servimg.commands.rebase:rebase"),
     ),
     Command(
         ("verify",),
         "run the in-image probe: sources, bytecode, imports, sentinels, RECORDs",
         _verify_flags,
-        bind(lambda a: commands.Verify(tuple(a.images), a.audit), commands.verify),
+        Bound(lambda a: params.Verify(tuple(a.images), a.audit), "servimg.commands.verify:verify"),
     ),
     Command(
         ("witness", "collect"),
         "copy a container's witness files out; FAIL unless the patched code ran",
         _witness_flags,
-        bind(lambda a: commands.WitnessCollect(tuple(a.containers), a.out), commands.witness_collect),
+        Bound(
+            lambda a: params.WitnessCollect(tuple(a.containers), a.out),
+            "servimg.commands.witness:witness_collect",
+        ),
     ),
     Command(
         ("ladder",),
         "run the smoke ladder against an image; write a hashed receipt",
         _ladder_flags,
-        bind(_ladder, commands.ladder),
+        Bound(_ladder, "servimg.commands.ladder:ladder"),
     ),
     Command(
         ("base",),
         "build a local base from its pins (verify/bases), or re-pin it deliberately",
         _base_flags,
-        bind(_base, commands.base),
+        Bound(_base, "servimg.commands.base:base"),
         description="Bases: demo (the serving base: vLLM for CPU + LMCache), test-bookworm, test-trixie.",
     ),
     Command(
         ("key", "generate"),
         "write an ed25519 pair: NAME.key (0600) and NAME.pub",
         _key_flags,
-        bind(lambda a: commands.KeyGenerate(a.out, a.name, a.force), commands.key_generate),
+        Bound(lambda a: params.KeyGenerate(a.out, a.name, a.force), "servimg.commands.keys:key_generate"),
     ),
     Command(
         ("push",),
         "push an image with its signed provenance and verify result",
         _push_flags,
-        bind(lambda a: commands.Push(a.image, a.dest, a.key, a.report, a.builder_id), commands.push),
+        Bound(
+            lambda a: params.Push(a.image, a.dest, a.key, a.report, a.builder_id),
+            "servimg.commands.provenance:push",
+        ),
     ),
     Command(
         ("attest",),
         "attach a later result (e.g. a ladder receipt) to an image",
         _attest_flags,
-        bind(_attest, commands.attest),
+        Bound(_attest, "servimg.commands.provenance:attest"),
     ),
     Command(
         ("check",),
         "does this image satisfy the policy? one row per requirement: verdict and why",
         _check_flags,
-        bind(_check, commands.check_ref),
+        Bound(_check, "servimg.commands.provenance:check_ref"),
     ),
     Command(
         ("promote",),
         "move a promotion tag only if the policy passes; attach a VSA",
         _promote_flags,
-        bind(_promote, commands.promote),
+        Bound(_promote, "servimg.commands.provenance:promote"),
     ),
     Command(
         ("show",),
         "the provenance card (text, or --markdown)",
         _show_flags,
-        bind(lambda a: commands.Show(a.ref, a.markdown, _lookup(a)), commands.show),
+        Bound(lambda a: params.Show(a.ref, a.markdown, _lookup(a)), "servimg.commands.provenance:show"),
     ),
     Command(
         ("diff",),
         "what differs between two images' provenance (--files: their files)",
         _diff_flags,
-        bind(lambda a: commands.Diff(a.a, a.b, a.files, a.limit, _lookup(a)), commands.diff),
+        Bound(
+            lambda a: params.Diff(a.a, a.b, a.files, a.limit, _lookup(a)), "servimg.commands.provenance:diff"
+        ),
     ),
 )
 # The two-word commands' first word.
@@ -493,32 +520,13 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def seams_from(args: argparse.Namespace, given: Seams) -> Seams:
-    """The build's seams as the arguments ask: `given` (the defaults, or a caller's), with the base read
-    from `--base-from` when that is set."""
-    base_from = getattr(args, "base_from", None)
-    return dataclasses.replace(given, base_source=FromRef(base_from)) if base_from else given
-
-
 def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> int:
-    """The CLI. `seams` (base source, runner choice, verifier) are chosen once here: from the arguments
-    (`--base-from`), or given by an embedding caller (the Nix builder, tests' fake base)."""
+    """The CLI. `seams` (base source, runner choice, verifier) are chosen once, when the command runs
+    (servimg.commands.session): from the arguments (`--base-from`), or given by an embedding caller (the
+    Nix builder, tests' fake base)."""
     args = parser().parse_args(argv)
-    reporter = Reporter(quiet=args.quiet, as_json=args.json)
-    chosen = seams_from(args, seams or Seams())
-    context = Context(BlobStore(args.cache, tap=chosen.store_tap), reporter.log, reporter, chosen)
-    run: Run = args.run
-    failures = 0
-    try:
-        for outcome in run(args, context):
-            failures += reporter.outcome(outcome)
-    except KeyboardInterrupt:
-        reporter.settle()
-        print("FAIL: interrupted; nothing was published", file=sys.stderr)
-        return 130
-    finally:
-        reporter.settle()
-    return 1 if failures else 0
+    execute = cast("Callable[[argparse.Namespace, Seams | None], int]", load(f"{SESSION}:execute"))
+    return execute(args, seams)
 
 
 if __name__ == "__main__":

@@ -9,24 +9,23 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
-from rich.table import Table
-from rich.text import Text
-
-from servimg.commands import Outcome
+from servimg.commands.outcome import Outcome
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Findings, Status
+from servimg.core.lazy import LazyModule
+
+if TYPE_CHECKING:
+    from rich import console as rich_console
+    from rich import progress as rich_progress
+    from rich import table as rich_table
+    from rich import text as rich_text
+else:  # rich (≈0.05 s) is imported at the first table or line it draws: a --json --quiet run never is
+    rich_console = LazyModule("rich.console")
+    rich_progress = LazyModule("rich.progress")
+    rich_table = LazyModule("rich.table")
+    rich_text = LazyModule("rich.text")
 
 _STYLE = {
     Status.PASS: "green",
@@ -40,7 +39,7 @@ _STYLE = {
 def findings_table(findings: Findings, width: int = 150) -> str:
     """Any verdict as text: its notes (what it ran under), one row per finding (status, code, subject,
     message; a not-passing finding's hint as `fix:`), and the counts with the verdict."""
-    table = Table(title=findings.title(), title_justify="left")
+    table = rich_table.Table(title=findings.title(), title_justify="left")
     for column in ("status", "code", "subject", "message"):
         table.add_column(column, overflow="fold")
     for finding in findings.findings:
@@ -50,7 +49,7 @@ def findings_table(findings: Findings, width: int = 150) -> str:
         style = _STYLE.get(finding.status, "")
         table.add_row(f"[{style}]{finding.status}[/]", finding.code, finding.subject, message)
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, color_system=None, highlight=False)
+    console = rich_console.Console(file=buffer, width=width, color_system=None, highlight=False)
     for note in findings.notes():
         console.print(note, markup=False)
     console.print(table)
@@ -69,21 +68,34 @@ class Reporter:
 
     quiet: bool = False
     as_json: bool = False
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
-    _activity: RichProgress | None = field(default=None, init=False, repr=False)
-    _step: TaskID | None = field(default=None, init=False, repr=False)
+    _err: rich_console.Console | None = field(default=None, init=False, repr=False)
+    _activity: rich_progress.Progress | None = field(default=None, init=False, repr=False)
+    _step: rich_progress.TaskID | None = field(default=None, init=False, repr=False)
+
+    @property
+    def err(self) -> rich_console.Console:
+        """stderr as rich draws it, made at the first line printed there."""
+        if self._err is None:
+            self._err = rich_console.Console(stderr=True, highlight=False)
+        return self._err
 
     def log(self, message: str) -> None:
         if self.quiet or self.as_json:
             return
-        self.err.print(Text.assemble(("…", "dim"), " ", message))  # a log line is text, never markup
+        self.err.print(
+            rich_text.Text.assemble(("…", "dim"), " ", message)
+        )  # a log line is text, never markup
         if self.err.is_terminal and not message.startswith(" "):  # indented lines are details of a step
             self._show_step(message)
 
     def _show_step(self, message: str) -> None:
         if self._activity is None:
-            columns = (SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn())
-            self._activity = RichProgress(*columns, console=self.err, transient=True)
+            columns = (
+                rich_progress.SpinnerColumn(),
+                rich_progress.TextColumn("{task.description}", markup=False),
+                rich_progress.TimeElapsedColumn(),
+            )
+            self._activity = rich_progress.Progress(*columns, console=self.err, transient=True)
             self._activity.start()
         if self._step is not None:
             self._activity.remove_task(self._step)
@@ -103,8 +115,13 @@ class Reporter:
             yield lambda n: None
             return
         self.settle()  # rich shows one live display at a time
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-        with RichProgress(*columns, console=self.err, transient=True) as bar:
+        columns = (
+            rich_progress.TextColumn("{task.description}"),
+            rich_progress.BarColumn(),
+            rich_progress.DownloadColumn(),
+            rich_progress.TransferSpeedColumn(),
+        )
+        with rich_progress.Progress(*columns, console=self.err, transient=True) as bar:
             task = bar.add_task(description, total=total)
             yield lambda n: bar.advance(task, n)
 

@@ -24,16 +24,15 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from urllib.parse import urljoin, urlsplit
-
-import requests
 
 from servimg.backends import credentials as creds_module
 from servimg.backends.credentials import Credentials, HelperRunner, run_helper
 from servimg.backends.target import Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.lazy import LazyModule
 from servimg.core.progress import NULL, Advance, CountingReader, Log, Progress
 from servimg.core.reference import Reference, is_valid_repository, is_valid_tag
 from servimg.oci.image import (
@@ -46,6 +45,11 @@ from servimg.oci.image import (
     Image,
 )
 from servimg.oci.store import BlobStore
+
+if TYPE_CHECKING:
+    import requests
+else:  # a build that reads and writes no registry never imports it (≈0.1 s)
+    requests = LazyModule("requests")
 
 # Asked for explicitly, every time: a registry that falls back to another manifest type would otherwise
 # hand us a different document (and digest) than the one the tag names.
@@ -369,7 +373,8 @@ def _push(repo: str) -> list[str]:
     return [f"repository:{repo}:pull,push"]
 
 
-_READ_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+def _read_errors() -> tuple[type[Exception], ...]:
+    return (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
 
 # ----------------------------------------------------------------------------------------------------- client
@@ -494,7 +499,7 @@ class RegistryClient:
         """A RegistryError carrying the registry's error codes and messages (§Error Codes)."""
         try:
             body = next(resp.iter_content(_ERROR_BODY_LIMIT), b"")
-        except _READ_ERRORS:
+        except _read_errors():
             body = b""
         problems, codes = _error_lines(body)
         hint = next((_CODE_HINTS[c] for c in codes if c in _CODE_HINTS), "")
@@ -552,7 +557,7 @@ class RegistryClient:
                 self._expect(resp, expect, what)
                 try:
                     return consume(resp)
-                except _READ_ERRORS as exc:
+                except _read_errors() as exc:
                     raise _Transient(f"{what}: {_describe(exc)}") from None
 
         return self._retrying(what, attempt)

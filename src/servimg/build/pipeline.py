@@ -19,6 +19,7 @@ from pathlib import Path
 
 from servimg.backends import engine
 from servimg.backends.target import Target
+from servimg.build import resultcache
 from servimg.build.bytecode import (
     CompileJob,
     InterpreterFacts,
@@ -546,7 +547,7 @@ def derive_tag(definition: ImageDefinition, locked: Lock) -> str:
 def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -> tuple[Image, Descriptor]:
     """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
     new image (a value: the base is unchanged)."""
-    entries = plan_layer(resolution, locked, log)
+    entries = plan_layer(resolution, locked, log, store.root)
     tmp = store.root / "tmp"
     tmp.mkdir(exist_ok=True)
     # One name per process: concurrent builds of the same lock must not move each other's layer file.
@@ -605,7 +606,7 @@ def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) ->
     }
 
 
-def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
+def plan_layer(resolution: Resolution, locked: Lock, log: Log, cache_root: Path) -> list[Entry]:
     """Every entry of the overlay layer: patched files, fresh CHECKED_HASH pycs at each optimisation level
     the base carried, whiteouts for deleted files and every stale pyc, the lock and a changes manifest."""
     fs, interp = resolution.fs, locked.interpreter
@@ -638,7 +639,15 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log) -> list[Entry]:
             f"compiling {len(jobs)} file(s) × {len(interp.opt_levels)} opt level(s) with {interp.path} "
             f"({resolution.runner.name} runner)"
         )
-        facts, pycs = compile_sources(resolution.runner, interp.path, jobs)
+        facts, pycs = resultcache.compile_cached(
+            cache_root,
+            resolution.base.diff_ids,
+            interp.path,
+            InterpreterFacts(interp.resolved, interp.version, interp.magic, interp.cache_tag),
+            resolution.runner.name,
+            jobs,
+            lambda: compile_sources(resolution.runner, interp.path, jobs),
+        )
         _check_interpreter(facts, locked)
         for (source, opt), data in sorted(pycs.items()):
             path = pyc_path(source.lstrip("/"), interp.cache_tag, opt)

@@ -13,19 +13,21 @@ the Nix builder); never by patching a module's private names.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, Unpack
+from typing import Any, Protocol, Unpack
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.target import Target, WriteOptions
-from servimg.build import warmroot
+from servimg.build import resultcache, warmroot
 from servimg.build.bytecode import ChrootRunner, DockerRunner, Runner
 from servimg.build.splitverify import WarmRootUnavailable, verify_split
-from servimg.build.verify import VerifyReport, verify_image_value
+from servimg.build.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport, verify_image_value
 from servimg.build.warmroot import WarmRoot, WarmRunner
+from servimg.core import canonical
 from servimg.core.digest import Digest
-from servimg.core.errors import BuildError
+from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
@@ -115,12 +117,43 @@ class ProbeVerifier:
     a chroot of the extracted image)."""
 
     def report(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
+        """The verdict, from the cache when this very image (digest, probe, spec) passed it before with this
+        servimg's verifier (`build.resultcache`); else run, and cached when it passes."""
+        key = verdict_key(image, store, base_config)
+        if key is not None:
+            cached = resultcache.read(store.root, resultcache.VERDICT, key)
+            if cached is not None:
+                with contextlib.suppress(ServimgError):
+                    report = VerifyReport.from_json(cached)
+                    if report.ok and canonical.dumps(report.as_dict()) == canonical.dumps(cached):
+                        log(f"verify: {image.digest} passed this verifier before (cached verdict)")
+                        return report
+        report = self._run(image, store, log, base_config=base_config)
+        if key is not None and report.ok:
+            resultcache.write(store.root, resultcache.VERDICT, key, report.as_dict())
+        return report
+
+    def _run(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
         if warmroot.available():
             try:
                 return verify_split(image, store, log)
             except WarmRootUnavailable as exc:
                 log(f"{exc.message}; running the whole probe instead")
         return verify_image_value(image, store, log, base_config=base_config)
+
+
+def verdict_key(image: Image, store: BlobStore, base_config: Digest | None) -> dict[str, Any] | None:
+    """The verdict cache's key for a built image (base + one servimg layer), read from that layer's probe
+    and spec; None for an image that has no such layer (it is verified, never cached)."""
+    if not image.layers:
+        return None
+    top = image.layers[-1]
+    try:
+        fs = LayeredFS([store.uncompressed(top.descriptor.digest, top.diff_id)])
+        probe, spec = fs.read(PROBE_IN_IMAGE.lstrip("/")), fs.read(SPEC_IN_IMAGE.lstrip("/"))
+    except (ServimgError, OSError, KeyError):
+        return None
+    return resultcache.verdict_key(image.digest, probe, spec, base_config)
 
 
 class Sink(Protocol):

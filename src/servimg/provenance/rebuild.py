@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from servimg import __version__
+from servimg.build import resultcache
 from servimg.build.definition import ImageDefinition, repo_root_for
 from servimg.build.lock import Lock, lock_path_for
 from servimg.build.pipeline import build
@@ -139,14 +140,15 @@ def rebuild(
         with tempfile.TemporaryDirectory(prefix="servimg-rebuild-") as scratch:
             path = _materialise(Path(scratch), definition, lock, repo_root_for(source))
             log(f"rebuilding {image.digest.short} from {source} (lock {lock.digest.short}) in {scratch}")
-            result = build(
-                path,
-                store,
-                log,
-                to=f"oci:{Path(scratch) / 'out'}",
-                verify=False,
-                seams=dataclasses.replace(seams, sink=StoreOnly()),
-            )
+            with resultcache.bypassed():  # a rebuild compiles again: it must not take the first build's pycs
+                result = build(
+                    path,
+                    store,
+                    log,
+                    to=f"oci:{Path(scratch) / 'out'}",
+                    verify=False,
+                    seams=dataclasses.replace(seams, sink=StoreOnly()),
+                )
         seconds = time.monotonic() - started
     except ServimgError as exc:
         return Rebuilt(image.digest, problem="; ".join([exc.message, *exc.problems[:4]]))

@@ -1,0 +1,200 @@
+"""The two results a rebuild of an unchanged definition would otherwise compute again: the compiled
+bytecode of the overlay layer and the verification verdict of the built image.
+
+Both are pure functions of their inputs, so each is cached under the sha256 of a canonical document of
+EVERY input that can change it (the key), in `<cache>/results/<kind>/v1/sha256/<key>.json`:
+
+- compiled: the base chain (ordered diffIDs: the interpreter and the stdlib it compiles with), the
+  interpreter's path and the facts the lock pins (version, magic, cache tag), the runner, the compile
+  step itself (sha256 of servimg/inimage/compile.py and its interpreter flags), and each source (its
+  path in the image, the sha256 of its bytes, its optimisation levels).
+- verdict: the image digest (its config and every layer: the probe, its spec and everything judged),
+  the sha256 of the probe and of the spec the image carries (named apart, so a verdict can be traced to
+  them), the base config digest the report is compared against, and the sha256 of the servimg code that
+  runs the probe and merges its answers (servimg/build/verify.py, splitverify.py, warmroot.py).
+
+An entry holds its full key document and the sha256 of its value; on read both are checked (and each
+pyc's own sha256), so a corrupt, truncated or foreign entry (another key's file under this name) is
+ignored and the result computed and written again. Entries are written atomically (temp + rename): a
+reader sees a whole entry or none. Only a passing verdict is cached: a failure is always run again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from servimg.build.bytecode import COMPILE_ARGS, COMPILE_SCRIPT, CompileJob, InterpreterFacts
+from servimg.core import canonical
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest, sha256_hex
+
+COMPILED = "compiled"
+VERDICT = "verdict"
+FORMAT = 1
+_BUILD_DIR = Path(__file__).resolve().parent
+# The servimg code a verdict depends on besides the image: the probe runner and the split merge.
+VERIFIER_SOURCES = ("verify.py", "splitverify.py", "warmroot.py")
+
+
+# Set (to anything but empty): every lookup misses, entries are still written. For measuring a build
+# that does all its work (benchmarks/build_vs_dockerfile.py sets it outside its `warm` section).
+OFF = "SERVIMG_NO_RESULT_CACHE"
+_bypassed: ContextVar[bool] = ContextVar("servimg_result_cache_bypassed", default=False)
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Every lookup inside misses (entries are still written): for a build whose point is to do all the
+    work again, the independent rebuild of `servimg check --rebuild` (provenance.rebuild)."""
+    token = _bypassed.set(True)
+    try:
+        yield
+    finally:
+        _bypassed.reset(token)
+
+
+def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
+    return (
+        root
+        / "results"
+        / kind
+        / f"v{FORMAT}"
+        / "sha256"
+        / f"{Digest.of_bytes(canonical.dumps(key)).hex}.json"
+    )
+
+
+def read(root: Path, kind: str, key: Mapping[str, Any]) -> Any | None:
+    """The cached value for `key`; None when there is none, it does not check out, or `OFF` is set."""
+    if os.environ.get(OFF) or _bypassed.get():
+        return None
+    try:
+        doc = json.loads(entry_path(root, kind, key).read_bytes())
+    except (OSError, ValueError, RecursionError):  # none, unreadable, not JSON; a key JSON cannot hold
+        return None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or doc.get("key") != json.loads(canonical.dumps(key))
+    ):
+        return None  # another format, or another key's entry under this name
+    value = doc.get("value")
+    if doc.get("value_sha256") != sha256_hex(canonical.dumps(value)):
+        return None  # edited or damaged
+    return value
+
+
+def write(root: Path, kind: str, key: Mapping[str, Any], value: Any) -> bool:
+    """Cache `value` under `key` (atomically); False when it cannot be: a result that cannot be cached
+    (a name canonical JSON cannot hold, a full disk) is still the result, and the build goes on."""
+    try:
+        path = entry_path(root, kind, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest = sha256_hex(canonical.dumps(value))
+        atomic_write(
+            path, canonical.dumps({"format": FORMAT, "key": key, "value": value, "value_sha256": digest})
+        )
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
+
+
+# -- compiled bytecode -------------------------------------------------------------------------------
+def compile_key(
+    base_diff_ids: Sequence[Digest],
+    interpreter: str,
+    pinned: InterpreterFacts,
+    runner: str,
+    jobs: Sequence[CompileJob],
+) -> dict[str, Any]:
+    return {
+        "base_diff_ids": [str(d) for d in base_diff_ids],
+        "interpreter": interpreter,
+        "pinned": {"version": pinned.version, "magic": pinned.magic, "cache_tag": pinned.cache_tag},
+        "runner": runner,
+        "compile_script_sha256": sha256_hex(COMPILE_SCRIPT.read_bytes()),
+        "compile_args": list(COMPILE_ARGS),
+        "jobs": sorted([j.image_path, sha256_hex(j.source), sorted(j.opt_levels)] for j in jobs),
+    }
+
+
+Compiled = tuple[InterpreterFacts, dict[tuple[str, int], bytes]]
+
+
+def compiled_value(facts: InterpreterFacts, pycs: Mapping[tuple[str, int], bytes]) -> dict[str, Any]:
+    return {
+        "facts": {
+            "executable": facts.executable,
+            "version": facts.version,
+            "magic": facts.magic,
+            "cache_tag": facts.cache_tag,
+        },
+        "pycs": [
+            {"path": path, "opt": opt, "sha256": sha256_hex(data), "data": base64.b64encode(data).decode()}
+            for (path, opt), data in sorted(pycs.items())
+        ],
+    }
+
+
+def read_compiled(value: Any, jobs: Sequence[CompileJob]) -> Compiled | None:
+    """A cached value back as (facts, pycs), only when every pyc is whole and there is exactly one per
+    job and opt level."""
+    try:
+        facts = InterpreterFacts(
+            **{k: str(value["facts"][k]) for k in ("executable", "version", "magic", "cache_tag")}
+        )
+        pycs: dict[tuple[str, int], bytes] = {}
+        for item in value["pycs"]:
+            data = base64.b64decode(item["data"], validate=True)
+            if sha256_hex(data) != item["sha256"]:
+                return None
+            pycs[(str(item["path"]), int(item["opt"]))] = data
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
+    wanted = {(j.image_path, opt) for j in jobs for opt in j.opt_levels}
+    return (facts, pycs) if set(pycs) == wanted else None
+
+
+# -- verdicts ----------------------------------------------------------------------------------------
+def verifier_sha256() -> str:
+    return sha256_hex(
+        b"".join(sha256_hex((_BUILD_DIR / name).read_bytes()).encode() for name in VERIFIER_SOURCES)
+    )
+
+
+def verdict_key(image: Digest, probe: bytes, spec: bytes, base_config: Digest | None) -> dict[str, Any]:
+    return {
+        "image": str(image),
+        "probe_sha256": sha256_hex(probe),
+        "spec_sha256": sha256_hex(spec),
+        "base_config": str(base_config) if base_config is not None else None,
+        "verifier_sha256": verifier_sha256(),
+    }
+
+
+def compile_cached(
+    root: Path,
+    base_diff_ids: Sequence[Digest],
+    interpreter: str,
+    pinned: InterpreterFacts,
+    runner: str,
+    jobs: Sequence[CompileJob],
+    compile: Callable[[], Compiled],
+) -> Compiled:
+    """`compile()`'s result, from the cache when an entry for exactly these inputs checks out."""
+    key = compile_key(base_diff_ids, interpreter, pinned, runner, jobs)
+    hit = read(root, COMPILED, key)
+    found = read_compiled(hit, jobs) if hit is not None else None
+    if found is not None:
+        return found
+    facts, pycs = compile()
+    write(root, COMPILED, key, compiled_value(facts, pycs))
+    return facts, pycs

@@ -1,0 +1,50 @@
+"""`servimg lock` and `servimg build`: the build pipeline, nothing of provenance (a `--sign` build is
+`servimg.commands.signed`, loaded only then)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+from servimg.build import pipeline
+from servimg.build.lock import lock_path_for
+from servimg.commands import params
+from servimg.commands.outcome import Context, Outcome, attempt
+
+# A signed build pushes with attestations (servimg.provenance): loaded only when --sign asks for it.
+SIGNED_BUILD = "servimg.commands.signed"
+
+
+def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
+    for path in p.definitions:
+
+        def run(path: Path = path) -> Outcome:
+            locked, changed = pipeline.lock(path, ctx.store, ctx.log, p.runner, ctx.seams)
+            fields = {"lock": str(lock_path_for(path)), "lock_digest": str(locked.digest), "changed": changed}
+            return Outcome(str(path), fields)
+
+        yield attempt(str(path), run)
+
+
+def build(p: params.Build, ctx: Context) -> Iterator[Outcome]:
+    """Build each definition as locked; with `sign`, also push it with its signed attestations."""
+    one = signed_build() if p.sign is not None else build_one
+    for path in p.definitions:
+        yield attempt(str(path), functools.partial(one, path, p, ctx))
+
+
+BuildOne = Callable[[Path, params.Build, Context], Outcome]
+
+
+def signed_build() -> BuildOne:
+    return cast(BuildOne, importlib.import_module(SIGNED_BUILD).build_one)
+
+
+def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
+    built = pipeline.build(
+        path, ctx.store, ctx.log, to=p.to, runner=p.runner, tag=p.tag, progress=ctx.progress, seams=ctx.seams
+    )
+    return Outcome(str(path), built.as_dict())

@@ -1,0 +1,15 @@
+"""`servimg key generate`: an ed25519 pair."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from servimg.commands import params
+from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.provenance import keys
+
+
+def key_generate(p: params.KeyGenerate, ctx: Context) -> Iterator[Outcome]:
+    yield attempt(
+        str(p.out), lambda: Outcome(str(p.out), keys.generate(p.out, p.name, force=p.force).as_dict())
+    )

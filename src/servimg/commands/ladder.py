@@ -1,0 +1,119 @@
+"""`servimg ladder IMAGE`: the smoke ladder against an image — locally, on Slurm, or as Kubernetes Jobs
+(emitted, then collected); a hashed receipt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from servimg.backends import transport
+from servimg.commands import params
+from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.signed import signing_key
+from servimg.core.errors import UsageError
+from servimg.ladder import k8s, receipt, runner, slurm
+from servimg.ladder.definition import LadderError, LoadedLadder, load
+from servimg.provenance import attach
+from servimg.provenance.attest import TEST_RESULT_V01
+
+
+def slurm_options(given: params.Slurm) -> slurm.SlurmOptions:
+    return slurm.SlurmOptions(given.partition, given.gres, given.nodes_max, given.time_limit, given.extra)
+
+
+def k8s_options(given: params.K8s) -> k8s.K8sOptions:
+    return k8s.K8sOptions(
+        given.namespace,
+        given.gpu_resource,
+        given.gpus,
+        given.results_claim,
+        given.results_host_path,
+        given.time_limit,
+        given.python,
+        given.force,
+    )
+
+
+def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
+    """Run the smoke ladder: OK only on PASS; FAIL and NOT_EXERCISED fail (never a pass)."""
+
+    def run() -> Outcome:
+        if p.collect is not None:
+            jobs = _json_file(p.k8s_jobs) if p.k8s_jobs is not None else None
+            doc = k8s.collect(p.collect, p.image, ctx.log, jobs)
+            return _ladder_outcome(p, doc, p.collect, "k8s", ctx)
+        variables = dict(v.split("=", 1) for v in p.variables if "=" in v)
+        if len(variables) != len(p.variables):
+            raise UsageError("--var takes NAME=VALUE", hint="e.g. --var model_dir=/models/tiny")
+        options = slurm_options(p.slurm)
+        out, path = p.out, p.ladder
+        # Arms and the bundled ladder need the image in the engine: a name or ID it has, else pulled in
+        # (emitted Kubernetes Jobs run it on the cluster: only a bundled ladder needs it here).
+        needs_engine = path is None or not (p.endpoint or p.on == "k8s")
+        image = transport.in_engine(p.image, ctx.store, ctx.log) if needs_engine else p.image
+        if path is None:
+            out = out or Path("ladder-out") / "bundled"
+            path = runner.bundled_ladder(image, out / "ladder")
+        loaded = load(path)
+        out = out or Path("ladder-out") / loaded.definition.name
+        config = runner.RunConfig(
+            None if p.endpoint else image, out, variables, p.gpus, p.endpoint, store=ctx.store
+        )
+        if p.on == "k8s":
+            return _emit_k8s(p, loaded, config, ctx)
+        if p.on == "slurm":
+            doc = slurm.run(loaded, p.image, config, options, ctx.log)
+        else:
+            doc = runner.run(loaded, config, ctx.log)
+        return _ladder_outcome(p, doc, out, p.on, ctx)
+
+    yield attempt(p.image, run)
+
+
+def _emit_k8s(p: params.Ladder, loaded: LoadedLadder, config: runner.RunConfig, ctx: Context) -> Outcome:
+    if p.emit is None or p.k8s is None or p.out is None:
+        raise UsageError(
+            "--on k8s writes manifests: give --emit DIR and --out RESULTS (the results volume's path)",
+            hint="servimg ladder IMAGE --on k8s --emit DIR --out /shared/run --results-claim PVC",
+        )
+    options = k8s_options(p.k8s)
+    index = k8s.emit(loaded, p.image, config, options, p.emit, ctx.log, slurm.resolve_image)
+    return Outcome(p.image, {"emitted": str(p.emit), **index})
+
+
+def _ladder_outcome(p: params.Ladder, doc: dict[str, Any], out: Path, on: str, ctx: Context) -> Outcome:
+    """OK only on PASS (FAIL and NOT_EXERCISED fail); the receipt attached when asked."""
+    fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
+    if on != "local":
+        fields["placement"] = doc["placement"]
+    if p.attach:
+        attached = attach.attest_file(
+            p.image,
+            TEST_RESULT_V01,
+            out / "receipt.json",
+            ctx.store,
+            ctx.log,
+            key=signing_key(p.key),
+            repo=p.attach,
+        )
+        fields["attestation"] = attached.as_dict()
+    error = None
+    if doc["verdict"] != "PASS":
+        error = LadderError(
+            f"ladder {doc['ladder']['name']}: {doc['verdict']}",
+            problems=list(doc["verdict_reasons"])[:20],
+            hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",
+        )
+    return Outcome(p.image, fields, findings=receipt.verdict(doc), error=error)
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}", hint="kubectl get jobs -n NS -o json > FILE") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path} is not a JSON object", hint="kubectl get jobs -n NS -o json > FILE")
+    return doc

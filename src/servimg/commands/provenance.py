@@ -1,0 +1,199 @@
+"""The provenance commands: `servimg push`, `attest`, `check`, `promote`, `show` and `diff`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from servimg.backends import transport
+from servimg.build.verify import VerifyReport
+from servimg.commands import params
+from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.signed import signing_key
+from servimg.core.errors import ServimgError, UsageError
+from servimg.oci import treediff
+from servimg.provenance import attach, card, keys
+from servimg.provenance.check import (
+    CheckFailed,
+    Evidence,
+    Policy,
+    Rebuild,
+    check,
+    collect,
+    locate,
+    predicate_type,
+)
+from servimg.provenance.dsse import SigningKey
+
+
+def policy_of(flags: params.PolicyFlags, trusted: Sequence[Path]) -> Policy:
+    """The policy file (or the default policy) with the command line's flags on top."""
+    loaded = Policy.load(flags.file) if flags.file is not None else Policy()
+    return loaded.merged(
+        ladders=flags.ladders,
+        keys=trusted,
+        builders=flags.builders,
+        threshold=flags.threshold,
+        allow_unsigned=flags.allow_unsigned,
+        rebuilds=flags.rebuilds,
+        tag_binding=flags.tag_binding,
+        lock=flags.lock,
+    )
+
+
+def push(p: params.Push, ctx: Context) -> Iterator[Outcome]:
+    def run() -> Outcome:
+        report = None
+        if p.report is not None:
+            report = VerifyReport.from_json(json.loads(p.report.read_bytes()))
+        pushed = attach.push(
+            p.image,
+            p.dest,
+            ctx.store,
+            ctx.log,
+            key=signing_key(p.key),
+            report=report,
+            builder=p.builder_id,
+            progress=ctx.progress,
+        )
+        return Outcome(p.image, pushed.as_dict())
+
+    yield attempt(p.image, run)
+
+
+def attest(p: params.Attest, ctx: Context) -> Iterator[Outcome]:
+    def run() -> Outcome:
+        attached = attach.attest_file(
+            p.ref,
+            predicate_type(p.predicate_type),
+            p.file,
+            ctx.store,
+            ctx.log,
+            key=signing_key(p.key),
+            repo=p.lookup.repo,
+            remote=p.lookup.remote,
+        )
+        return Outcome(p.ref, attached.as_dict())
+
+    yield attempt(p.ref, run)
+
+
+def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
+    """Does REF satisfy the policy? One row per requirement; FAIL when any row fails. With a rebuild
+    and `attach`, its signed result is attached beside the image whatever it was."""
+
+    def run() -> Outcome:
+        if p.rebuild is not None and not p.rebuild.requested:
+            raise UsageError("--definition, --attach and --rebuilder-id go with --rebuild")
+        signer = _rebuild_signer(p.lookup.keys) if p.rebuild is not None and p.rebuild.attach else None
+        report, evidence = check(
+            p.ref,
+            ctx.store,
+            ctx.log,
+            policy_of(p.policy, p.lookup.keys),
+            deep=p.policy.deep,
+            repo=p.lookup.repo,
+            remote=p.lookup.remote,
+            rebuild=Rebuild(p.rebuild.definition, ctx.seams) if p.rebuild is not None else None,
+        )
+        brief: dict[str, object] = {"digest": report.digest, "summary": report.counts()}
+        full: dict[str, object] = dict(report.as_dict())
+        if evidence.rebuild is not None:
+            full["rebuild"] = evidence.rebuild.as_dict()
+            brief["rebuild_seconds"] = round(evidence.rebuild.seconds, 1)
+        if signer is not None and evidence.rebuild is not None and p.rebuild is not None:
+            attached = attach.attest_rebuild(
+                evidence.located, evidence.rebuild, signer, ctx.log, rebuilder=p.rebuild.rebuilder_id
+            )
+            full["attestation"] = brief["attestation"] = attached.as_dict()
+        error = None if report.ok else CheckFailed(report)
+        return Outcome(p.ref, brief, full, report, error=error)
+
+    yield attempt(p.ref, run)
+
+
+def _rebuild_signer(paths: Sequence[Path]) -> SigningKey:
+    """The one private key among the --key files: it signs the rebuild attestation (and, as every
+    --key, is trusted)."""
+    found = []
+    for path in paths:
+        try:
+            found.append(keys.load_signing(path))
+        except ServimgError:
+            continue  # a public key: trusted only
+    if len(found) != 1:
+        raise UsageError(
+            f"--attach signs the rebuild with a private key: {len(found)} among the --key files",
+            hint="pass exactly one --key PRIVATE_KEY (its public half is then trusted too)",
+        )
+    return found[0]
+
+
+def promote(p: params.Promote, ctx: Context) -> Iterator[Outcome]:
+    """Move a promotion tag only if the policy passes, after attaching a verification summary."""
+
+    def run() -> Outcome:
+        try:
+            promoted = attach.promote(
+                p.ref,
+                p.tag,
+                ctx.store,
+                ctx.log,
+                policy_of(p.policy, p.lookup.keys),
+                key=signing_key(p.sign),
+                verifier=p.verifier_id,
+                deep=p.policy.deep,
+                repo=p.lookup.repo,
+                remote=p.lookup.remote,
+            )
+        except CheckFailed as exc:
+            return Outcome(p.ref, findings=exc.report, error=exc)
+        brief = {"tag": promoted.tag, "vsa": promoted.vsa.artifact}
+        return Outcome(p.ref, brief, promoted.as_dict(), promoted.report)
+
+    yield attempt(p.ref, run)
+
+
+def evidence(ref: str, lookup: params.Lookup, ctx: Context) -> Evidence:
+    """What `show` and `diff` read: REF located, its attestations checked against the trusted keys."""
+    located = locate(ref, ctx.store, ctx.log, repo=lookup.repo, remote=lookup.remote)
+    return collect(located, ctx.store, ctx.log, trusted=keys.load_trusted(lookup.keys))
+
+
+def show(p: params.Show, ctx: Context) -> Iterator[Outcome]:
+    """The provenance card. As Markdown it is a document on stdout: no OK line after it (a FAIL line
+    still says what went wrong)."""
+
+    def run() -> Outcome:
+        shown = card.card(evidence(p.ref, p.lookup, ctx))
+        document = shown.markdown() if p.markdown else shown.text()
+        return Outcome(
+            p.ref, {"digest": shown.digest}, shown.as_dict(), document=document, quiet_ok=p.markdown
+        )
+
+    yield attempt(p.ref, run)
+
+
+def diff(p: params.Diff, ctx: Context) -> Iterator[Outcome]:
+    """What differs between two images: their provenance cards, or (`files`) config and files layer by
+    layer, in which case a difference is a FAIL."""
+    target = f"{p.a} {p.b}"
+
+    def files() -> Outcome:
+        a = transport.fetch_argument(p.a, ctx.store, ctx.log)
+        b = transport.fetch_argument(p.b, ctx.store, ctx.log)
+        result = treediff.diff_images(a, b, ctx.store)
+        if result.identical:
+            return Outcome(target, {"identical": True, "digest": str(result.a)}, result.as_dict())
+        explanation = "\n".join(treediff.explain(result, p.limit))
+        return Outcome(target, explanation=explanation, error=treediff.ImagesDiffer(result, p.limit))
+
+    def provenance() -> Outcome:
+        a = card.card(evidence(p.a, p.lookup, ctx))
+        b = card.card(evidence(p.b, p.lookup, ctx))
+        result = card.diff(a, b)
+        brief = {"identical": result.identical, "differences": len(result.differences)}
+        return Outcome(target, brief, result.as_dict(), document=result.text())
+
+    yield attempt(target, files if p.files else provenance)
