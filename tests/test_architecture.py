@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg import __version__ as servimg_version
 from servimg import cli
 from servimg.commands import build as command_build
 
@@ -46,6 +47,7 @@ TOP_LEVEL = {
     "servimg.commands": "commands",
     "servimg.render": "commands",
     "servimg.cli": "cli",
+    "servimg.__main__": "cli",  # `python -m servimg`: the CLI, nothing else
 }
 
 # Every lazy import of a servimg module in src/, by (importer, imported), with what forces it (the import
@@ -422,3 +424,13 @@ def test_a_command_loads_only_what_it_needs() -> None:
     assert _heavy(loaded) == ["pydantic", "yaml"], "no docker, requests, urllib3, cryptography or rich"
     keys = _loaded_after("import servimg.commands.keys")
     assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
+
+
+def test_python_dash_m_servimg_is_the_cli() -> None:
+    """`python -m servimg` runs the same CLI as the `servimg` script (same output, same exit status)."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "servimg", "--version"], capture_output=True, text=True, check=False
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == f"servimg {servimg_version}", ran
+    bad = subprocess.run([sys.executable, "-m", "servimg", "no-such"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
