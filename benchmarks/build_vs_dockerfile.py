@@ -9,10 +9,10 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
   and one `servimg build --to docker` (the image removed from the engine first, so the thin load really
   happens), the order rotated round by round; verification included. Medians, the median of the per-round
   ratios, and how many distinct outputs each side produced.
-- scaling: the same overlays on the base with 2× and 4× its files (extra unrelated layers of small
-  files under /opt/filler*, one per file of the base, site-packages/dist-info renamed so the packages
-  stay unique; written as OCI layouts), `--to oci:DIR`, after one warm-up build per base (its indexes,
-  warm root and base verdict).
+- scaling: the same overlays on the base (1×) and on the base with 2× and 4× its files (extra unrelated
+  layers of small files under /opt/filler*, one per file of the base, site-packages/dist-info renamed so
+  the packages stay unique); all three written as OCI layouts, `--to oci:DIR`, after one warm-up build
+  per base (its indexes, warm root and base verdict), rounds interleaved.
 - changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
 - warm: the same definition built again with everything cached (indexes, warm root, the compiled
   bytecode and the verdict: servimg.build.resultcache), into the same layout (the sink writes nothing
@@ -259,14 +259,29 @@ def repeat(definition: Path, out: Path, runs: int) -> dict[str, Any]:
 
 
 def scaling(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
-    rows: dict[str, Any] = {"1x": repeat(demo, tmp / "s1", runs)}
-    for factor in (2, 4):
+    """1×, 2× and 4× the base's files, every base an OCI layout (the same read path for each: the 1× row
+    is the demo base itself written as a layout), one warm-up build each, then `runs` rounds of one
+    build per size, interleaved so that load drift hits every size alike."""
+    definitions: dict[str, Path] = {}
+    for factor in (1, 2, 4):
         ref, digest = scaled_base(demo, factor, tmp / f"base-x{factor}")
 
         def edit(doc: dict[str, Any], ref: str = ref, digest: str = digest) -> None:
             doc["base"]["ref"], doc["base"]["digest"] = ref, digest
 
-        rows[f"{factor}x"] = repeat(variant(demo, f"demo-x{factor}", edit), tmp / f"s{factor}", runs)
+        definitions[f"{factor}x"] = variant(demo, f"demo-x{factor}", edit)
+        servimg("build", str(definitions[f"{factor}x"]), "--to", f"oci:{tmp / f's{factor}' / 'warmup'}")
+    times: dict[str, list[float]] = {name: [] for name in definitions}
+    for i in range(runs):
+        for name, definition in definitions.items():
+            out = tmp / f"s{name}" / str(i)
+            times[name].append(
+                timed(lambda d=definition, o=out: servimg("build", str(d), "--to", f"oci:{o}"))[0]
+            )
+    rows: dict[str, Any] = {
+        name: {"median_s": statistics.median(t), "times_s": [round(x, 3) for x in t]}
+        for name, t in times.items()
+    }
     for factor in ("2x", "4x"):
         rows[factor]["vs_1x"] = rows[factor]["median_s"] / rows["1x"]["median_s"]
     return rows
