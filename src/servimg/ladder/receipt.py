@@ -183,14 +183,25 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
 RUN_FIELDS = ("run_id", "started_at", "finished_at", "timing", "placement", "sha256")
 ARM_RUN_FIELDS = ("timing", "logs")
 SERVER_RUN_FIELDS = ("container", "port", "healthy_after_s", "logs_sha256", "exit_code")
+CACHE_RUN_FIELDS = ("host", "bytes_at_start")
 
 
 def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The receipt without its run-specific fields (`RUN_FIELDS` …): equal for equal outputs."""
+    """The receipt without its run-specific fields (`RUN_FIELDS` …): equal for equal outputs.
+
+    Where each run put its files is run-specific too: the ladder and probe files' host paths (a bundled
+    ladder is extracted into each run's own directory; their sha256 stay), and so the pre-registration
+    digest, which binds those paths (the inputs it covers are compared one by one instead); and the name
+    the image was given (its manifest and config digests stay)."""
     out = {k: v for k, v in doc.items() if k not in RUN_FIELDS}
-    out["preregistration"] = {
-        k: v for k, v in (doc.get("preregistration") or {}).items() if k != "registered_at"
-    }
+    out["preregistration"] = {}
+    if isinstance(doc.get("image"), Mapping):  # the name it was given (an engine tag, REPO@digest) aside
+        out["image"] = {k: v for k, v in doc["image"].items() if k != "ref"}
+    if isinstance(doc.get("inputs"), Mapping):
+        out["inputs"] = {
+            name: ({k: v for k, v in value.items() if k != "path"} if isinstance(value, Mapping) else value)
+            for name, value in doc["inputs"].items()
+        }
     out["arms"] = [_comparable_arm(a) for a in doc.get("arms") or []]
     return out
 
@@ -201,8 +212,15 @@ def _comparable_arm(arm: Mapping[str, Any]) -> dict[str, Any]:
     if "mounts" in server:  # keyed by host path (caches live under each run's own directory)
         server["mounts"] = sorted(server["mounts"].values())
     out["server"] = server
+    # A retained cache's file count is the run's evidence; its exact size is not an output: a compile
+    # cache written by two identical cold arms differs by a few bytes (seen: torch.compile's, 9 bytes of
+    # 1.9 MB, local against Slurm), so only whether it held anything is compared.
     out["caches"] = {
-        n: {k: v for k, v in c.items() if k != "host"} for n, c in (arm.get("caches") or {}).items()
+        n: {
+            **{k: v for k, v in c.items() if k not in CACHE_RUN_FIELDS},
+            "empty_at_start": not c.get("bytes_at_start"),
+        }
+        for n, c in (arm.get("caches") or {}).items()
     }
     out["requests"] = [{k: v for k, v in r.items() if k != "seconds"} for r in arm.get("requests") or []]
     if arm.get("witness") is not None:
