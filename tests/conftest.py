@@ -6,9 +6,11 @@ Markers (pyproject.toml): `docker`, `registry`, `demo`, `root`. scripts/test.sh 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,3 +154,24 @@ def build_image(repo: Path, name: str, store: Any) -> Any:
 @pytest.fixture(scope="session")
 def cpu_clean(cpu_ladder_repo: Path, store: Any) -> Any:
     return build_image(cpu_ladder_repo, "cpu-clean", store)
+
+
+@pytest.fixture(scope="session")
+def demo_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The main job, `bash scripts/demo.sh`, run once per session (tests/test_demo_job.py reads what it
+    wrote; the Slurm test runs the same bundled ladder on the image it pushed and compares receipts)."""
+    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
+    out = tmp_path_factory.mktemp("demo-job")
+    env = {**os.environ, "DEMO_OUT": str(out)}
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600
+    )
+    elapsed = time.monotonic() - started
+    print(proc.stdout[-20000:])
+    if os.environ.get("SERVIMG_DEMO_LOG"):
+        log = f"{proc.stdout}\n{proc.stderr}\nscripts/demo.sh: rc {proc.returncode}, {elapsed:.0f}s wall\n"
+        Path(os.environ["SERVIMG_DEMO_LOG"]).write_text(log, encoding="utf-8")
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-8000:]
+    receipt = json.loads((out / "ladder" / "receipt.json").read_text())
+    return {"out": out, "stdout": proc.stdout, "receipt": receipt}

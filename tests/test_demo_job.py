@@ -1,9 +1,10 @@
 """The main job, end to end, exactly as README says to run it: `bash scripts/demo.sh`.
 
-One run (module-scoped; it runs first in the session, see conftest, so from an empty cache it builds the
-demo base itself) builds the demo base and image, verifies it, runs its bundled CPU smoke ladder on real
-vLLM with the witness on (two arms through LMCache's multi-process connector), pushes it signed with the
-receipt attached, pulls it back with docker and checks the pulled tag with `--require-ladder cpu-smoke`.
+One run (conftest's session-scoped `demo_job`, shared with the Slurm test; it runs first in the
+session, so from an empty cache it builds the demo base itself) builds the demo base and image, verifies
+it, runs its bundled CPU smoke ladder on real vLLM with the witness on (two arms through LMCache's
+multi-process connector), pushes it signed with the receipt attached, pulls it back with docker and
+checks the pulled tag with `--require-ladder cpu-smoke`.
 The tests read what the job wrote. With SERVIMG_DEMO_LOG set, the job's output (with its step times) is
 written there too: that is how README's first-run time is measured in CI.
 """
@@ -11,16 +12,11 @@ written there too: that is how README's first-run time is measured in CI.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO, _require
+from conftest import REPO
 from servimg.build.lock import Lock
 
 pytestmark = [pytest.mark.demo, pytest.mark.vllm, pytest.mark.docker, pytest.mark.registry, pytest.mark.root]
@@ -31,22 +27,8 @@ ARMS = ["control", "noise", "cold", "warm", "restart", "lmcache-cold", "lmcache-
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
-    out = tmp_path_factory.mktemp("demo-job")
-    env = {**os.environ, "DEMO_OUT": str(out)}
-    started = time.monotonic()
-    proc = subprocess.run(
-        ["bash", "scripts/demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600
-    )
-    elapsed = time.monotonic() - started
-    print(proc.stdout[-20000:])
-    if os.environ.get("SERVIMG_DEMO_LOG"):
-        log = f"{proc.stdout}\n{proc.stderr}\nscripts/demo.sh: rc {proc.returncode}, {elapsed:.0f}s wall\n"
-        Path(os.environ["SERVIMG_DEMO_LOG"]).write_text(log, encoding="utf-8")
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-8000:]
-    receipt = json.loads((out / "ladder" / "receipt.json").read_text())
-    return {"out": out, "stdout": proc.stdout, "receipt": receipt}
+def job(demo_job: dict[str, Any]) -> dict[str, Any]:
+    return demo_job
 
 
 def test_the_job_ends_with_the_check_passing_and_every_claim_proven(job: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@ the image pulled by digest from the real registry, per-arm records collected int
 
 Fast part (no Slurm): the chain plan, parsing Slurm's answers, record round trips, failure mapping.
 Slurm part: a toy completion server (tests/fixtures/ladder/toy_engine.py, NOT a model) in the test base
-image, so the scheduling path runs in seconds; real vLLM through Slurm is in test_ladder_cpu.py.
+image, so the scheduling path runs in seconds. Real vLLM through Slurm: the demo image's whole CPU
+smoke ladder, compared with the main job's local run of it (the session's `demo_job`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,51 @@ def test_a_node_whose_inputs_differ_is_reported_by_key() -> None:
     registered = {"harness": {"a.py": "1", "b.py": "2"}, "vars": {"x": "1"}}
     here = {"harness": {"a.py": "1", "b.py": "3"}, "vars": {"x": "1"}}
     assert remote.input_differences(registered, here) == ["harness.b.py"]
+
+
+def _run_receipt(out: str, ref: str, cache_bytes: int, files: int = 34) -> dict[str, Any]:
+    """The parts of a receipt that two runs of one ladder write differently by construction."""
+    return {
+        "run_id": out,
+        "image": {"ref": ref, "digest": "sha256:" + "a" * 64, "config_digest": "sha256:" + "b" * 64},
+        "inputs": {"ladder": {"path": f"{out}/ladder/cpu.yaml", "sha256": "1" * 64}, "vars": {"x": "1"}},
+        "preregistration": {"registered_at": out, "sha256": out * 8},
+        "arms": [
+            {
+                "id": "restart",
+                "caches": {
+                    "vllm": {
+                        "host": f"{out}/caches/cold-vllm",
+                        "bytes_at_start": cache_bytes,
+                        "files_at_start": files,
+                        "mode": "retain-from:cold",
+                    }
+                },
+            }
+        ],
+    }
+
+
+def test_comparable_receipts_leave_out_where_each_run_put_things_and_nothing_else() -> None:
+    """Seen on the demo image's ladder, local against Slurm: the bundled ladder extracted into each run's
+    directory (its host path, and the pre-registration digest binding it), the image's name (an engine
+    tag, REPO@digest) and a torch.compile cache 9 bytes apart are not outputs; a changed input's sha256,
+    digest, file count or an empty cache are."""
+    local = _run_receipt("/tmp/a", "servimg/vllm:demo", 1935316)
+    on_slurm = _run_receipt("/srv/b", "127.0.0.1:5000/servimg/vllm@sha256:" + "a" * 64, 1935325)
+    assert receipt.differences(receipt.comparable(on_slurm), receipt.comparable(local)) == []
+    for path, value in (
+        (("inputs", "ladder", "sha256"), "2" * 64),
+        (("image", "digest"), "sha256:" + "c" * 64),
+        (("arms", 0, "caches", "vllm", "files_at_start"), 33),
+        (("arms", 0, "caches", "vllm", "bytes_at_start"), 0),
+    ):
+        changed = _run_receipt("/srv/b", "x", 1935325)
+        node: Any = changed
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert receipt.differences(receipt.comparable(changed), receipt.comparable(local)), path
 
 
 # ------------------------------------------------------------------------------------------ real Slurm
@@ -278,50 +324,46 @@ def test_ctrl_c_cancels_the_submitted_jobs(toy_image: str, tmp_path: Path) -> No
 
 @pytest.mark.slurm
 @pytest.mark.vllm
+@pytest.mark.demo
 @pytest.mark.docker
 @pytest.mark.registry
 @pytest.mark.root
-def test_the_cpu_ladder_on_real_vllm_through_slurm_agrees_with_the_local_run(
-    cpu_clean: Any, cpu_ladder_repo: Path, store: Any, registry: Any, slurm_cluster: None, tmp_path: Path
+def test_the_demo_images_cpu_ladder_through_slurm_agrees_with_the_main_jobs_local_run(
+    demo_job: dict[str, Any], slurm_cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The CPU smoke ladder's control and cold → warm arms (two chains, run at once on 2 CPUs) on real
-    vLLM, once through Slurm and once locally, both against the image pulled by digest from the registry:
-    same verdict, same receipt apart from placement and timing."""
-    from servimg.backends import engine
-    from servimg.backends import registry as reg
-    from servimg.ladder import runner
-
-    image = engine.read_engine(str(cpu_clean.image.config_digest), store)
-    pushed = reg.push(image, f"{registry.host}/issue16-cpu-clean:ladder", store, print)
-    ref = f"{registry.host}/issue16-cpu-clean@{pushed.rpartition('@')[2]}"
-    doc = yaml.safe_load((cpu_ladder_repo / "verify" / "ladders" / "cpu-smoke.yaml").read_text())
-    doc["name"], doc["arms"] = (
-        "cpu-smoke-2chains",
-        [a for a in doc["arms"] if a["id"] in ("control", "cold", "warm")],
-    )
-    # Placement is under test, not the compile cache: eager skips ~65 s of torch.compile per server.
-    doc["server"]["args"] = [*doc["server"]["args"], "--enforce-eager"]
-    path = cpu_ladder_repo / "verify" / "ladders" / "cpu-smoke-2chains.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    loaded = load(path)
-    lines: list[str] = []
+    """The whole CPU smoke ladder bundled in the demo image (7 arms, 4 chains, two of them through
+    LMCache), through Slurm with the image pulled by digest from the registry the main job pushed it to,
+    against the main job's own local run of the same ladder (scripts/demo.sh, step 5): same verdict,
+    same receipt apart from placement, timing and how the image was named."""
+    out = demo_job["out"]
+    digest = json.loads((out / "build.json").read_text())["digest"]
+    repository = json.loads((out / "pull.json").read_text())["ref"].rpartition(":")[0]
+    ref = f"{repository}@{digest}"
     started = time.monotonic()
-    on_slurm = slurm.run(
-        loaded,
-        ref,
-        RunConfig(None, tmp_path / "slurm", {}),
-        slurm.SlurmOptions(),
-        lambda x: (lines.append(x), print(x)),
-    )
+    code, result = _cli(ref, "--on", "slurm", "--out", str(tmp_path / "slurm"), capsys=capsys)
     slurm_s = time.monotonic() - started
-    local = runner.run(loaded, RunConfig(ref, tmp_path / "local", {}, store=store), print)
-    print(f"cpu-smoke-2chains: local {local['timing']['run_wall_s']:.1f}s, slurm {slurm_s:.1f}s")
-    assert on_slurm["verdict"] == local["verdict"] == "PASS", on_slurm["verdict_reasons"]
+    on_slurm, local = receipt.load(tmp_path / "slurm" / "receipt.json"), demo_job["receipt"]
+    local_s = local["timing"]["run_wall_s"]
+    print(f"cpu-smoke (7 arms) on the demo image: local {local_s:.1f}s (main job), slurm {slurm_s:.1f}s")
+    assert code == 0 and on_slurm["verdict"] == local["verdict"] == "PASS", on_slurm["verdict_reasons"]
+    assert result["placement"] == on_slurm["placement"] and local["placement"]["scheduler"] == "local"
+    # The nodes name the image by digest in the registry, the main job by its tag in the engine: both
+    # know it is the built manifest (comparable receipts leave the name aside, never the digests).
+    assert on_slurm["image"]["digest"] == local["image"]["digest"] == digest
     differing = receipt.differences(receipt.comparable(on_slurm), receipt.comparable(local))
     assert not differing, differing
     jobs = on_slurm["placement"]["jobs"]
-    assert [j["arms"] for j in jobs] == [["control"], ["cold", "warm"]]
-    assert any("running 2" in line for line in lines), "the two chains ran at once"
+    assert [j["arms"] for j in jobs] == [
+        ["control"],
+        ["noise"],
+        ["cold", "warm", "restart"],
+        ["lmcache-cold", "lmcache-warm"],
+    ]
+    assert all(j["state"] == "COMPLETED" for j in jobs), jobs
+    spans = [(j["started_at"], j["finished_at"]) for j in jobs]
+    assert any(s1 < e2 and s2 < e1 for i, (s1, e1) in enumerate(spans) for s2, e2 in spans[i + 1 :]), (
+        f"no two chains ran at once: {spans}"
+    )
 
 
 # ------------------------------------------------------------------------------------------ witness per arm
