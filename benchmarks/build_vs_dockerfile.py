@@ -140,7 +140,8 @@ def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
     store = BlobStore()
     definition = ImageDefinition.load(demo)
     base = transport.fetch(definition.base.ref, store, lambda m: None)
-    files = [n.path for n in base_fs(base, store).walk("") if n.is_file]
+    # The 1× base is the base itself: its tree is walked only to make filler layers.
+    files = [n.path for n in base_fs(base, store).walk("") if n.is_file] if factor > 1 else []
     image = base
     for k in range(1, factor):
         # Renamed so that no filler dir is a site dir or a dist-info (the packages stay unique).

@@ -180,7 +180,8 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
 # (engine ID or registry ref), whose digests stay compared; process ids), and the seals over all of it.
 # Everything else (verdict, outputs, metric deltas, gates, input hashes) must be equal whether the arms
 # ran locally or as Slurm jobs.
-RUN_FIELDS = ("run_id", "started_at", "finished_at", "timing", "placement", "sha256")
+# "preregistration" is its time and a digest that binds the inputs' host paths (see `comparable`).
+RUN_FIELDS = ("run_id", "started_at", "finished_at", "timing", "placement", "sha256", "preregistration")
 ARM_RUN_FIELDS = ("timing", "logs")
 SERVER_RUN_FIELDS = ("container", "port", "healthy_after_s", "logs_sha256", "exit_code")
 CACHE_RUN_FIELDS = ("host", "bytes_at_start")
@@ -194,7 +195,6 @@ def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
     digest, which binds those paths (the inputs it covers are compared one by one instead); and the name
     the image was given (its manifest and config digests stay)."""
     out = {k: v for k, v in doc.items() if k not in RUN_FIELDS}
-    out["preregistration"] = {}
     if isinstance(doc.get("image"), Mapping):  # the name it was given (an engine tag, REPO@digest) aside
         out["image"] = {k: v for k, v in doc["image"].items() if k != "ref"}
     if isinstance(doc.get("inputs"), Mapping):
