@@ -60,8 +60,12 @@ def htpasswd_server(directory: Path, user: str, password: str) -> RegistryServer
 class RegistryServer:
     """One `docker-registry serve` process with its own config and storage in a temporary directory."""
 
-    def __init__(self, *, htpasswd: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, *, htpasswd: Path | None = None, port: int | None = None, seed: Path | None = None
+    ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="servimg-registry-"))
+        if seed is not None:
+            self._seed(seed)
         self.port = port or free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}"
@@ -75,7 +79,7 @@ class RegistryServer:
             "version: 0.1\n"
             "log:\n  level: warn\n"
             "storage:\n"
-            f"  filesystem:\n    rootdirectory: {self._dir / 'storage'}\n"
+            f"  filesystem:\n    rootdirectory: {self.storage}\n"
             "  delete:\n    enabled: true\n"
             # A fixed secret keeps upload sessions valid across a kill/start of the same server.
             f"http:\n  addr: {self.host}\n  secret: servimg-test-secret\n"
@@ -83,6 +87,19 @@ class RegistryServer:
         if htpasswd is not None:
             text += f"auth:\n  htpasswd:\n    realm: servimg-test\n    path: {htpasswd}\n"
         return text
+
+    def _seed(self, seed: Path) -> None:
+        """Start from a copy of another registry's storage, hard-linked: distribution writes a blob once
+        (upload, then rename into place) and never rewrites it, and a blob that is already linked into a
+        repository is only HEADed by a push, so the seed's files are read and never written. Used to give
+        each fault test a registry that already holds the image's base blobs (gigabytes) without pushing
+        them again; what the test is about (manifests, attestations, the tag) is pushed for real."""
+        subprocess.run(["cp", "-al", str(seed), str(self.storage)], check=True)
+
+    @property
+    def storage(self) -> Path:
+        """Its storage root (stop() removes it)."""
+        return self._dir / "storage"
 
     def start(self, timeout: float = 15.0) -> RegistryServer:
         if self._proc is not None and self._proc.poll() is None:

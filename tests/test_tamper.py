@@ -598,11 +598,34 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry_module.time, "sleep", lambda seconds: None)
 
 
-@pytest.fixture
-def own_registry() -> Iterator[Any]:
+KILLED_REPO = "servimg/killed"
+
+
+@pytest.fixture(scope="module")
+def base_blobs_seed(built: dict[str, Any]) -> Iterator[Path]:
+    """Registry storage holding the demo base's layers in KILLED_REPO, pushed once for the fault cases:
+    each would otherwise push the same 4.5 GB again before its fault (≈60 s a case on 2 cores). The
+    image's own layer, its config, manifests, attestations and tags are pushed by each case for real."""
     from registry_server import RegistryServer
 
+    image: Image = built["image"]
     server = RegistryServer().start()
+    try:
+        with RegistryClient(server.host) as client:
+            for desc in image.layer_descriptors[:-1]:
+                path = built["store"].path(desc.digest)
+                client.push_blob(KILLED_REPO, desc.digest, desc.size, lambda p=path: p.open("rb"))
+        server.kill()  # storage kept until teardown
+        yield server.storage
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_registry(base_blobs_seed: Path) -> Iterator[Any]:
+    from registry_server import RegistryServer
+
+    server = RegistryServer(seed=base_blobs_seed).start()
     try:
         yield server
     finally:
@@ -620,7 +643,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
 ) -> None:
     image: Image = built["image"]
     key = keys.load_signing(keyring["key"])
-    dest = f"{own_registry.host}/servimg/killed:v1"
+    dest = f"{own_registry.host}/{KILLED_REPO}:v1"
     original = RegistryClient.put_manifest
     killed: list[str] = []
 
@@ -640,15 +663,15 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
         push_image(image, dest, built["store"], print, key=key, report=built["report"])
     assert killed, "the fault was injected"
     own_registry.start()
-    assert head(own_registry, "servimg/killed", "v1") is None, "a killed push leaves no tag"
+    assert head(own_registry, KILLED_REPO, "v1") is None, "a killed push leaves no tag"
 
     first = push_image(image, dest, built["store"], print, key=key, report=built["report"])
-    assert head(own_registry, "servimg/killed", "v1") == str(image.digest)
+    assert head(own_registry, KILLED_REPO, "v1") == str(image.digest)
     second = push_image(image, dest, built["store"], print, key=key, report=built["report"])
     assert all(a.reused for a in second.attached), "a rerun attaches nothing new"
     assert [a.artifact for a in first.attached] == [a.artifact for a in second.attached]
     with RegistryClient(own_registry.host) as client:
-        listed = referrers.list_referrers(client, "servimg/killed", image.digest)
+        listed = referrers.list_referrers(client, KILLED_REPO, image.digest)
     assert sorted(d["artifactType"] for d in listed) == sorted(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"

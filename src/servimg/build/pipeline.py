@@ -143,10 +143,7 @@ def resolve(
 def base_fs(base: Image, store: BlobStore) -> LayeredFS:
     """The base's merged filesystem through the layer and chain indexes cached in the store (docs/
     architecture.md, "Indexes"): a build of a cached base reads no tar headers."""
-    layers = [
-        (store.uncompressed(layer.descriptor.digest, layer.diff_id), layer.diff_id) for layer in base.layers
-    ]
-    return LayeredFS.cached(layers, store.root)
+    return LayeredFS.of_layers(base.layers, store, keep_chain=True)
 
 
 def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderLock | None, dict[str, bytes]]:

@@ -534,7 +534,7 @@ def verify_image_value(
     before), otherwise in a chroot of its extracted layers."""
     if not engine.engine_available():
         log("verifying in a chroot (no Docker Engine)")
-        fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
+        fs = LayeredFS.of_layers(image.layers, store)
         config = image.config.get("config") or {}
         workdir = str(config.get("WorkingDir") or "/")
         report = VerifyReport.from_json(

@@ -20,13 +20,17 @@ import tarfile
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
 from servimg.oci import fsindex
 from servimg.oci.layer import normalize_path
 from servimg.oci.layerindex import OPAQUE, IndexCache, LayerIndex, Node
+
+if TYPE_CHECKING:
+    from servimg.oci.image import Layer
+    from servimg.oci.store import BlobStore
 
 MAX_SYMLINK_HOPS = 40
 
@@ -152,11 +156,15 @@ class LayeredFS:
         self._table = table
 
     @classmethod
-    def cached(cls, layers: Sequence[tuple[Path, Digest]], cache_root: Path) -> LayeredFS:
+    def cached(
+        cls, layers: Sequence[tuple[Path, Digest]], cache_root: Path, *, keep_chain: bool = True
+    ) -> LayeredFS:
         """The view of `layers` (uncompressed tar, diffID), lowest first, through two caches under
         `cache_root`: each layer's index by its diffID (`oci.layerindex`) and the merged table of the
         whole chain by its ordered diffIDs (`oci.fsindex`). A warm chain opens one SQLite file and reads
-        only the rows a caller asks for; the tars are opened only to read file contents."""
+        only the rows a caller asks for; the tars are opened only to read file contents. Without
+        `keep_chain` a new chain is merged in memory and not written (a table is tens of MB: worth it for
+        a base every build reads, not for each image a push or check reads once)."""
         paths = [path for path, _ in layers]
         diff_ids = [diff_id for _, diff_id in layers]
         table = fsindex.open_table(cache_root, diff_ids)
@@ -166,9 +174,22 @@ class LayeredFS:
         merge = _Merge()
         for position, (layer, diff_id) in enumerate(layers):
             merge.apply(position, layer, indexes.index(layer, diff_id, position))
-        with contextlib.suppress(OSError, sqlite3.Error):  # a cache that cannot be written only costs time
-            fsindex.write_table(cache_root, diff_ids, merge.nodes.values())
+        if keep_chain:
+            with contextlib.suppress(
+                OSError, sqlite3.Error
+            ):  # a cache that cannot be written only costs time
+                fsindex.write_table(cache_root, diff_ids, merge.nodes.values())
         return cls(paths, table=merge)
+
+    @classmethod
+    def of_layers(cls, layers: Sequence[Layer], store: BlobStore, *, keep_chain: bool = False) -> LayeredFS:
+        """The merged view of image `layers` (lowest first) whose blobs are in `store`, through the
+        store's index caches (`cached`): each layer of a 4.5 GB base is indexed once by its diffID, not
+        on every push or check of an image on it."""
+        chain = [
+            (store.uncompressed(layer.descriptor.digest, layer.diff_id), layer.diff_id) for layer in layers
+        ]
+        return cls.cached(chain, store.root, keep_chain=keep_chain)
 
     # -- queries ------------------------------------------------------------------------------------
     def lstat(self, path: str) -> Node | None:

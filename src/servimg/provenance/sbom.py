@@ -290,7 +290,7 @@ def build_sbom(image: Image, facts: ImageFacts, fs: LayeredFS, name: str) -> dic
 
 def image_filesystem(image: Image, store: BlobStore) -> LayeredFS:
     """The merged filesystem of `image`, every layer uncompressed from `store` (verified by diffID)."""
-    return LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
+    return LayeredFS.of_layers(image.layers, store)
 
 
 def sbom_bytes(image: Image, facts: ImageFacts, store: BlobStore, name: str) -> bytes:
