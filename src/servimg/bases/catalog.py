@@ -12,7 +12,6 @@ reviewer's diff shows what moved.
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -28,9 +27,12 @@ from servimg.bases.debian import DebianError, DebianPins
 from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
-from servimg.bases.wheelpins import version_changes
+from servimg.bases.wheelpins import canonical_name, version_changes
+from servimg.build.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.build.pipeline import lock as lock_definition
+from servimg.build.rebase import definition_text
 from servimg.core.atomic import atomic_write
+from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -211,16 +213,19 @@ def relock_dependents(
     store: BlobStore,
     log: Log,
     skip: Sequence[Path] = (),
+    versions: Mapping[str, str] | None = None,
 ) -> dict[Path, bytes]:
-    """Each definition on this kind of base (but `skip`) moved onto `image` and re-locked (`_relock`),
-    the base published to the engine first when one of them names it there; nothing written yet."""
+    """Each definition on this kind of base (but `skip`) moved onto `image` — and its packages whose
+    distribution is in `versions` (canonical name → version) to those versions — and re-locked
+    (`_relock`), the base published to the engine first when one of them names it there; nothing is
+    written yet."""
     files: dict[Path, bytes] = {}
     todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
     refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
     if any(ref.startswith("docker-daemon:") for ref in refs.values()):
         publish_base(image, recipe.tag(), ["docker"], store, log)
     for definition, ref in refs.items():
-        files.update(_relock(repo, definition, ref, str(image.digest), work, store, log))
+        files.update(_relock(repo, definition, ref, str(image.digest), work, store, log, versions or {}))
     return files
 
 
@@ -235,20 +240,30 @@ def _ref_of(definition: Path) -> str:
     return str((doc.get("base") or {}).get("ref", ""))
 
 
-_REF = re.compile(r"^(?P<indent>\s+)ref:\s*\S+\s*$", re.M)
-_DIGEST = re.compile(r"^(?P<indent>\s+)digest:\s*sha256:[0-9a-f]{64}\s*$", re.M)
-
-
 def _relock(
-    repo: Path, definition: Path, ref: str, digest: str, work: Path, store: BlobStore, log: Log
+    repo: Path,
+    definition: Path,
+    ref: str,
+    digest: str,
+    work: Path,
+    store: BlobStore,
+    log: Log,
+    versions: Mapping[str, str],
 ) -> dict[Path, bytes]:
-    """The definition with the new base ref and digest (only those two lines change) and its new lock,
-    computed in a copy of images/ and overlays/ so that nothing in the repository is touched yet."""
+    """The definition on the new base ref and digest, each package whose distribution is in `versions`
+    (canonical name → version) at that version — edited line by line (`rebase.definition_text`), the
+    rest as it was — and its new lock, computed in a copy of images/ and overlays/ so that nothing in the
+    repository is touched yet."""
     text = definition.read_text(encoding="utf-8")
-    new, refs = _REF.subn(lambda m: f"{m['indent']}ref: {ref}", text, count=1)
-    new, digests = _DIGEST.subn(lambda m: f"{m['indent']}digest: {digest}", new, count=1)
-    if refs != 1 or digests != 1:
-        raise DebianError(f"{definition}: cannot find its base ref and digest lines to re-pin")
+    old = ImageDefinition.load(definition)
+    packages = {
+        name: PackageSpec(
+            distribution=p.distribution, version=versions.get(canonical_name(p.distribution), p.version)
+        )
+        for name, p in old.packages.items()
+    }
+    base = BaseSpec(ref=ref, digest=digest, platform=old.base.platform)
+    new = definition_text(text, old, old.model_copy(update={"base": base, "packages": packages}))
     copy = work / "repo"
     if not copy.exists():
         shutil.copytree(repo / "images", copy / "images")
@@ -256,7 +271,10 @@ def _relock(
     target = copy / "images" / definition.name
     target.write_text(new, encoding="utf-8")
     log(f"re-locking {definition.relative_to(repo)} on {ref}")
-    lock_definition(target, store, log)
+    try:
+        lock_definition(target, store, log)
+    except ServimgError as exc:
+        raise exc.context(f"re-locking {definition.relative_to(repo)} on the new base") from None
     lock_file = target.with_name(target.name.removesuffix(".yaml") + ".lock.json")
     return {
         definition: new.encode(),

@@ -182,8 +182,11 @@ def rebase_packages(
         files[_beside(repo / source.pins, suffix)] = wheelpins.render(resolved, wheels).encode()
         if request.write:
             try:
+                moved = {w.name: w.version for w in wheels if w not in recipe.wheels}
                 files.update(
-                    catalog.relock_dependents(repo, new, image, work, store, log, skip=[request.definition])
+                    catalog.relock_dependents(
+                        repo, new, image, work, store, log, skip=[request.definition], versions=moved
+                    )
                 )
             except ServimgError as exc:
                 raise exc.context(
@@ -191,7 +194,7 @@ def rebase_packages(
                     "first, or rerun without --write to get the proposal beside them)"
                 ) from None
         catalog.write_all(files)
-        return dataclasses.replace(result, written=tuple(sorted(files)))
+        return dataclasses.replace(result, written=tuple(sorted(p.absolute() for p in files)))
     finally:
         debian.unmount_under(work)
         shutil.rmtree(work, ignore_errors=True)

@@ -150,10 +150,11 @@ def resolve(
     log(f"resolving {' '.join(requirements)} for python{source.python} (pip download)")
     proc = subprocess.run(download_command(source, requirements, dest), capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-12:]
+        lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("ERROR")]  # pip's reason, without the chatter
         raise BaseBuildError(
             f"pip cannot resolve {' '.join(requirements)} for python{source.python} (manylinux x86_64)",
-            problems=tail,
+            problems=errors or lines[-12:],
             hint="check the versions on PyPI (`pip index versions NAME`) and that PyPI is reachable",
         )
     resolved = dataclasses.replace(source, requirements=tuple(requirements))
