@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,10 +164,12 @@ def rebase_packages(
         judged, proposal = rebasing.propose(
             dataclasses.replace(request, base=ref, digest=str(image.digest)), store, log, seams
         )
+        # Proposals left beside by an earlier rebase are no definitions of the repository yet.
+        proposals = [d for d in catalog.dependents(repo, recipe, store) if f"{BESIDE}." in d.name]
         others = [
             d
             for d in catalog.dependents(repo, recipe, store)
-            if d.resolve() != request.definition.resolve() and BESIDE not in d.name
+            if d.resolve() != request.definition.resolve() and d not in proposals
         ]
         result = LocalRebase(
             judged,
@@ -181,23 +183,30 @@ def rebase_packages(
         files.update(proposal)
         files[_beside(repo / source.pins, suffix)] = wheelpins.render(resolved, wheels).encode()
         if request.write:
-            try:
-                moved = {w.name: w.version for w in wheels if w not in recipe.wheels}
-                files.update(
-                    catalog.relock_dependents(
-                        repo, new, image, work, store, log, skip=[request.definition], versions=moved
-                    )
+            moved = {w.name: w.version for w in wheels if w not in recipe.wheels}
+            skip = [request.definition, *proposals]
+            files.update(
+                _relocked_others(
+                    lambda: catalog.relock_dependents(repo, new, image, work, store, log, skip, moved)
                 )
-            except ServimgError as exc:
-                raise exc.context(
-                    "re-locking the other definitions on this base (nothing was written; rebase them "
-                    "first, or rerun without --write to get the proposal beside them)"
-                ) from None
+            )
         catalog.write_all(files)
         return dataclasses.replace(result, written=tuple(sorted(p.absolute() for p in files)))
     finally:
         debian.unmount_under(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _relocked_others(relock: Callable[[], dict[Path, bytes]]) -> dict[Path, bytes]:
+    """With --write: every other definition on the base, moved onto the new one (`relock`); when one
+    does not lock there, say what to do."""
+    try:
+        return relock()
+    except ServimgError as exc:
+        raise exc.context(
+            "re-locking the other definitions on this base (nothing was written; rebase them "
+            "first, or rerun without --write to get the proposal beside them)"
+        ) from None
 
 
 def _beside(path: Path, suffix: str) -> Path:
