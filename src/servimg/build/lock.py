@@ -167,9 +167,13 @@ class Lock:
             )
         return lock
 
+    def pretty_bytes(self) -> bytes:
+        """The lock file's bytes (canonical JSON, indented)."""
+        return canonical.dumps_pretty(self.to_json())
+
     def write(self, path: Path) -> None:
         """Atomically replace `path` (a failed write never leaves a truncated lock)."""
-        atomic_write(path, canonical.dumps_pretty(self.to_json()), 0o644)
+        atomic_write(path, self.pretty_bytes(), 0o644)
 
 
 _ADAPTER: TypeAdapter[Lock] = TypeAdapter(Lock)

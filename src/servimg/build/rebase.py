@@ -695,9 +695,12 @@ def _scratch_definition(definition_path: Path, text: str) -> Iterator[Path]:
 # ------------------------------------------------------------------------------------------------ command
 
 
-def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DEFAULT) -> RebaseResult:
+def propose(
+    request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DEFAULT
+) -> tuple[RebaseResult, dict[Path, bytes]]:
     """Judge the stack on the new base; when it carries over, compute the proposed definition and its lock
-    (resolved as a build resolves) and only then write both. Nothing is written otherwise."""
+    (resolved as a build resolves). Returns the result and the files to write (none when it does not
+    carry); nothing is written here."""
     path = request.definition
     old = ImageDefinition.load(path)
     new = open_base(old, request.base, request.digest, request.versions, store, log, seams)
@@ -705,7 +708,7 @@ def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DE
     packages = {n: (old.packages[n].version, v) for n, v in new.versions.items()}
     result = RebaseResult(path, new.ref, new.digest, packages, verdicts)
     if not result.carries:
-        return result
+        return result, {}
     proposed = proposed_definition(old, new, verdicts)
     text = definition_text(path.read_text(encoding="utf-8"), old, proposed)
     with _scratch_definition(path, text) as scratch:
@@ -714,9 +717,18 @@ def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DE
         except ServimgError as exc:
             raise exc.context("locking the rebased definition") from None
     definition_out, lock_out = proposed_paths(path, request.write)
-    # The lock first: a definition whose lock did not land is refused by the next build (its digest).
-    lock.write(lock_out)
-    atomic_write(definition_out, text.encode("utf-8"), 0o644)
-    return RebaseResult(
+    # The lock first (dicts keep their order): a definition whose lock did not land is refused by the
+    # next build (its digest).
+    files = {lock_out: lock.pretty_bytes(), definition_out: text.encode("utf-8")}
+    written = RebaseResult(
         path, new.ref, new.digest, packages, verdicts, (definition_out, lock_out), lock.digest
     )
+    return written, files
+
+
+def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DEFAULT) -> RebaseResult:
+    """`propose`, then write the proposed lock and definition (each atomically) when the stack carries."""
+    result, files = propose(request, store, log, seams)
+    for out, data in files.items():
+        atomic_write(out, data, 0o644)
+    return result

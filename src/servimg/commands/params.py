@@ -31,12 +31,13 @@ class Build:
 @dataclass(frozen=True)
 class Rebase:
     definition: Path
-    base: str
+    base: str | None
     digest: str | None = None
     versions: tuple[str, ...] = ()  # NAME=VERSION
     drop_absorbed: bool = False
     write: bool = False
     runner: str = "auto"
+    packages: tuple[str, ...] = ()  # NAME==VERSION: re-resolve the definition's locally built base
 
 
 @dataclass(frozen=True)
