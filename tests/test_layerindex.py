@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import fakebase as fb
 from fakebase import D, F, H, M, S
+from servimg.build import splitverify
 from servimg.build.splitverify import ResolutionTrace
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
@@ -118,6 +119,14 @@ def test_the_record_tracer_walks_every_path_as_resolve_does(
         except LayerError:
             traced = "refused"
         assert traced == _walked(fs, path), path
+
+
+@given(path=_path, touched=st.frozensets(_path, max_size=6))
+def test_a_path_is_touched_when_it_or_a_directory_above_it_is(path: str, touched: frozenset[str]) -> None:
+    """The RECORD row check (a prefix test) says what walking the path's components says."""
+    parts = path.split("/")
+    by_components = any("/".join(parts[: i + 1]) in touched for i in range(len(parts)))
+    assert splitverify._affected(path, touched) == by_components
 
 
 def test_a_warm_chain_reads_no_tar_header(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ whole probe would count.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import posixpath
@@ -196,8 +197,13 @@ def _touched(index: LayerIndex, base_fs: LayeredFS) -> frozenset[str]:
 
 
 def _affected(path: str, touched: frozenset[str]) -> bool:
-    parts = path.split("/")
-    return any("/".join(parts[: i + 1]) in touched for i in range(len(parts)))
+    """`path` or a directory above it is touched (normalised paths: no empty or trailing component)."""
+    return path in touched or path.startswith(_below(touched))
+
+
+@functools.lru_cache(maxsize=8)
+def _below(touched: frozenset[str]) -> tuple[str, ...]:
+    return tuple(f"{t}/" for t in touched)
 
 
 def _rows_touched(record: bytes, site: str, base_fs: LayeredFS, touched: frozenset[str]) -> list[list[str]]:
