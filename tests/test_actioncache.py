@@ -267,3 +267,16 @@ def test_the_cli_replays_a_hit_without_building(
     (world.repo / "overlays" / "fix.patch").write_text("changed\n")
     code, out = _main(world, capsys)  # a miss builds: this definition cannot be
     assert code == 1 and json.loads(out)["status"] == "FAIL"
+
+
+def test_a_build_that_cannot_be_recorded_is_still_a_build(world: World) -> None:
+    """Recording runs after the image is published: whatever goes wrong there is a miss next time, never
+    a failure now (fields JSON cannot hold; a working directory that is gone)."""
+    odd = actioncache.Published({"digest": object()}, world.published.sink, world.layout)
+    assert actioncache.remember(world.cache, world.action, actioncache.Reads(), odd) is False
+    gone = world.repo / "gone"
+    gone.mkdir()
+    os.chdir(gone)
+    gone.rmdir()
+    assert actioncache.remember(world.cache, world.action, actioncache.Reads(), world.published) is False
+    assert world.hit() is None

@@ -283,26 +283,31 @@ class Published:
 
 
 def remember(cache_root: Path, action: Action, reads: Reads, published: Published) -> bool:
-    """Record a build that succeeded; False when it cannot be (see `inputs`) or the entry is not written."""
-    read = inputs(reads, cache_root, published.destination, published.base_files)
-    if read is None:
+    """Record a build that succeeded; False when it cannot be (see `inputs`) or the entry is not written.
+    Never raises: the build has published its image already, and a record it cannot keep costs only a
+    rebuild next time."""
+    try:
+        read = inputs(reads, cache_root, published.destination, published.base_files)
+        if read is None:
+            return False
+        base = None
+        if published.base_engine is not None:
+            base = {"engine": published.base_engine[0], "id": published.base_engine[1]}
+        # The fields as JSON text: canonical JSON would sort their keys; the OK line keeps their order.
+        fields = json.dumps(published.fields)
+        value = {**read, "base": base, "sink": dict(published.sink), "fields": fields}
+        return resultstore.write(cache_root, ACTION, action.key(cache_root), value)
+    except (OSError, ValueError, TypeError):  # an input gone mid-way, no working directory, odd fields
         return False
-    base = None
-    if published.base_engine is not None:
-        base = {"engine": published.base_engine[0], "id": published.base_engine[1]}
-    # The fields as JSON text: canonical JSON would sort their keys, and the OK line keeps their order.
-    fields = json.dumps(published.fields)
-    value = {**read, "base": base, "sink": dict(published.sink), "fields": fields}
-    return resultstore.write(cache_root, ACTION, action.key(cache_root), value)
 
 
 def lookup(cache_root: Path, action: Action) -> dict[str, object] | None:
     """The fields of the OK line of this very action's last build, when everything it depended on is as
     it was and the destination still holds its result; None (build it) otherwise."""
-    value = resultstore.read(cache_root, ACTION, action.key(cache_root))
-    if value is None:
-        return None
     try:
+        value = resultstore.read(cache_root, ACTION, action.key(cache_root))
+        if value is None:
+            return None
         for path, size, sha in value["files"]:
             if os.stat(path).st_size != size or _sha256(Path(path)) != sha:
                 return None
@@ -314,4 +319,4 @@ def lookup(cache_root: Path, action: Action) -> dict[str, object] | None:
         fields = json.loads(value["fields"])
         return fields if isinstance(fields, dict) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # gone, unreadable, or an entry of another shape: build it
+        return None  # gone, unreadable, no working directory, an entry of another shape: build it
