@@ -15,9 +15,10 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
   per base (its indexes, warm root and base verdict), rounds interleaved.
 - changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
 - warm: the same definition built again with everything cached (indexes, warm root, the compiled
-  bytecode and the verdict: servimg.build.resultcache), into the same layout (the sink writes nothing
-  new); interleaved with `servimg --help` (the CLI's start) and a bare `python -c pass`. Every other
-  section sets SERVIMG_NO_RESULT_CACHE (a build that does all its work, as `--no-cache` does).
+  bytecode and the verdict: servimg.build.resultcache; the whole build: servimg.build.actioncache),
+  into the same layout (the sink writes nothing new); interleaved with `servimg --help` (the CLI's
+  start) and a bare `python -c pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that
+  does all its work, as `--no-cache` does; it switches the action cache off too).
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):
     .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--sections paired,scaling,changed,warm]

@@ -22,6 +22,7 @@ from pathlib import Path
 from servimg import __version__ as servimg_version
 from servimg import cli
 from servimg.commands import build as command_build
+from servimg.commands import session
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -406,7 +407,9 @@ def test_every_command_function_is_named_in_the_commands_layer() -> None:
     so they are held to the same rule here: each names a function of a module of the commands layer
     (which may import every concern)."""
     named = [c.run.function for c in cli.COMMANDS]
+    named += [c.run.replay for c in cli.COMMANDS if c.run.replay is not None]
     named += [f"{cli.SESSION}:execute", f"{command_build.SIGNED_BUILD}:build_one"]
+    named += [f"{session.CONTEXT}:outcomes"]
     for function in named:
         module = function.partition(":")[0]
         assert module.startswith("servimg.commands.") and layer_of(module) == "commands", function
@@ -424,6 +427,15 @@ def test_a_command_loads_only_what_it_needs() -> None:
     assert _heavy(loaded) == ["pydantic", "yaml"], "no docker, requests, urllib3, cryptography or rich"
     keys = _loaded_after("import servimg.commands.keys")
     assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
+
+
+def test_a_replayed_build_loads_nothing_a_build_needs() -> None:
+    """The session and the action cache's replay (servimg.commands.replay) answer a warm rebuild before
+    the command's module is loaded: they import no pipeline, no seams, no third-party package."""
+    loaded = _loaded_after("import servimg.cli, servimg.commands.session, servimg.commands.replay")
+    heavy = ("servimg.build.pipeline", "servimg.build.seams", "servimg.build.definition", "servimg.oci.store")
+    assert [m for m in loaded if m.startswith(heavy)] == []
+    assert _heavy(loaded) == []
 
 
 def test_python_dash_m_servimg_is_the_cli() -> None:

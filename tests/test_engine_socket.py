@@ -5,9 +5,6 @@ socket here (the real engine is exercised by every docker-marked build)."""
 
 from __future__ import annotations
 
-import http.server
-import json
-import socketserver
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,36 +12,11 @@ from pathlib import Path
 import pytest
 
 import fakebase as fb
+import standin_engine
 from servimg.backends import engine
-from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-def _engine(sock: Path, images: dict[str, Digest], seen: list[str]) -> _Server:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            name = self.path.removeprefix("/images/").removesuffix("/json")
-            found = images.get(name)
-            body = json.dumps({"Id": str(found)} if found else {"message": "No such image"}).encode()
-            self.send_response(200 if found else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-        def address_string(self) -> str:
-            return "unix"
-
-    return _Server(str(sock), Handler)
 
 
 @pytest.fixture
@@ -54,7 +26,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Im
     store.put_bytes(base.image.manifest_bytes)
     store.put_bytes(base.image.config_bytes)
     seen: list[str] = []
-    server = _engine(tmp_path / "engine.sock", {"servimg/x:1": base.image.config_digest}, seen)
+    server = standin_engine.serve(tmp_path / "engine.sock", {"servimg/x:1": base.image.config_digest}, seen)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'engine.sock'}")
     monkeypatch.delenv("DOCKER_TLS_VERIFY", raising=False)

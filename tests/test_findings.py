@@ -14,7 +14,7 @@ from servimg import cli
 from servimg.bases import catalog
 from servimg.build.verify import VerifyFailed, VerifyReport
 from servimg.commands import ladder, params
-from servimg.commands.outcome import Context
+from servimg.commands.context import Context
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
 from servimg.ladder import receipt
 from servimg.ladder.witness import WitnessCollection

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import fakebase as fb
 from fakebase import D, F, H, M, S
+from servimg.build import splitverify
+from servimg.build.splitverify import ResolutionTrace
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
 from servimg.oci import fsindex
@@ -40,6 +42,9 @@ def _state(fs: LayeredFS) -> dict[str, object]:
     for path, node in nodes.items():
         if node.is_dir:
             out[f"ls:{path}"] = fs.listdir(path)
+            kids = [f"{path}/{name}" if path else name for name in fs.listdir(path)]
+            out[f"links:{path}"] = sorted(fs.symlinks_in(path))
+            assert out[f"links:{path}"] == [k for k in kids if nodes[k].is_symlink]  # one query = lstat each
         elif node.is_file:
             out[f"read:{path}"] = fs.read(path, follow=False)
     return out
@@ -82,6 +87,46 @@ def test_cached_view_equals_the_merge_of_the_tars(
         return
     assert _state(LayeredFS.cached(chain, tmp / "cache")) == direct, "cold: built from the tars"
     assert _state(LayeredFS.cached(chain, tmp / "cache")) == direct, "warm: read from the chain's table"
+
+
+def _walked(fs: LayeredFS, path: str) -> list[str] | str:
+    try:
+        return fs.resolution_path(path)
+    except LayerError:
+        return "refused"  # a link loop: refused (the message names the part where the loop was met)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layers=st.lists(st.lists(_member(), max_size=8), min_size=1, max_size=3))
+def test_the_record_tracer_walks_every_path_as_resolve_does(
+    tmp_path_factory: pytest.TempPathFactory, layers: list[list[M]]
+) -> None:
+    """Split verification picks the RECORD rows a layer can change by each row's resolution path,
+    traced per directory from its parent's (ResolutionTrace): the same list `resolution_path` walks,
+    for every path of the stack, one below each, and paths through links (or the same refusal)."""
+    tmp = tmp_path_factory.mktemp("chain")
+    chain = _chain(tmp, layers)
+    try:
+        fs = LayeredFS.cached(chain, tmp / "cache")
+    except LayerError:
+        return
+    paths = {n.path for n in fs.walk("") if n.path}
+    paths |= {f"{p}/x" for p in paths} | {"a/b/x", "b/x/pkg", "pkg/a/b"}
+    trace = ResolutionTrace(fs)
+    for path in sorted(paths):
+        try:
+            traced: list[str] | str = trace(path)
+        except LayerError:
+            traced = "refused"
+        assert traced == _walked(fs, path), path
+
+
+@given(path=_path, touched=st.frozensets(_path, max_size=6))
+def test_a_path_is_touched_when_it_or_a_directory_above_it_is(path: str, touched: frozenset[str]) -> None:
+    """The RECORD row check (a prefix test) says what walking the path's components says."""
+    parts = path.split("/")
+    by_components = any("/".join(parts[: i + 1]) in touched for i in range(len(parts)))
+    assert splitverify._affected(path, touched) == by_components
 
 
 def test_a_warm_chain_reads_no_tar_header(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from servimg.build import pipeline, resultcache
 from servimg.build.bytecode import CompileJob, InterpreterFacts
 from servimg.build.seams import ProbeVerifier, Seams, verdict_key
 from servimg.build.verify import VerifyReport
-from servimg.core.digest import Digest
+from servimg.core import canonical
+from servimg.core.digest import Digest, sha256_hex
 from servimg.core.findings import Finding, Status
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -92,14 +93,14 @@ def test_a_damaged_or_foreign_entry_is_ignored_and_written_again(tmp_path: Path,
     elif damage == "edited pyc":  # other bytes, value hash recomputed: only the pyc's own sha256 catches it
         item = doc["value"]["pycs"][0]
         item["data"] = "AAAA"
-        doc["value_sha256"] = resultcache.sha256_hex(resultcache.canonical.dumps(doc["value"]))
+        doc["value_sha256"] = sha256_hex(canonical.dumps(doc["value"]))
         entry.write_bytes(json.dumps(doc).encode())
     elif damage == "edited value":
         doc["value"]["facts"]["version"] = "9.9.9"
         entry.write_bytes(json.dumps(doc).encode())
     else:  # another key's (valid) entry under this key's name
         doc["key"]["jobs"][0][1] = "0" * 64
-        doc["value_sha256"] = resultcache.sha256_hex(resultcache.canonical.dumps(doc["value"]))
+        doc["value_sha256"] = sha256_hex(canonical.dumps(doc["value"]))
         entry.write_bytes(json.dumps(doc).encode())
     assert _build(definition, store, seams, tmp_path / "b") == first
     assert runners.runs == 2, f"{damage}: compiled again"

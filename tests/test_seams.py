@@ -12,7 +12,7 @@ import fakebase as fb
 from servimg.build import seams
 from servimg.build.lock import Lock
 from servimg.cli import parser
-from servimg.commands.session import seams_from
+from servimg.commands.context import seams_from
 
 
 def _repo(tmp_path: Path) -> tuple[Path, fb.Base]:

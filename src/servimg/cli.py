@@ -22,7 +22,9 @@ from servimg.commands import params
 
 if TYPE_CHECKING:
     from servimg.build.seams import Seams
-    from servimg.commands.outcome import Context, Outcome
+    from servimg.commands.context import Context
+    from servimg.commands.outcome import Outcome
+    from servimg.core.progress import Log
 
 # What runs a parsed command (the reporter, the context, the exit status): loaded once parsing is done.
 SESSION = "servimg.commands.session"
@@ -41,10 +43,18 @@ class Bound:
 
     params: Callable[[argparse.Namespace], object]
     function: str  # "servimg.commands.MODULE:FUNCTION"
+    # "servimg.commands.MODULE:FUNCTION" answering from the action cache, or None (the command runs).
+    replay: str | None = None
 
     def __call__(self, args: argparse.Namespace, ctx: Context) -> Iterator[Outcome]:
         given = self.params(args)
         return cast("Iterator[Outcome]", load(self.function)(given, ctx))
+
+    def replayed(self, args: argparse.Namespace, cache: Path | None, log: Log) -> list[Outcome] | None:
+        """The outcomes the action cache replays for these arguments; None: the command must run."""
+        if self.replay is None:
+            return None
+        return cast("list[Outcome] | None", load(self.replay)(self.params(args), cache, log))
 
 
 @dataclass(frozen=True)
@@ -426,6 +436,7 @@ COMMANDS: tuple[Command, ...] = (
         Bound(
             lambda a: params.Build(tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id),
             "servimg.commands.build:build",
+            replay="servimg.commands.replay:build",
         ),
     ),
     Command(

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import os
-import socket
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servimg.backends.archive import read_archive, write_archive
+from servimg.backends.enginesocket import socket_image_id
 from servimg.backends.resolve import EngineImage
 from servimg.backends.target import Target, WriteOptions
 from servimg.core.atomic import atomic_write
@@ -83,7 +80,7 @@ class _ChunkStream(io.RawIOBase):
 def read_engine(ref: str, store: BlobStore) -> Image:
     """`docker save` the image and read it like a docker-archive (manifest re-created canonically); an
     image read before (same ID) comes from the store, asked of the engine in one plain API call."""
-    quick = _socket_image_id(ref)
+    quick = socket_image_id(ref)
     known = cached(quick, store) if quick is not None else None
     if known is not None:
         return known
@@ -103,37 +100,6 @@ def read_engine(ref: str, store: BlobStore) -> Image:
     image = read_archive(stream, store)
     _remember(image, store)
     return image
-
-
-DEFAULT_SOCKET = "/var/run/docker.sock"
-
-
-def _socket_image_id(ref: str, timeout: float = 10) -> Digest | None:
-    """The engine's image ID for `ref` from one `GET /images/REF/json` on its unix socket, without the
-    SDK (importing it and its ping cost ≈0.2–0.3 s, a warm rebuild's largest part when its base is an
-    engine image). HTTP/1.0, so the engine closes the connection after its answer and no chunked body
-    comes back (written by hand: http.client alone imports ssl and email, ≈0.03 s). None whenever that
-    does not answer plainly (DOCKER_HOST names TCP or TLS, no socket, no such image, anything odd): the
-    caller then asks through the SDK, with its errors."""
-    host = os.environ.get("DOCKER_HOST", f"unix://{DEFAULT_SOCKET}")
-    if not host.startswith("unix://") or os.environ.get("DOCKER_TLS_VERIFY"):
-        return None
-    path = f"/images/{urllib.parse.quote_plus(ref, safe='/:')}/json"  # quoted as the SDK quotes it
-    answer = b""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(host.removeprefix("unix://"))
-            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
-            while len(answer) < 1 << 22 and (chunk := sock.recv(1 << 16)):
-                answer += chunk
-        head, _, body = answer.partition(b"\r\n\r\n")
-        status = head.split(b"\r\n", 1)[0].split()
-        if len(status) < 2 or status[1] != b"200" or b"transfer-encoding" in head.lower():
-            return None
-        return Digest.parse(str(json.loads(body)["Id"]))
-    except (OSError, ValueError, KeyError, TypeError, ServimgError):
-        return None
 
 
 def _index_path(config_digest: Digest, store: BlobStore) -> Path:
@@ -261,6 +227,11 @@ def remove(config_digest: Digest) -> None:
         client().images.remove(str(config_digest), force=False, noprune=False)
 
 
+def destination(tag: str | None, config_digest: Digest, how: str) -> str:
+    """Where a load put the image, for people: its tag (or ID) and how it went (`load`'s answer)."""
+    return f"docker engine {tag or config_digest} ({how} load)"
+
+
 class EngineBackend:
     """`docker-daemon:NAME` / `docker`: read with `docker save`, written by a thin `docker load`."""
 
@@ -273,7 +244,7 @@ class EngineBackend:
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         tag = options.get("tag")
         how = load(image, store, tag=tag, base_config=options.get("base_config"))
-        return f"docker engine {tag or image.config_digest} ({how} load)"
+        return destination(tag, image.config_digest, how)
 
     def check_reachable(self, target: Target) -> None:
         client()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servimg.backends import engine
 from servimg.backends.target import Target
-from servimg.build import resultcache
+from servimg.build import actioncache, resultcache
 from servimg.build.bytecode import (
     CompileJob,
     InterpreterFacts,
@@ -90,6 +90,11 @@ class BuildResult:
     destination: str
     changed_files: int
     layer: Descriptor
+    # Where it went and what it was built from, for the action cache (`published`); not in the OK line.
+    target: Target | None = None
+    published_tag: str | None = None
+    base_ref: str | None = None
+    base_config: Digest | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -101,6 +106,37 @@ class BuildResult:
             "changed_files": self.changed_files,
             "layer": self.layer.to_json(),
         }
+
+    def published(self) -> actioncache.Published | None:
+        """What the action cache checks before it replays this build (servimg.build.actioncache): the
+        destination, an engine base, and the OK line a rerun prints. None when this build is not
+        replayable: another sink kind (an archive is rewritten by every build; a registry's tag needs
+        the network), or a registry base."""
+        target, tag, base = self.target, self.published_tag, self.base_ref
+        if target is None or tag is None or base is None or Target.parse(base).kind == "registry":
+            return None
+        source = Target.parse(base)
+        engine_base = None
+        if source.kind == "engine" and self.base_config is not None:
+            engine_base = (source.location, str(self.base_config))
+        # A layout's index (where its tags are) or an archive: recorded even inside the cache root.
+        base_files: tuple[Path, ...] = ()
+        if source.kind in ("oci", "archive"):
+            where = Path(source.location)
+            base_files = (where / "index.json",) if source.kind == "oci" else (where,)
+        image = self.image
+        if target.kind == "oci":
+            blobs = [(str(image.config_digest), len(image.config_bytes))]
+            blobs += [(str(d.digest), d.size) for d in image.layer_descriptors]
+            sink = actioncache.oci_sink(target.location, tag, str(image.digest), blobs)
+            layout = Path(target.location)
+            return actioncache.Published(self.as_dict(), sink, layout, engine_base, base_files)
+        if target.kind == "engine":
+            # A rerun finds the image there already: it only tags it ("present").
+            rerun = {**self.as_dict(), "destination": engine.destination(tag, image.config_digest, "present")}
+            sink = actioncache.engine_sink(tag, str(image.config_digest))
+            return actioncache.Published(rerun, sink, None, engine_base, base_files)
+        return None
 
 
 # -- resolve --------------------------------------------------------------------------------------
@@ -467,7 +503,19 @@ def build(
         base_config=resolution.base.config_digest,
         progress=progress,
     )
-    return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
+    published_tag = target.tag if target.kind == "oci" and target.tag else full_tag
+    return BuildResult(
+        image,
+        chosen_tag,
+        locked.digest,
+        destination,
+        len(resolution.changes),
+        layer,
+        target,
+        published_tag,
+        resolution.definition.base.ref,
+        resolution.base.config_digest,
+    )
 
 
 def _verify_or_refuse(

@@ -13,98 +13,35 @@ EVERY input that can change it (the key), in `<cache>/results/<kind>/v1/sha256/<
   them), the base config digest the report is compared against, and the sha256 of the servimg code that
   runs the probe and merges its answers (servimg/build/verify.py, splitverify.py, warmroot.py).
 
-An entry holds its full key document and the sha256 of its value; on read both are checked (and each
-pyc's own sha256), so a corrupt, truncated or foreign entry (another key's file under this name) is
-ignored and the result computed and written again. Entries are written atomically (temp + rename): a
-reader sees a whole entry or none. Only a passing verdict is cached: a failure is always run again.
+An entry (servimg.build.resultstore) holds its full key document and the sha256 of its value; on
+read both are checked (and each pyc's own sha256), so a corrupt, truncated or foreign entry (another
+key's file under this name) is ignored and the result computed and written again. Entries are written
+atomically (temp + rename): a reader sees a whole entry or none. Only a passing verdict is cached: a
+failure is always run again.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
-import json
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from servimg.build.bytecode import COMPILE_ARGS, COMPILE_SCRIPT, CompileJob, InterpreterFacts
-from servimg.core import canonical
-from servimg.core.atomic import atomic_write
+from servimg.build.resultstore import FORMAT as FORMAT
+from servimg.build.resultstore import OFF as OFF
+from servimg.build.resultstore import bypassed as bypassed
+from servimg.build.resultstore import entry_path as entry_path
+from servimg.build.resultstore import read as read
+from servimg.build.resultstore import write as write
 from servimg.core.digest import Digest, sha256_hex
 
 COMPILED = "compiled"
 VERDICT = "verdict"
-FORMAT = 1
 _BUILD_DIR = Path(__file__).resolve().parent
 # The servimg code a verdict depends on besides the image: the probe runner and the split merge.
 VERIFIER_SOURCES = ("verify.py", "splitverify.py", "warmroot.py")
-
-
-# Set (to anything but empty): every lookup misses, entries are still written. For measuring a build
-# that does all its work (benchmarks/build_vs_dockerfile.py sets it outside its `warm` section).
-OFF = "SERVIMG_NO_RESULT_CACHE"
-_bypassed: ContextVar[bool] = ContextVar("servimg_result_cache_bypassed", default=False)
-
-
-@contextlib.contextmanager
-def bypassed() -> Iterator[None]:
-    """Every lookup inside misses (entries are still written): for a build whose point is to do all the
-    work again, the independent rebuild of `servimg check --rebuild` (provenance.rebuild)."""
-    token = _bypassed.set(True)
-    try:
-        yield
-    finally:
-        _bypassed.reset(token)
-
-
-def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
-    return (
-        root
-        / "results"
-        / kind
-        / f"v{FORMAT}"
-        / "sha256"
-        / f"{Digest.of_bytes(canonical.dumps(key)).hex}.json"
-    )
-
-
-def read(root: Path, kind: str, key: Mapping[str, Any]) -> Any | None:
-    """The cached value for `key`; None when there is none, it does not check out, or `OFF` is set."""
-    if os.environ.get(OFF) or _bypassed.get():
-        return None
-    try:
-        doc = json.loads(entry_path(root, kind, key).read_bytes())
-    except (OSError, ValueError, RecursionError):  # none, unreadable, not JSON; a key JSON cannot hold
-        return None
-    if (
-        not isinstance(doc, dict)
-        or doc.get("format") != FORMAT
-        or doc.get("key") != json.loads(canonical.dumps(key))
-    ):
-        return None  # another format, or another key's entry under this name
-    value = doc.get("value")
-    if doc.get("value_sha256") != sha256_hex(canonical.dumps(value)):
-        return None  # edited or damaged
-    return value
-
-
-def write(root: Path, kind: str, key: Mapping[str, Any], value: Any) -> bool:
-    """Cache `value` under `key` (atomically); False when it cannot be: a result that cannot be cached
-    (a name canonical JSON cannot hold, a full disk) is still the result, and the build goes on."""
-    try:
-        path = entry_path(root, kind, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        digest = sha256_hex(canonical.dumps(value))
-        atomic_write(
-            path, canonical.dumps({"format": FORMAT, "key": key, "value": value, "value_sha256": digest})
-        )
-    except (OSError, ValueError, TypeError):
-        return False
-    return True
 
 
 # -- compiled bytecode -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ whole probe would count.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import posixpath
@@ -196,14 +197,19 @@ def _touched(index: LayerIndex, base_fs: LayeredFS) -> frozenset[str]:
 
 
 def _affected(path: str, touched: frozenset[str]) -> bool:
-    parts = path.split("/")
-    return any("/".join(parts[: i + 1]) in touched for i in range(len(parts)))
+    """`path` or a directory above it is touched (normalised paths: no empty or trailing component)."""
+    return path in touched or path.startswith(_below(touched))
+
+
+@functools.lru_cache(maxsize=8)
+def _below(touched: frozenset[str]) -> tuple[str, ...]:
+    return tuple(f"{t}/" for t in touched)
 
 
 def _rows_touched(record: bytes, site: str, base_fs: LayeredFS, touched: frozenset[str]) -> list[list[str]]:
     """The RECORD rows (as the probe reads them) whose file the new layer can change."""
     rows = []
-    trace = _Tracer(base_fs)
+    trace = ResolutionTrace(base_fs)
     for row in csv.reader(io.StringIO(record.decode("utf-8", "replace"))):
         if not row or not row[0]:
             continue
@@ -213,21 +219,25 @@ def _rows_touched(record: bytes, site: str, base_fs: LayeredFS, touched: frozens
     return rows
 
 
-class _Tracer:
-    """`resolution_path` with each directory resolved once (a RECORD's rows share a few hundred)."""
+class ResolutionTrace:
+    """`resolution_path` with each directory resolved once, from its parent's resolution (a RECORD's
+    rows share a few hundred directories), and the links in a directory read in one query (not one
+    `lstat` per row and per path component: ≈0.3 s of a cold demo build). The walk is `resolve`'s:
+    a component that is no link extends the parent's resolution; one that is a link (or `..`) takes
+    the full walk."""
 
     def __init__(self, fs: LayeredFS) -> None:
         self.fs = fs
-        self.dirs: dict[str, list[str]] = {}
+        self.dirs: dict[str, tuple[list[str], set[str]]] = {"": ([""], fs.symlinks_in(""))}
 
     def __call__(self, path: str) -> list[str]:
         parent, _, name = path.rpartition("/")
         if parent not in self.dirs:
-            self.dirs[parent] = self.fs.resolution_path(parent) if parent else [""]
-        visited = self.dirs[parent]
+            resolved = self(parent)
+            self.dirs[parent] = resolved, self.fs.symlinks_in(resolved[-1])
+        visited, links = self.dirs[parent]
         candidate = f"{visited[-1]}/{name}" if visited[-1] else name
-        node = self.fs.lstat(candidate)
-        if (node is not None and node.is_symlink) or name in ("", ".", ".."):
+        if candidate in links or name in ("", ".", ".."):
             return self.fs.resolution_path(path)  # the file itself is a link: the full walk
         return [*visited[:-1], candidate]
 

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 from servimg.bases import catalog as bases
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 
 
 def base(p: params.Base, ctx: Context) -> Iterator[Outcome]:

@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
-from servimg.build import pipeline
+from servimg.build import actioncache, pipeline
 from servimg.build.lock import lock_path_for
+from servimg.build.seams import Seams
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 
 # A signed build pushes with attestations (servimg.provenance): loaded only when --sign asks for it.
 SIGNED_BUILD = "servimg.commands.signed"
@@ -44,7 +46,24 @@ def signed_build() -> BuildOne:
 
 
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
-    built = pipeline.build(
-        path, ctx.store, ctx.log, to=p.to, runner=p.runner, tag=p.tag, progress=ctx.progress, seams=ctx.seams
-    )
+    """Build it; with the default seams, also record the build in the action cache (what it read, where
+    it went), so that the same command run again is replayed (servimg.commands.replay)."""
+    with actioncache.recording() as reads:
+        built = pipeline.build(
+            path,
+            ctx.store,
+            ctx.log,
+            to=p.to,
+            runner=p.runner,
+            tag=p.tag,
+            progress=ctx.progress,
+            seams=ctx.seams,
+        )
+    published = built.published()
+    if published is not None and ctx.seams == Seams():  # a caller's seams (a fake base …) are not replayed
+        actioncache.remember(ctx.store.root, action_of(path, p), reads, published)
     return Outcome(str(path), built.as_dict())
+
+
+def action_of(path: Path, p: params.Build) -> actioncache.Action:
+    return actioncache.Action(path, p.to, p.runner, p.tag)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 from servimg.provenance import keys
 
 

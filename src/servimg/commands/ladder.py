@@ -10,7 +10,8 @@ from typing import Any
 
 from servimg.backends import transport
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.signed import signing_key
 from servimg.core.errors import UsageError
 from servimg.ladder import k8s, receipt, runner, slurm

@@ -1,4 +1,6 @@
-"""What every command runs with (`Context`) and what it yields per target (`Outcome`)."""
+"""What a command yields per target (`Outcome`), and `attempt`: one target's failure as an outcome.
+Standard library and servimg.core only: the session renders outcomes replayed from the action cache
+without importing what a build needs (what every command runs with is `servimg.commands.context`)."""
 
 from __future__ import annotations
 
@@ -6,28 +8,10 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from servimg.build.seams import Seams
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Findings
-from servimg.core.progress import NULL, Log, Progress
-from servimg.oci.store import BlobStore
 
 Fields = Mapping[str, object]
-
-
-def _silent(message: str) -> None:
-    del message
-
-
-@dataclass(frozen=True)
-class Context:
-    """What every command runs with: the blob cache, where its steps are logged, how long transfers
-    show progress, and the build's seams (chosen once by the caller)."""
-
-    store: BlobStore
-    log: Log = _silent
-    progress: Progress = NULL
-    seams: Seams = field(default_factory=Seams)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 from servimg.backends import transport
 from servimg.build.verify import VerifyReport
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.signed import signing_key
 from servimg.core.errors import ServimgError, UsageError
 from servimg.oci import treediff

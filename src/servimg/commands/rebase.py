@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from servimg.bases import localrebase
 from servimg.build import rebase as rebasing
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import UsageError
 
 

@@ -1,37 +1,40 @@
-"""One run of one command, as `servimg.cli.main` starts it once the arguments are parsed: the seams the
-arguments ask for, the reporter, the context, the outcomes rendered, the exit status."""
+"""One run of one command, as `servimg.cli.main` starts it once the arguments are parsed: the reporter,
+the outcomes rendered, the exit status (1 when any target failed, 130 on Ctrl-C).
+
+A command whose table entry names a replay (`servimg build`: `servimg.commands.replay`) is first asked
+of the action cache: when the very same run already produced its result and the destination still holds
+it, the outcomes are replayed without importing what the command needs. Only with the default seams and
+no `--base-from` (an embedding caller's seams, a fake base or another base location, is never
+replayed). Anything else, or any miss, runs the command (`servimg.commands.context`, loaded then)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
-from servimg.build.seams import FromRef, Seams
-from servimg.commands.outcome import Context, Outcome
-from servimg.oci.store import BlobStore
+from servimg.commands.outcome import Outcome
+from servimg.core.progress import Log
 from servimg.render import Reporter
 
-Run = Callable[[argparse.Namespace, Context], Iterator[Outcome]]
+if TYPE_CHECKING:
+    from servimg.build.seams import Seams
 
+# The context (seams, store) and the run of a command: loaded only when the command really runs.
+CONTEXT = "servimg.commands.context"
 
-def seams_from(args: argparse.Namespace, given: Seams) -> Seams:
-    """The build's seams as the arguments ask: `given` (the defaults, or a caller's), with the base read
-    from `--base-from` when that is set."""
-    base_from = getattr(args, "base_from", None)
-    return dataclasses.replace(given, base_source=FromRef(base_from)) if base_from else given
+Replay = Callable[[argparse.Namespace, Path | None, Log], list[Outcome] | None]
 
 
 def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
     """Run the parsed command (`args.run`): one OK/FAIL per outcome; 1 when any failed, 130 on Ctrl-C."""
     reporter = Reporter(quiet=args.quiet, as_json=args.json)
-    chosen = seams_from(args, seams or Seams())
-    context = Context(BlobStore(args.cache, tap=chosen.store_tap), reporter.log, reporter, chosen)
-    run: Run = args.run
     failures = 0
     try:
-        for outcome in run(args, context):
+        for outcome in _outcomes(args, seams, reporter):
             failures += reporter.outcome(outcome)
     except KeyboardInterrupt:
         reporter.settle()
@@ -40,3 +43,13 @@ def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
     finally:
         reporter.settle()
     return 1 if failures else 0
+
+
+def _outcomes(args: argparse.Namespace, seams: Seams | None, reporter: Reporter) -> Iterable[Outcome]:
+    replay = cast("Replay | None", getattr(args.run, "replayed", None))
+    if replay is not None and seams is None and not getattr(args, "base_from", None):
+        replayed = replay(args, args.cache, reporter.log)
+        if replayed is not None:
+            return replayed
+    run = importlib.import_module(CONTEXT).outcomes
+    return cast("Iterable[Outcome]", run(args, seams, reporter))

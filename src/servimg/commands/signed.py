@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome
 from servimg.provenance import attach, keys
 from servimg.provenance.dsse import SigningKey
 

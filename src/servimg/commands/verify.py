@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 from servimg.build.verify import VerifyFailed, verify_ref
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 
 
 def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from servimg.commands import params
-from servimg.commands.outcome import Context, Outcome, attempt
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
 from servimg.ladder import witness as witnesses
 
 

@@ -52,6 +52,10 @@ class NodeTable(Protocol):
         """Every node strictly under directory `path`, in no particular order."""
         ...
 
+    def symlinks_in(self, path: str) -> set[str]:
+        """Full paths of the direct children of `path` that are symbolic links."""
+        ...
+
 
 ROOT = Node("", -1, tarfile.DIRTYPE, 0o755, 0, "", 0)
 
@@ -124,6 +128,9 @@ class _Merge:
 
     def dirs_named(self, names: Collection[str]) -> list[str]:
         return sorted(p for p, n in self.nodes.items() if n.is_dir and p.rpartition("/")[2] in names)
+
+    def symlinks_in(self, path: str) -> set[str]:
+        return {c for c in self.kids.get(path, ()) if self.nodes[c].is_symlink}
 
     def below(self, path: str) -> Iterable[Node]:
         stack = list(self.kids.get(path, ()))
@@ -209,6 +216,11 @@ class LayeredFS:
         """Every node strictly under `prefix`, unordered (a range query on a cached view; `walk` when the
         order matters)."""
         return self._table.below(normalize_path(prefix))
+
+    def symlinks_in(self, path: str) -> set[str]:
+        """Full paths of the symbolic links directly in directory `path` (one query: for a caller that
+        would otherwise `lstat` each of its files only to learn whether it is a link)."""
+        return self._table.symlinks_in(normalize_path(path))
 
     def walk(self, prefix: str = "") -> Iterator[Node]:
         """Every node under `prefix` (inclusive), depth-first in sorted order."""

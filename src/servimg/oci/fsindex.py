@@ -76,6 +76,12 @@ class SqliteTable:
         )
         return sorted(_s(raw) for (raw,) in rows)
 
+    def symlinks_in(self, path: str) -> set[str]:
+        rows = self._db.execute(
+            "SELECT path FROM nodes WHERE parent = ? AND type = ?", (_b(path), tarfile.SYMTYPE)
+        )
+        return {_s(raw) for (raw,) in rows}
+
     def below(self, path: str) -> Iterable[Node]:
         # Byte order: every path under `a/b` starts with `a/b/`, and `a/b0` is the first that cannot.
         if not path:

@@ -21,17 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO
 
+from servimg.core.cachedir import default_cache_dir
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, StoreError
 from servimg.oci.layer import open_uncompressed
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("SERVIMG_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servimg"
-
 
 Tap = Callable[[Path, BinaryIO], BinaryIO]
 """Given the directory a write goes into (`<root>/blobs/sha256`, `<root>/diffs/sha256`, or `<root>/tmp`
