@@ -99,9 +99,9 @@ def base_opt_levels(fs: LayeredFS, package_dirs: Sequence[str], cache_tag: str) 
     """Which optimisation levels the base's pycs carry in the given package trees (always includes 0)."""
     levels = {0}
     for directory in package_dirs:
-        for node in fs.below(directory):
-            name = node.path.rpartition("/")[2]
-            if "/__pycache__/" in "/" + node.path and name.endswith(".pyc") and cache_tag in name:
+        for path in fs.paths_below(directory):
+            name = path.rpartition("/")[2]
+            if "/__pycache__/" in "/" + path and name.endswith(".pyc") and cache_tag in name:
                 for opt in (1, 2):
                     if f".opt-{opt}.pyc" in name:
                         levels.add(opt)

@@ -52,6 +52,10 @@ class NodeTable(Protocol):
         """Every node strictly under directory `path`, in no particular order."""
         ...
 
+    def paths_below(self, path: str) -> Iterable[str]:
+        """The paths of `below(path)` alone (no node built for each: a caller that only filters names)."""
+        ...
+
     def symlinks_in(self, path: str) -> set[str]:
         """Full paths of the direct children of `path` that are symbolic links."""
         ...
@@ -133,10 +137,13 @@ class _Merge:
         return {c for c in self.kids.get(path, ()) if self.nodes[c].is_symlink}
 
     def below(self, path: str) -> Iterable[Node]:
+        return (self.nodes[p] for p in self.paths_below(path))
+
+    def paths_below(self, path: str) -> Iterable[str]:
         stack = list(self.kids.get(path, ()))
         while stack:
             child = stack.pop()
-            yield self.nodes[child]
+            yield child
             stack.extend(self.kids.get(child, ()))
 
 
@@ -216,6 +223,10 @@ class LayeredFS:
         """Every node strictly under `prefix`, unordered (a range query on a cached view; `walk` when the
         order matters)."""
         return self._table.below(normalize_path(prefix))
+
+    def paths_below(self, prefix: str) -> Iterable[str]:
+        """The paths of `below(prefix)`, without their nodes."""
+        return self._table.paths_below(normalize_path(prefix))
 
     def symlinks_in(self, path: str) -> set[str]:
         """Full paths of the symbolic links directly in directory `path` (one query: for a caller that

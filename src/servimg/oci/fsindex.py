@@ -83,14 +83,19 @@ class SqliteTable:
         return {_s(raw) for (raw,) in rows}
 
     def below(self, path: str) -> Iterable[Node]:
+        return [_node(row) for row in self._below(_COLUMNS, path)]
+
+    def paths_below(self, path: str) -> Iterable[str]:
+        return [_s(raw) for (raw,) in self._below("path", path)]
+
+    def _below(self, columns: str, path: str) -> sqlite3.Cursor:
         # Byte order: every path under `a/b` starts with `a/b/`, and `a/b0` is the first that cannot.
         if not path:
-            rows = self._db.execute(f"SELECT {_COLUMNS} FROM nodes WHERE path > ?", (b"",))
-        else:
-            low = _b(path + "/")
-            query = f"SELECT {_COLUMNS} FROM nodes WHERE path > ? AND path < ?"
-            rows = self._db.execute(query, (low, low[:-1] + b"0"))
-        return [_node(row) for row in rows]
+            return self._db.execute(f"SELECT {columns} FROM nodes WHERE path > ?", (b"",))
+        low = _b(path + "/")
+        return self._db.execute(
+            f"SELECT {columns} FROM nodes WHERE path > ? AND path < ?", (low, low[:-1] + b"0")
+        )
 
 
 def _node(row: tuple[bytes, int, bytes, int, int, bytes, int]) -> Node:
