@@ -20,6 +20,7 @@ from servimg.build import splitverify
 from servimg.build.splitverify import ResolutionTrace
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
+from servimg.inimage import probe
 from servimg.oci import fsindex
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.layerindex import IndexCache, LayerIndex
@@ -45,6 +46,8 @@ def _state(fs: LayeredFS) -> dict[str, object]:
             kids = [f"{path}/{name}" if path else name for name in fs.listdir(path)]
             out[f"links:{path}"] = sorted(fs.symlinks_in(path))
             assert out[f"links:{path}"] == [k for k in kids if nodes[k].is_symlink]  # one query = lstat each
+            out[f"below:{path}"] = sorted(fs.paths_below(path))
+            assert out[f"below:{path}"] == sorted(n.path for n in fs.below(path))
         elif node.is_file:
             out[f"read:{path}"] = fs.read(path, follow=False)
     return out
@@ -127,6 +130,38 @@ def test_a_path_is_touched_when_it_or_a_directory_above_it_is(path: str, touched
     parts = path.split("/")
     by_components = any("/".join(parts[: i + 1]) in touched for i in range(len(parts)))
     assert splitverify._affected(path, touched) == by_components
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.sets(
+        st.lists(
+            st.sampled_from(["a", "a.b", "a_b", "B", "b", "__pycache__", "b\udcff"]), min_size=1, max_size=3
+        ).map("/".join),
+        max_size=12,
+    ),
+    data=st.data(),
+)
+def test_merged_unchecked_pycs_are_in_the_order_of_the_probes_walk(
+    tmp_path_factory: pytest.TempPathFactory, files: set[str], data: st.DataObject
+) -> None:
+    """Split UNCHECKED_PYC lists the base's pycs and the layer's in one order: `os.walk`'s, as the
+    probe's step 7 walks the package root, then each pycache-prefix mirror."""
+    tmp = tmp_path_factory.mktemp("walk")
+    roots = [str(tmp / "pkg"), str(tmp / "mirror" / "pkg")]
+    made = []
+    for rel in sorted(files, key=len):
+        where = data.draw(st.sampled_from(roots))
+        path = Path(where, rel)
+        if any(p.is_file() for p in path.parents) or path.is_dir():
+            continue  # a file where a directory is needed, or the reverse
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+        made.append(str(path))
+    walked = list(probe._walk_files(roots))
+    assert sorted(walked) == sorted(made)
+    shuffled = data.draw(st.permutations(walked))
+    assert sorted(shuffled, key=lambda p: splitverify._walk_order(p, roots)) == walked
 
 
 def test_a_warm_chain_reads_no_tar_header(tmp_path: Path) -> None:
