@@ -175,3 +175,82 @@ def test_a_cached_base_verdict_is_never_used_for_another_base(tiny: Tiny) -> Non
     assert base_key(tiny.base.diff_ids, b"p", spec, setting) != base_key(
         tiny.base.diff_ids, b"q", spec, setting
     )
+
+
+# -- UNCHECKED_PYC: the base's list merged with what the layer changes ------------------------------
+def _unchecked_pyc(tiny: Tiny) -> bytes:
+    """An unchecked-hash pyc header for the image's interpreter (flags 0b01), then any code."""
+    return bytes.fromhex(tiny.lock.interpreter.magic) + (1).to_bytes(4, "little") + bytes(8) + b"\xe3"
+
+
+def _unchecked_findings(report: VerifyReport) -> list[tuple[str, str, str, object]]:
+    return [
+        (f.status.value, f.message, f.hint, f.details.get("pycs"))
+        for f in report.findings
+        if f.code == "UNCHECKED_PYC"
+    ]
+
+
+def test_an_unchecked_pyc_in_the_servimg_layer_is_reported_as_the_whole_probe_does(tiny: Tiny) -> None:
+    verify_split(tiny.image, tiny.store, print)  # the base verdict is cached now
+    planted_paths = [tiny.pyc(f"{tiny.pkg}/util.py"), f"{tiny.pkg}/legacy.pyc"]
+    planted = _with_defect(
+        tiny,
+        [Entry(p.lstrip("/"), Kind.FILE, 0o644, data=_unchecked_pyc(tiny)) for p in planted_paths],
+        "unchecked pycs in the layer",
+    )
+    seen: list[str] = []
+    split = verify_split(planted, tiny.store, seen.append)
+    assert "UNCHECKED_PYC: merged from the base verdict for tinypkg" in seen
+    [(status, message, _, pycs)] = _unchecked_findings(split)
+    assert status == "WARN" and "2 unchecked-hash pyc(s)" in message
+    assert pycs == [f"{tiny.pkg}/legacy.pyc", tiny.pyc(f"{tiny.pkg}/util.py")], "the walk's order"
+    whole = _whole(tiny, planted)
+    assert _verdicts(split) == _verdicts(whole)
+    assert _unchecked_findings(split) == _unchecked_findings(whole), "the whole probe's words"
+
+
+def test_an_unchecked_pyc_of_the_base_is_kept_unless_the_layer_removes_it(tiny: Tiny) -> None:
+    pyc = tiny.pyc(f"{tiny.pkg}/util.py")
+    base_c = _on(tiny, tiny.base, [Entry(pyc.lstrip("/"), Kind.FILE, 0o644, data=_unchecked_pyc(tiny))], "C")
+    kept = _on(tiny, base_c, _servimg_layer(tiny), "servimg layer on base C")
+    seen: list[str] = []
+    split = verify_split(kept, tiny.store, seen.append)
+    assert "UNCHECKED_PYC: merged from the base verdict for tinypkg" in seen
+    assert [(s, p) for s, _, _, p in _unchecked_findings(split)] == [("WARN", [pyc])]
+    assert _unchecked_findings(split) == _unchecked_findings(_whole(tiny, kept))
+    assert _verdicts(split) == _verdicts(_whole(tiny, kept))
+    removed = _on(tiny, base_c, [*_servimg_layer(tiny), Entry(pyc.lstrip("/"), Kind.WHITEOUT)], "rm pyc")
+    split = verify_split(removed, tiny.store, print)
+    assert [s for s, *_ in _unchecked_findings(split)] == ["PASS"]
+    assert _unchecked_findings(split) == _unchecked_findings(_whole(tiny, removed))
+    # the layer's own checked-hash pyc over it: the base's unchecked one is replaced, so PASS
+    checked = next(e for e in _servimg_layer(tiny) if e.path.endswith(".pyc"))
+    over = Entry(pyc.lstrip("/"), Kind.FILE, 0o644, data=checked.data)
+    replaced = _on(tiny, base_c, [*_servimg_layer(tiny), over], "checked pyc over it")
+    split = verify_split(replaced, tiny.store, print)
+    assert [s for s, *_ in _unchecked_findings(split)] == ["PASS"]
+    assert _unchecked_findings(split) == _unchecked_findings(_whole(tiny, replaced))
+
+
+def test_a_pycache_the_layer_turns_into_a_link_is_walked_whole(tiny: Tiny) -> None:
+    """A link in the layer under the package root: the merge is not used; the walk in the final tree is."""
+    pycache = f"{tiny.pkg}/__pycache__"
+    elsewhere = "opt/elsewhere"
+    linked = _with_defect(
+        tiny,
+        [
+            Entry(f"{elsewhere}/util.{tiny.cache_tag}.pyc", Kind.FILE, 0o644, data=_unchecked_pyc(tiny)),
+            Entry(
+                f"{tiny.pkg.lstrip('/')}/extra.pyc",
+                Kind.SYMLINK,
+                linkname=f"/{elsewhere}/util.{tiny.cache_tag}.pyc",
+            ),
+        ],
+        f"a linked pyc under {pycache}",
+    )
+    seen: list[str] = []
+    split = verify_split(linked, tiny.store, seen.append)
+    assert any(m.endswith("walked whole for tinypkg") for m in seen), seen
+    assert [s for s, *_ in _unchecked_findings(split)] == ["WARN"]
+    assert _unchecked_findings(split) == _unchecked_findings(_whole(tiny, linked))

@@ -10,6 +10,9 @@ alone, so:
   Cached under `<cache>/verdicts/` by the ordered base diffIDs, the probe's sha256, that part of the spec
   and everything the probe runs under (interpreter flags, entry, Env, WorkingDir): another base, another
   probe or another command is another key, never a reused verdict.
+  The base run also answers UNCHECKED_PYC (step 7: the header of every pyc under each overlay
+  package, 3,500 files in the demo) over the base, and records which package roots a symlink leads to
+  or lies under in the base.
 - Per-build part: the image's probe over the FINAL tree (base + the new layer, `warmroot`) with the full
   spec, except that each distribution's RECORD is cut down to the rows the layer can change: a row is
   kept when any path its resolution visits in the base (the row's path, every symlink on the way) is a
@@ -17,7 +20,14 @@ alone, so:
   gets that distribution checked whole. Everything else runs as in the whole probe, in the final tree:
   INTERPRETER, ORIGIN and SHADOW (import resolution through every finder, `.pth` files and `sys.path`
   entries included: a planted `.pth` in the new layer is seen), SOURCE_SHA, STALE_PYC, LEGACY_PYC,
-  SENTINEL, FORBIDDEN, UNCHECKED_PYC.
+  SENTINEL, FORBIDDEN.
+- UNCHECKED_PYC per build: the whole probe's walk lists the files under the package root (and its
+  PYTHONPYCACHEPREFIX mirrors) and reads each pyc's header. Where no symlink is involved (none on the
+  way to a root or under it in the base, none in the layer under it) and the layer does not replace a
+  root or a directory above it, that list is the base's list minus what the layer deletes or replaces,
+  plus the layer's own pycs, in the walk's order; the headers of the layer's pycs are read from its tar.
+  Anything else, or a run whose pycache prefix is not the base run's (a `.pth` in the layer can set
+  it), gets the package walked whole in the final tree.
 
 The cut-down RECORD is a real RECORD file, laid beside the real one in the run's overlay (never in the
 image), so the probe's own row logic (resolution, overlay files, hash algorithms) judges it. The two
@@ -50,20 +60,48 @@ from servimg.build.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
+from servimg.inimage import probe
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.layerindex import LayerIndex
 from servimg.oci.store import BlobStore
 
-SPLIT_FORMAT = "split-v1"
+SPLIT_FORMAT = "split-v2"  # v2: the base verdict holds UNCHECKED_PYC too
 BASE_SPEC = "/opt/servimg/.base-spec.json"
 BUILD_SPEC = "/opt/servimg/.build-spec.json"
 TOUCHED_DIST_INFO = ".servimg-touched-{n}.dist-info"
+RECORD, UNCHECKED = "RECORD", "UNCHECKED_PYC"
 
 
 class WarmRootUnavailable(VerifyError):
     """This host cannot mount the run's overlay: verify the other way (whole probe)."""
+
+
+@dataclass(frozen=True)
+class BaseVerdict:
+    """What the base alone answers: RECORD and UNCHECKED_PYC checks over the base tree, the pycache
+    prefix the probe ran under, and the package roots (image paths, no leading `/`) a symlink leads to
+    or lies under in the base (their UNCHECKED_PYC is never merged)."""
+
+    checks: tuple[Mapping[str, Any], ...]
+    pycache_prefix: str | None
+    linked_roots: frozenset[str]
+
+    def check(self, code: str, subject: str) -> Mapping[str, Any] | None:
+        return next((c for c in self.checks if c["code"] == code and c["subject"] == subject), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checks": list(self.checks),
+            "pycache_prefix": self.pycache_prefix,
+            "linked_roots": sorted(self.linked_roots),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BaseVerdict:
+        return cls(tuple(data["checks"]), data["pycache_prefix"], frozenset(data["linked_roots"]))
 
 
 @dataclass(frozen=True)
@@ -108,10 +146,17 @@ def verify_split(image: Image, store: BlobStore, log: Log) -> VerifyReport:
         interpreter, service.python_args, service.entry, image.env, str(config.get("WorkingDir") or "/")
     )
     root = WarmRoot.of(base_fs, [d for _, d in base_chain], store.root)
-    base_checks = _base_part(root, spec, probe_bytes, setting, [d for _, d in base_chain], store, log)
-    touched = _touched(LayerIndex.read(top_tar, len(base_layers)), base_fs)
-    report, cut = _build_part(root, top_tar, spec, base_fs, touched, setting)
-    merged = _merged(report, base_checks, cut)
+    verdict = _base_part(root, spec, probe_bytes, setting, [d for _, d in base_chain], base_fs, store, log)
+    layer = LayerIndex.read(top_tar, len(base_layers))
+    touched = _touched(layer, base_fs)
+    mergeable = _pycs_mergeable(spec, verdict, layer, touched)
+    report, cut = _build_part(root, top_tar, spec, base_fs, touched, setting, mergeable)
+    if (report.get("interpreter") or {}).get("pycache_prefix") != verdict.pycache_prefix and mergeable:
+        mergeable = {}  # the layer moved the pycache prefix (a .pth can): the walk's roots are others
+        report, cut = _build_part(root, top_tar, spec, base_fs, touched, setting, mergeable)
+    _log_unchecked_plan(spec, mergeable, log)
+    unchecked = _unchecked(report, spec, verdict, mergeable, layer, top_tar, touched)
+    merged = _merged(report, verdict, cut, unchecked)
     # The merged verdict answers the image's own spec (what the attestations name), so it carries that
     # spec's sha256; what actually ran is kept beside it for anyone tracing the report.
     merged["split"] = {
@@ -135,7 +180,7 @@ def base_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         "sentinels": [],
         "forbidden": [],
         "distributions": [{**d, "overlay_files": []} for d in spec.get("distributions", [])],
-        "packages": [],
+        "packages": [p for p in spec.get("packages", []) if p.get("overlay")],  # their UNCHECKED_PYC
     }
 
 
@@ -164,24 +209,46 @@ def _base_part(
     probe_bytes: bytes,
     setting: Setting,
     diff_ids: Sequence[Digest],
+    base_fs: LayeredFS,
     store: BlobStore,
     log: Log,
-) -> list[dict[str, Any]]:
+) -> BaseVerdict:
     key = base_key(diff_ids, probe_bytes, spec, setting)
     cached = store.root / "verdicts" / f"{key.hex}.json"
     try:
-        checks: list[dict[str, Any]] = json.loads(cached.read_bytes())
-        log(f"base verdict: cached ({key.short}: RECORD of {len(checks)} distribution(s))")
-        return checks
-    except (OSError, ValueError):
+        verdict = BaseVerdict.from_json(json.loads(cached.read_bytes()))
+        records = sum(1 for c in verdict.checks if c["code"] == RECORD)
+        log(f"base verdict: cached ({key.short}: RECORD of {records} distribution(s))")
+        return verdict
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     log("base verdict: running the probe over the base (once per base, probe and spec)")
     files = {PROBE_IN_IMAGE: probe_bytes, BASE_SPEC: canonical.dumps(base_spec(spec))}
     report = _run(root, files, None, setting, BASE_SPEC)
-    checks = [c for c in report["checks"] if c["code"] == "RECORD"]
+    prefix = (report.get("interpreter") or {}).get("pycache_prefix")
+    verdict = BaseVerdict(
+        tuple(c for c in report["checks"] if c["code"] in (RECORD, UNCHECKED)),
+        prefix,
+        _linked_roots(base_fs, spec, prefix),
+    )
     cached.parent.mkdir(exist_ok=True)
-    atomic_write(cached, canonical.dumps(checks), 0o644)
-    return checks
+    atomic_write(cached, canonical.dumps(verdict.to_json()), 0o644)
+    return verdict
+
+
+def _linked_roots(base_fs: LayeredFS, spec: Mapping[str, Any], prefix: str | None) -> frozenset[str]:
+    """The walk roots of the overlay packages that a symlink leads to, or that hold one, in the base."""
+    out = set()
+    for package in spec.get("packages", []):
+        for walk_root in _walk_roots(str(package["path"]), _prefixes(spec, prefix)):
+            name = walk_root.lstrip("/")
+            try:
+                linked = base_fs.resolve(name) != name or any(n.is_symlink for n in base_fs.below(name))
+            except ServimgError:  # a link loop on the way: certainly not a plain walk
+                linked = True
+            if linked:
+                out.add(name)
+    return frozenset(out)
 
 
 # -- the per-build part ---------------------------------------------------------------------------
@@ -249,9 +316,11 @@ def _build_part(
     base_fs: LayeredFS,
     touched: frozenset[str],
     setting: Setting,
+    mergeable: Mapping[str, tuple[str, ...]],
 ) -> tuple[dict[str, Any], dict[str, Cut]]:
-    """Run the full spec (RECORD cut to the touched rows) over base + new layer. Returns the report and,
-    per distribution checked cut down, its cut rows (to merge with the base verdict)."""
+    """Run the full spec (RECORD cut to the touched rows, no UNCHECKED_PYC walk for the `mergeable`
+    packages) over base + new layer. Returns the report and, per distribution checked cut down, its
+    cut rows (to merge with the base verdict)."""
     files: dict[str, bytes] = {}
     distributions = []
     cut: dict[str, Cut] = {}
@@ -272,7 +341,11 @@ def _build_part(
             sum(1 for r in rows if len(r) > 1 and r[1].partition("=")[2]),
             frozenset(posixpath.normpath(posixpath.join(site, r[0])) for r in rows),
         )
-    build_spec = {**spec, "distributions": distributions}
+    packages = [
+        {**p, "overlay": False} if p.get("overlay") and p["import_name"] in mergeable else p
+        for p in spec.get("packages", [])
+    ]
+    build_spec = {**spec, "distributions": distributions, "packages": packages}
     files[BUILD_SPEC] = canonical.dumps(build_spec)
     return _run(root, files, top_tar, setting, BUILD_SPEC), cut
 
@@ -312,16 +385,21 @@ def _run(
 
 
 def _merged(
-    report: Mapping[str, Any], base_checks: Sequence[Mapping[str, Any]], cut: Mapping[str, Cut]
+    report: Mapping[str, Any],
+    verdict: BaseVerdict,
+    cut: Mapping[str, Cut],
+    unchecked: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """The per-build report with each cut-down RECORD check merged with the base's for that distribution."""
-    base = {str(c["subject"]): c for c in base_checks}
+    """The per-build report with each cut-down RECORD check merged with the base's for that distribution,
+    and the UNCHECKED_PYC checks (the probe's last step at build time) in the spec's package order."""
     checks = []
     for check in report["checks"]:
         subject = str(check["subject"])
-        if check["code"] == "RECORD" and subject in cut:
-            check = _merge_record(check, base.get(subject), cut[subject])
-        checks.append(check)
+        if check["code"] == RECORD and subject in cut:
+            check = _merge_record(check, verdict.check(RECORD, subject), cut[subject])
+        if check["code"] != UNCHECKED:
+            checks.append(check)
+    checks += unchecked
     statuses = ("PASS", "WARN", "FAIL", "ERROR")
     summary = {s: sum(1 for c in checks if c["status"] == s) for s in statuses}
     return {
@@ -367,3 +445,136 @@ def _merge_record(touched: Mapping[str, Any], base: Mapping[str, Any] | None, cu
         "hint": hints,
         "details": {**details, "problems": problems},
     }
+
+
+# -- UNCHECKED_PYC: the base's list, what the layer changes, in the walk's order ---------------------
+def _prefixes(spec: Mapping[str, Any], pycache_prefix: str | None) -> list[str]:
+    """The probe's pycache prefixes: the running interpreter's, then the spec's (probe `_Probe`)."""
+    named = [pycache_prefix, (spec.get("interpreter") or {}).get("pycache_prefix")]
+    return [p for p in dict.fromkeys(named) if p]
+
+
+def _walk_roots(root: str, prefixes: Sequence[str]) -> list[str]:
+    """The directories the probe's step 7 walks for a package, in its order."""
+    return [root, *(posixpath.join(p, posixpath.abspath(root).lstrip("/")) for p in prefixes)]
+
+
+def _log_unchecked_plan(spec: Mapping[str, Any], mergeable: Mapping[str, Any], log: Log) -> None:
+    whole = [str(p["import_name"]) for p in spec.get("packages", []) if p.get("overlay")]
+    whole = [name for name in whole if name not in mergeable]
+    log(
+        f"UNCHECKED_PYC: merged from the base verdict for {', '.join(sorted(mergeable)) or 'no package'}"
+        + (f"; walked whole for {', '.join(whole)}" if whole else "")
+    )
+
+
+def _pycs_mergeable(
+    spec: Mapping[str, Any], verdict: BaseVerdict, layer: LayerIndex, touched: frozenset[str]
+) -> dict[str, tuple[str, ...]]:
+    """Per overlay package whose UNCHECKED_PYC can be merged (module docstring), its walk roots."""
+    prefixes = _prefixes(spec, verdict.pycache_prefix)
+    linked_in_layer = [m.path for m in layer.members if m.type not in _PLAIN]
+    out = {}
+    for package in spec.get("packages", []):
+        name, roots = str(package["import_name"]), _walk_roots(str(package["path"]), prefixes)
+        base = verdict.check(UNCHECKED, name)
+        keys = [r.lstrip("/") for r in roots]
+        if (
+            not package.get("overlay")
+            # a relative or unnormal root: the walk's paths are not the index's (left to the probe)
+            or any(not r.startswith("/") or posixpath.normpath(r) != r for r in roots)
+            or base is None
+            or base["status"] not in ("PASS", "WARN")
+            or any(k in verdict.linked_roots or _affected(k, touched) for k in keys)
+            or any(_affected(p, frozenset(keys)) for p in linked_in_layer)
+        ):
+            continue
+        out[name] = tuple(roots)
+    return out
+
+
+_PLAIN = (tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+
+
+def _unchecked(
+    report: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    verdict: BaseVerdict,
+    mergeable: Mapping[str, tuple[str, ...]],
+    layer: LayerIndex,
+    top_tar: Path,
+    touched: frozenset[str],
+) -> list[Mapping[str, Any]]:
+    """The UNCHECKED_PYC checks the whole probe would report, in the spec's package order: the run's
+    own for a package walked whole, the merged list for the others."""
+    ran = {c["subject"]: c for c in report["checks"] if c["code"] == UNCHECKED}
+    facts = report.get("interpreter") or {}
+    out: list[Mapping[str, Any]] = []
+    for package in spec.get("packages", []):
+        name = str(package["import_name"])
+        if name in ran:
+            out.append(ran[name])
+        elif name in mergeable:
+            base = verdict.check(UNCHECKED, name)
+            assert base is not None  # mergeable only with a base check
+            found = _merged_pycs(base, mergeable[name], layer, top_tar, touched, str(facts.get("magic")))
+            out.append(
+                _unchecked_check(base, name, str(package["path"]), found, str(facts.get("executable")))
+            )
+    return out
+
+
+def _merged_pycs(
+    base: Mapping[str, Any],
+    roots: Sequence[str],
+    layer: LayerIndex,
+    top_tar: Path,
+    touched: frozenset[str],
+    magic_hex: str,
+) -> list[str]:
+    kept = [p for p in (base.get("details") or {}).get("pycs", []) if not _affected(p.lstrip("/"), touched)]
+    added = []
+    with top_tar.open("rb") as tar:
+        for member in {m.path: m for m in layer.members}.values():  # the last of a path wins
+            if member.type == tarfile.DIRTYPE or not member.path.endswith(".pyc"):
+                continue
+            under = [r for r in roots if member.path.startswith(r.lstrip("/") + "/")]
+            if under:
+                tar.seek(member.offset_data)
+                if _unchecked_hash(tar.read(min(member.size, 16)), magic_hex):
+                    added.append("/" + member.path)  # roots are absolute and normal (_pycs_mergeable)
+    return sorted([*kept, *added], key=lambda p: _walk_order(p, roots))
+
+
+def _unchecked_hash(header: bytes, magic_hex: str) -> bool:
+    """What the probe's `pyc_kind` calls unchecked-hash, for the image's interpreter (not this one)."""
+    if len(header) < 16 or header[:4].hex() != magic_hex:
+        return False
+    flags = int.from_bytes(header[4:8], "little")
+    return not flags & ~0b11 and flags == 0b01
+
+
+def _walk_order(path: str, roots: Sequence[str]) -> tuple[int, tuple[tuple[int, str], ...]]:
+    """`os.walk` top-down with sorted names: a root's files, then each subdirectory's, by name."""
+    index = next(i for i, r in enumerate(roots) if path.startswith(r + "/"))
+    *dirs, name = path[len(roots[index]) + 1 :].split("/")
+    return index, (*((1, d) for d in dirs), (0, name))
+
+
+def _unchecked_check(
+    base: Mapping[str, Any], name: str, root: str, found: list[str], executable: str
+) -> Mapping[str, Any]:
+    """The whole probe's step 7 check for `found`, in its words (`_Probe.unchecked`; the probe's own
+    helpers, since probe.py is copied into every image and cannot grow a public name for this)."""
+    if found == list((base.get("details") or {}).get("pycs", [])):
+        return base
+    if not found:
+        return probe._check(UNCHECKED, probe.PASS, name, "no unchecked-hash pycs")
+    return probe._check(
+        UNCHECKED,
+        probe.WARN,
+        name,
+        f"{len(found)} unchecked-hash pyc(s), never validated against their source: " + probe._listed(found),
+        f"{executable} -m compileall -q -f --invalidation-mode checked-hash -o 0 -o 1 -o 2 {root}",
+        pycs=found,
+    )
