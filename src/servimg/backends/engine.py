@@ -1,5 +1,7 @@
 """The local Docker Engine, via the SDK: a base source (`docker save`), a sink (thin `docker load`), and the
 one way servimg runs a container of an image (compile, probe, witness, ladder servers, the tiny model).
+What a build's sink asks (inspect, load, tag, ping) goes over the unix socket by hand first
+(`backends.enginesocket`: no SDK import, no client set-up), and the SDK's way when that cannot answer.
 
 The tag is applied only after the engine reports the complete image under the expected ID (= config
 digest), so a failed or interrupted load never moves a tag. The SDK's objects stay inside this module:
@@ -10,15 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from servimg.backends import enginesocket
 from servimg.backends.archive import read_archive, write_archive
-from servimg.backends.enginesocket import socket_image_id
+from servimg.backends.enginesocket import Answer, quoted, socket_image_id
 from servimg.backends.resolve import EngineImage
 from servimg.backends.target import Target, WriteOptions
 from servimg.core.atomic import atomic_write
@@ -32,6 +37,7 @@ from servimg.oci.store import BlobStore
 # The SDK (requests, urllib3, its API modules: ≈0.2 s) is imported when an engine is first asked: a
 # build that neither reads from nor writes to the engine never pays for it.
 docker = LazyModule("docker")
+LOAD_TIMEOUT = 600.0  # the SDK client's: a full load of a multi-GB base takes minutes
 
 
 def client() -> Any:
@@ -128,6 +134,13 @@ def _remember(image: Image, store: BlobStore) -> None:
 
 
 def image_id(ref: str) -> Digest | None:
+    """The engine's image ID for `ref`; None when it has no such image."""
+    answer = enginesocket.request("GET", f"/images/{quoted(ref)}/json")
+    if answer is not None and answer.status == 404:
+        return None
+    if answer is not None and answer.status == 200:
+        with contextlib.suppress(ValueError, KeyError, TypeError, ServimgError):
+            return Digest.parse(str(answer.json()["Id"]))
     try:
         return Digest.parse(client().images.get(ref).id)
     except BackendError:
@@ -182,42 +195,78 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
     Returns "present" (nothing sent), "thin" or "full". Tags only after verifying that the engine holds
     the image under the expected ID (= config digest).
     """
-    c = client()
     _remember(image, store)  # the engine ID alone does not name the manifest: remember which one it is
     if has_image(image.config_digest):
-        _tag(c, image, tag)
+        _tag(image, tag)
         return "present"
     thin = base_config is not None and has_image(base_config)
     skip: frozenset[Digest] = frozenset()
     if thin:
-        base = c.images.get(str(base_config))
-        skip = frozenset(Digest.parse(d) for d in base.attrs["RootFS"]["Layers"])
+        skip = frozenset(Digest.parse(d) for d in inspect(str(base_config))["RootFS"]["Layers"])
     spool = store.root / "tmp"
     spool.mkdir(exist_ok=True)  # a store made for one image (a layout's) may never have spooled before
     with tempfile.TemporaryFile(dir=spool) as fh:
         write_archive(image, fh, store, skip_layers=skip)
         fh.seek(0)
-        try:
-            c.api.load_image(fh, quiet=True)
-        except Exception as exc:
-            raise BackendError(
-                f"docker load failed: {exc}", hint="see the dockerd log; no tag was moved"
-            ) from exc
+        _load_archive(fh)
     loaded = image_id(str(image.config_digest))
     if loaded != image.config_digest:
         raise BackendError(
             f"docker load did not produce image {image.config_digest}",
             hint="the engine rejected the image; no tag was moved",
         )
-    _tag(c, image, tag)
+    _tag(image, tag)
     return "thin" if thin else "full"
 
 
-def _tag(c: Any, image: Image, tag: str | None) -> None:
-    if tag:
-        repo, _, name = tag.rpartition(":") if ":" in tag.rpartition("/")[2] else (tag, "", "latest")
-        if not c.api.tag(str(image.config_digest), repo, name, force=True):
-            raise BackendError(f"could not tag {image.config_digest} as {tag}")
+def _load_archive(fh: BinaryIO) -> None:
+    """`docker load` of the archive in `fh` (at its start): POST /images/load on the socket, else the SDK."""
+    hint = "see the dockerd log; no tag was moved"
+    answer = enginesocket.request("POST", "/images/load?quiet=1", body=fh, timeout=LOAD_TIMEOUT)
+    if answer is not None:
+        problem = _load_problem(answer)
+        if problem is not None:
+            raise BackendError(f"docker load failed: {problem}", hint=hint)
+        return
+    fh.seek(0)
+    try:
+        client().api.load_image(fh, quiet=True)
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"docker load failed: {exc}", hint=hint) from exc
+
+
+def _load_problem(answer: Answer) -> str | None:
+    """The engine's refusal of a load: a failing status, or an `error` event in its JSON stream."""
+    if answer.status != 200:
+        return _message(answer)
+    for line in answer.body.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and event.get("error"):
+                return str(event["error"])
+    return None
+
+
+def _message(answer: Answer) -> str:
+    with contextlib.suppress(ValueError, AttributeError):
+        return f"{answer.status}: {answer.json().get('message')}"
+    return f"{answer.status}: {answer.body[:300].decode('utf-8', 'replace')}"
+
+
+def _tag(image: Image, tag: str | None) -> None:
+    if not tag:
+        return
+    repo, _, name = tag.rpartition(":") if ":" in tag.rpartition("/")[2] else (tag, "", "latest")
+    query = urllib.parse.urlencode({"repo": repo, "tag": name, "force": 1})
+    answer = enginesocket.request("POST", f"/images/{image.config_digest}/tag?{query}")
+    if answer is not None and answer.status in (200, 201):
+        return
+    if answer is not None:
+        raise BackendError(f"could not tag {image.config_digest} as {tag}: {_message(answer)}")
+    if not client().api.tag(str(image.config_digest), repo, name, force=True):
+        raise BackendError(f"could not tag {image.config_digest} as {tag}")
 
 
 def remove(config_digest: Digest) -> None:
@@ -247,7 +296,9 @@ class EngineBackend:
         return destination(tag, image.config_digest, how)
 
     def check_reachable(self, target: Target) -> None:
-        client()
+        answer = enginesocket.request("GET", "/_ping")
+        if answer is None or answer.status != 200:
+            client()  # the SDK's way, with its error when no engine answers
 
 
 BACKEND = EngineBackend()
@@ -478,6 +529,16 @@ def image_config(ref: str) -> dict[str, Any]:
 
 def inspect(ref: str) -> dict[str, Any]:
     """`docker image inspect REF` (Id, RepoDigests, Config …); BackendError if the engine lacks it."""
+    answer = enginesocket.request("GET", f"/images/{quoted(ref)}/json")
+    if answer is not None and answer.status == 200:
+        with contextlib.suppress(ValueError):
+            found = answer.json()
+            if isinstance(found, dict):
+                return found
+    if answer is not None and answer.status == 404:
+        raise BackendError(
+            f"the Docker Engine has no image {ref!r}: {_message(answer)}", hint="build or pull it first"
+        )
     c = client()
     try:
         return dict(c.images.get(ref).attrs)
