@@ -21,6 +21,7 @@ import standin_engine
 from servimg import cli
 from servimg.build import actioncache, resultstore
 from servimg.core.digest import Digest
+from servimg.oci.image import REF_NAME
 
 TAG = "demo-1"
 BASE_ID = Digest.of_bytes(b"base config")
@@ -60,7 +61,7 @@ def _layout(layout: Path) -> tuple[str, list[tuple[str, int]]]:
     blobs = [_blob(layout, b'{"config": 1}'), _blob(layout, b"layer bytes")]
     manifest = json.dumps({"config": {"digest": blobs[0][0]}, "layers": [{"digest": blobs[1][0]}]}).encode()
     digest, size = _blob(layout, manifest)
-    annotations = {actioncache.REF_NAME: TAG}
+    annotations = {REF_NAME: TAG}
     index = {"manifests": [{"digest": digest, "size": size, "annotations": annotations}]}
     (layout / "index.json").write_text(json.dumps(index))
     return digest, blobs
@@ -170,7 +171,7 @@ def test_a_moved_engine_base_tag_rebuilds(world: World) -> None:
 
 def test_a_destination_that_no_longer_holds_the_result_rebuilds(world: World) -> None:
     index = json.loads((world.layout / "index.json").read_text())
-    index["manifests"][0]["annotations"][actioncache.REF_NAME] = "other"  # the tag moved away
+    index["manifests"][0]["annotations"][REF_NAME] = "other"  # the tag moved away
     (world.layout / "index.json").write_text(json.dumps(index))
     assert world.hit() is None
 

@@ -27,11 +27,12 @@ from servimg.bases.debian import DebianError, DebianPins
 from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
-from servimg.bases.wheelpins import canonical_name, version_changes
+from servimg.bases.wheelpins import version_changes
 from servimg.build.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.build.pipeline import lock as lock_definition
 from servimg.build.rebase import definition_text
 from servimg.core.atomic import atomic_write
+from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
 from servimg.oci.image import Image

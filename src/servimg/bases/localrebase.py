@@ -35,6 +35,7 @@ from servimg.bases.recipe import PinnedWheel, Recipe
 from servimg.build import rebase as rebasing
 from servimg.build.definition import ImageDefinition, repo_root_for
 from servimg.build.seams import DEFAULT, Seams
+from servimg.core.distname import canonical_name
 from servimg.core.errors import RebaseError, ServimgError
 from servimg.core.progress import Log
 from servimg.oci.store import BlobStore
@@ -114,7 +115,7 @@ def parse_packages(texts: Sequence[str]) -> dict[str, str]:
         name, sep, version = text.partition("==")
         if not sep or not name.strip() or not version.strip() or "=" in version:
             bad.append(text)
-        elif wheelpins.canonical_name(name) in {wheelpins.canonical_name(n) for n in out}:
+        elif canonical_name(name) in {canonical_name(n) for n in out}:
             bad.append(f"{text} (named twice)")
         else:
             out[name.strip()] = version.strip()

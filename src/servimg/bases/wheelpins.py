@@ -23,16 +23,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from servimg.bases.recipe import PinnedWheel, WheelSource
+from servimg.core.distname import canonical_name
 from servimg.core.errors import BaseBuildError
 from servimg.core.progress import Log
 
 _RESOLVED = re.compile(r"^# Resolved from: (?P<reqs>.+?)(?P<nodeps> \(--no-deps: only these\))?; left out: ")
 _REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
-
-
-def canonical_name(name: str) -> str:
-    """PEP 503 normalised distribution name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def parse_filename(filename: str) -> tuple[str, str]:

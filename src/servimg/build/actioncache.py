@@ -54,6 +54,7 @@ from typing import Any
 from servimg.backends.enginesocket import socket_image_id
 from servimg.build import resultstore
 from servimg.core.digest import Digest
+from servimg.oci.image import REF_NAME
 
 ACTION = "action"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -63,8 +64,6 @@ MAX_INPUT_BYTES = 64 << 20
 _ENV_PREFIXES = ("SERVIMG_", "DOCKER_", "FAKETIME")
 _ENV_NAMES = ("HOME", "XDG_CACHE_HOME", "SOURCE_DATE_EPOCH")
 _NEVER_RECORDED = ("/proc", "/sys", "/dev")
-# The OCI image-layout annotation naming a manifest's tag (what servimg.backends.layout writes).
-REF_NAME = "org.opencontainers.image.ref.name"
 
 
 # -- the key ---------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar"
+# The OCI image-layout annotation that names a manifest's tag in index.json.
+REF_NAME = "org.opencontainers.image.ref.name"
 LAYER_TYPES = {OCI_LAYER, OCI_LAYER_GZIP, DOCKER_LAYER_GZIP, DOCKER_LAYER}
 MANIFEST_TYPES = {OCI_MANIFEST, DOCKER_MANIFEST}
 INDEX_TYPES = {OCI_INDEX, DOCKER_LIST}

@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 from servimg import __version__
 from servimg.core import canonical
+from servimg.core.distname import canonical_name
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -48,13 +49,8 @@ def _purl_part(text: str) -> str:
     return quote(text, safe=".-_~")
 
 
-def pypi_name(name: str) -> str:
-    """PEP 503 normalisation, which the pypi purl type requires."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def pypi_purl(name: str, version: str) -> str:
-    return f"pkg:pypi/{_purl_part(pypi_name(name))}@{_purl_part(version)}"
+    return f"pkg:pypi/{_purl_part(canonical_name(name))}@{_purl_part(version)}"
 
 
 @dataclass(frozen=True)
