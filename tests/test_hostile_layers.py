@@ -604,3 +604,22 @@ def test_build_over_a_base_with_odd_but_legal_content_succeeds(
     assert ours[f"{SITE}/tinypkg/__pycache__/mod.cpython-311.pyc"].isfile(), "fresh bytecode"
     assert f"{SITE}/tinypkg/__pycache__/.wh.mod.cpython-310.pyc" in ours, "stale bytecode whited out"
     assert all(name.encode("utf-8") for name in ours)
+
+
+def test_writing_a_layout_again_mends_a_truncated_blob(work: Path) -> None:
+    """A layer blob cut short in a layout (an interrupted copy) is replaced when the image is written there
+    again, not kept because a file of that name exists; the layout then reads back whole."""
+    from servimg.backends.layout import write_layout
+
+    base = _honest(work)
+    store = BlobStore(work / ".base-store")
+    out = work / "out"
+    write_layout(base.image, out, store, tag="t")
+    blob = out / "blobs" / "sha256" / base.image.layer_descriptors[0].digest.hex
+    cut = blob.read_bytes()[:100]
+    blob.unlink()  # a file of its own: the layout's blob may be a hard link to the store's
+    blob.write_bytes(cut)
+    with pytest.raises(ServimgError):
+        read_layout(out, BlobStore(work / "cache"))
+    write_layout(base.image, out, store, tag="t")
+    assert read_layout(out, BlobStore(work / "cache2")) == base.image

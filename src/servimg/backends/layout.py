@@ -25,10 +25,9 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
 from servimg.core.progress import Log, Progress
-from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor, Image
+from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, REF_NAME, Descriptor, Image
 from servimg.oci.store import BlobStore
 
-REF_NAME = "org.opencontainers.image.ref.name"
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 
 
@@ -220,8 +219,11 @@ def _unique_tmp(dest: Path) -> Path:
 
 
 def _copy_blob(src: Path, dest: Path) -> None:
-    if dest.exists():
-        return
+    """Put the store's blob into the layout unless the layout holds it already: a blob of another size
+    under its name (a copy cut short, a truncated file) is replaced, so a rebuild into the layout mends it."""
+    with contextlib.suppress(OSError):
+        if dest.stat().st_size == src.stat().st_size:
+            return
     tmp = _unique_tmp(dest)
     try:
         tmp.unlink()
