@@ -3,14 +3,21 @@ and the fake base's runner and verifier given to the real CLI (tests/fakebase.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import fakebase as fb
+from conftest import _require, docker_available
 from servimg.build import seams
 from servimg.build.lock import Lock
+from servimg.build.verify import VerifyReport
 from servimg.cli import parser
 from servimg.commands.context import seams_from
 
@@ -112,3 +119,70 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     assert store.has(kept.image.config_digest) and all(
         store.has(d.digest) for d in kept.image.layer_descriptors
     )
+
+
+class _WaitsThenRules:
+    """A verifier that waits until the staged load has put the image into the engine, then rules."""
+
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+        self.saw_it_loaded = False
+        self.image_id: Any = None
+
+    def report(self, image: Any, store: Any, log: Any, *, base_config: Any) -> VerifyReport:
+        from servimg.backends import engine
+
+        deadline = time.monotonic() + 60
+        while not engine.has_image(image.config_digest) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.saw_it_loaded = engine.has_image(image.config_digest)
+        self.image_id = image.config_digest
+        status = "PASS" if self.ok else "FAIL"
+        return VerifyReport.from_json(
+            {"checks": [{"code": "X", "status": status, "subject": "s", "message": "m"}]}
+        )
+
+
+@pytest.mark.docker
+def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
+    """`--to docker` loads the image UNTAGGED while it is verified (a second CPU does the daemon's part);
+    only a verified image is tagged, and a build that fails verification removes what it loaded."""
+    from servimg.backends import engine
+    from servimg.build.pipeline import build, lock
+    from servimg.core.errors import BuildError
+    from servimg.oci.store import BlobStore
+
+    _require(docker_available(), "needs a running Docker Engine")
+    marker = fb.tar([fb.F(f"opt/{uuid.uuid4().hex}", b"x")])  # an image no engine holds yet
+    base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members()), marker])
+    definition = fb.make_repo(tmp_path / "repo", base)
+    store = BlobStore(tmp_path / "cache")
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
+    lock(definition, store, lambda _: None, seams=given)
+    tag = f"staged-{uuid.uuid4().hex[:8]}"  # not 12 hex digits: that names a lock
+
+    def to_docker(verifier: _WaitsThenRules) -> Any:
+        return build(
+            definition,
+            store,
+            print,
+            to="docker",
+            tag=tag,
+            seams=dataclasses.replace(given, verifier=verifier),
+        )
+
+    refusing = _WaitsThenRules(ok=False)
+    with pytest.raises(BuildError, match="failed verification; nothing was tagged"):
+        to_docker(refusing)
+    assert refusing.saw_it_loaded, "the load ran while the image was verified"
+    assert not engine.has_image(refusing.image_id), "the failed build removed what it loaded"
+    image_id = None
+    accepting = _WaitsThenRules(ok=True)
+    try:
+        result = to_docker(accepting)
+        image_id = result.image.config_digest
+        assert accepting.saw_it_loaded and result.destination.endswith("(full load)"), result.destination
+        assert engine.image_id(result.destination.split()[2]) == image_id, "tagged after verification"
+    finally:
+        if image_id is not None:
+            subprocess.run(["docker", "rmi", "-f", str(image_id)], capture_output=True, check=False)

@@ -293,7 +293,8 @@ class EngineBackend:
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         tag = options.get("tag")
         how = load(image, store, tag=tag, base_config=options.get("base_config"))
-        return destination(tag, image.config_digest, how)
+        # After a staged load this load only tags ("present"); say how the image itself came in.
+        return destination(tag, image.config_digest, options.get("staged") or how)
 
     def check_reachable(self, target: Target) -> None:
         answer = enginesocket.request("GET", "/_ping")

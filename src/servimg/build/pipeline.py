@@ -42,7 +42,7 @@ from servimg.build.lock import (
     lock_path_for,
 )
 from servimg.build.overlay import Patch, apply_patch
-from servimg.build.seams import DEFAULT, BaseSource, Seams, Verifier
+from servimg.build.seams import DEFAULT, BaseSource, Seams, Staging, Verifier
 from servimg.build.verify import base_sentinel_verdicts, base_sources, probe_files, probe_spec
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
@@ -490,8 +490,7 @@ def build(
     check_drift(locked, resolution.lock, definition_path)
     _refuse_tag_of_another_lock(resolution.definition, locked, [tag, target.tag, _registry_tag(target)])
     image, layer = assemble(resolution, locked, store, log)
-    if verify:
-        _verify_or_refuse(image, store, log, resolution.base.config_digest, seams.verifier)
+    staged = _verified(image, target, store, log, resolution.base.config_digest, seams) if verify else None
     chosen_tag = tag or derive_tag(resolution.definition, locked)
     full_tag = _full_tag(resolution.definition, target, chosen_tag)
     destination = seams.sink.publish(
@@ -502,6 +501,7 @@ def build(
         tag=full_tag,
         base_config=resolution.base.config_digest,
         progress=progress,
+        staged=staged,
     )
     published_tag = target.tag if target.kind == "oci" and target.tag else full_tag
     return BuildResult(
@@ -516,6 +516,22 @@ def build(
         resolution.definition.base.ref,
         resolution.base.config_digest,
     )
+
+
+def _verified(
+    image: Image, target: Target, store: BlobStore, log: Log, base_config: Digest, seams: Seams
+) -> str | None:
+    """Verify the image while a staging sink begins its part (the engine's untagged load: a second CPU
+    does the daemon's work meanwhile); on any failure the staged work is undone. Returns how it went."""
+    sink = seams.sink
+    staged = sink.stage(image, target, store, base_config) if isinstance(sink, Staging) else None
+    try:
+        _verify_or_refuse(image, store, log, base_config, seams.verifier)
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
+    return staged.result() if staged is not None else None
 
 
 def _verify_or_refuse(

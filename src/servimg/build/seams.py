@@ -8,15 +8,18 @@ the Nix builder); never by patching a module's private names.
 - `RunnerChoice`: which runner compiles with the image's own interpreter (docker, chroot, auto).
 - `Verifier`: the in-image probe run on every built image before anything is published.
 - `Sink`: where the image goes (the target the user named, or `StoreOnly`: the value stays in the blob
-  store, for the signed build that pushes it itself with its attestations).
+  store, for the signed build that pushes it itself with its attestations). A sink that is also
+  `Staging` can begin its slow part while the image is verified (the engine's untagged load), publishing
+  nothing until verification passes.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Unpack
+from typing import Any, Protocol, Unpack, runtime_checkable
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.target import Target, WriteOptions
@@ -168,12 +171,63 @@ class Sink(Protocol):
         ...
 
 
+class Staged:
+    """Work a sink began before the image was verified, running in a thread: `result()` waits for it
+    (re-raising its error); `discard()` waits and undoes it (the build failed: nothing may stay)."""
+
+    def __init__(self, work: Callable[[], str], undo: Callable[[], None]) -> None:
+        self._undo = undo
+        self._outcome: str | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], str]) -> None:
+        try:
+            self._outcome = work()
+        except BaseException as exc:  # handed to the build's thread by result()
+            self._outcome = exc
+
+    def result(self) -> str:
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return str(self._outcome)
+
+    def discard(self) -> None:
+        self._thread.join()
+        self._undo()
+
+
+@runtime_checkable
+class Staging(Protocol):
+    """A sink that can begin publishing before verification without publishing anything (stage 4 early)."""
+
+    def stage(self, image: Image, target: Target, store: BlobStore, base_config: Digest) -> Staged | None:
+        """Start the work in the background, or None when this target has none to start."""
+        ...
+
+
 @dataclass(frozen=True)
 class TargetSink:
-    """The target the user named: engine, OCI layout, docker-archive or registry (`backends.transport`)."""
+    """The target the user named: engine, OCI layout, docker-archive or registry (`backends.transport`).
+
+    For the engine, `stage` loads the image UNTAGGED while it is verified (an untagged image is no
+    published image; the tag is applied by `publish`, after verification); a failed build removes it
+    again unless the engine held it before."""
 
     def check(self, target: Target) -> None:
         transport.check_reachable(target)
+
+    def stage(self, image: Image, target: Target, store: BlobStore, base_config: Digest) -> Staged | None:
+        if target.kind != "engine":
+            return None
+        held = engine.has_image(image.config_digest)
+
+        def undo() -> None:
+            if not held:
+                engine.remove(image.config_digest)
+
+        return Staged(lambda: engine.load(image, store, tag=None, base_config=base_config), undo)
 
     def publish(
         self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
