@@ -429,6 +429,14 @@ def test_a_command_loads_only_what_it_needs() -> None:
     assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
 
 
+def test_the_definition_and_the_lock_load_no_schema_library() -> None:
+    """Every build reads an image definition and its lock: their validating constructors are plain code
+    (servimg.core.fields), so reading them costs no pydantic import and no schema build (≈0.25 s)."""
+    loaded = _loaded_after("import servimg.build.definition, servimg.build.lock, servimg.core.strictyaml")
+    assert [m for m in loaded if m.split(".")[0] in ("pydantic", "pydantic_core")] == []
+    assert _heavy(loaded) == ["yaml"]
+
+
 def test_a_replayed_build_loads_nothing_a_build_needs() -> None:
     """The session and the action cache's replay (servimg.commands.replay) answer a warm rebuild before
     the command's module is loaded: they import no pipeline, no seams, no third-party package."""

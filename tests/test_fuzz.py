@@ -92,7 +92,7 @@ def _mutated(draw: st.DrawFn, original: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- definitions
-_DEFINITION = ImageDefinition.parse((REPO / "images" / "demo.yaml").read_text()).model_dump(mode="json")
+_DEFINITION = ImageDefinition.parse((REPO / "images" / "demo.yaml").read_text()).to_json()
 
 
 @FAST

@@ -412,10 +412,10 @@ def test_definitions_that_carry_a_ladder_ship_the_witness_by_default() -> None:
         "base": {"ref": "oci:/b:t", "digest": "sha256:" + "0" * 64},
         "packages": {"vllm": {"distribution": "vllm", "version": "0.32.0"}},
     }
-    assert ImageDefinition.model_validate({**base, "ladder": "verify/ladders/cpu-smoke.yaml"}).witness
-    assert not ImageDefinition.model_validate(base).witness
+    assert ImageDefinition.from_mapping({**base, "ladder": "verify/ladders/cpu-smoke.yaml"}).witness
+    assert not ImageDefinition.from_mapping(base).witness
     explicit = {**base, "ladder": "verify/ladders/cpu-smoke.yaml", "witness": False}
-    assert not ImageDefinition.model_validate(explicit).witness
+    assert not ImageDefinition.from_mapping(explicit).witness
 
 
 def test_the_overlay_modules_are_read_from_the_witness_spec_stream() -> None:

@@ -79,6 +79,31 @@ def test_strict_parse_collects_problems() -> None:
     assert "servimg lock" in err.value.diagnostics()
 
 
+def test_no_value_is_coerced_and_each_problem_names_its_path() -> None:
+    """A lock is machine-written: a quoted number or a boolean where an integer belongs is tampering,
+    refused rather than read as the number (the pydantic reader it replaced coerced both)."""
+    data = sample().to_json()
+    data["overlays"][0]["files"][0]["mode"] = "420"
+    data["interpreter"]["opt_levels"] = [True]
+    data["base"]["diff_ids"] = "sha256:x"
+    data["tool"] = {"name": 1}
+    data["ladder"] = {"path": "p"}
+    with pytest.raises(LockError) as err:
+        Lock.from_json(data)
+    assert err.value.problems == (
+        "base.diff_ids: must be a list, not a string",
+        "interpreter.opt_levels[0]: must be an integer, not a boolean",
+        "overlays[0].files[0].mode: must be an integer, not a string",
+        "tool.name: must be a string, not an integer",
+        "ladder.sha256: required key is missing",
+        "ladder.probes_path: required key is missing",
+        "ladder.probes_sha256: required key is missing",
+    )
+    with pytest.raises(LockError, match="1 problem"):
+        Lock.from_json([data])
+    assert Lock.from_json(sample().to_json()) == sample()
+
+
 def test_missing_and_corrupt_lock(tmp_path: Path) -> None:
     with pytest.raises(LockError, match="no lock") as err:
         Lock.load(tmp_path / "demo.lock.json")

@@ -36,7 +36,7 @@ SCHEDULER = "/opt/venv/lib/python3.11/site-packages/vllm/v1/core/sched/scheduler
 @pytest.fixture(scope="module")
 def facts() -> ImageFacts:
     lock = Lock.load(REPO / "images" / "demo.lock.json")
-    definition = ImageDefinition.load(REPO / "images" / "demo.yaml").model_dump(mode="json")
+    definition = ImageDefinition.load(REPO / "images" / "demo.yaml").to_json()
     changes = (ChangedFile(SCHEDULER, "a" * 64, 0o644), ChangedFile(SCHEDULER + "c", None, 0o644))
     return ImageFacts(lock, definition, "d" * 64, changes, "c" * 64, "e" * 64, "f" * 64)
 

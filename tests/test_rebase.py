@@ -10,6 +10,7 @@ runner) and no engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -132,7 +133,7 @@ def test_absorbed_when_every_discriminating_sentinel_is_in_the_new_base() -> Non
     assert v.sentinels == {"pkg.mod:Gate.check:name=upstream_flag": True}
     assert "discriminating sentinel" in v.evidence[0]
     # A sentinel that is not discriminating (absent_in_base false) is no evidence of absorption.
-    weak = SENTINEL.model_copy(update={"absent_in_base": False})
+    weak = dataclasses.replace(SENTINEL, absent_in_base=False)
     assert verdict_on(as_python, patch, weak).verdict == Verdict.CONFLICTS
 
 

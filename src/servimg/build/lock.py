@@ -12,23 +12,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
-
 from servimg import __version__
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import LockError
+from servimg.core.fields import Reader, exact_integer, items, mapping, optional, read_all, record, text
 
 LOCK_VERSION = 1
-# Unknown keys are refused: a lock is machine-written, an extra key means tampering or a newer tool.
-_STRICT = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)
 class BaseLock:
-    __pydantic_config__ = _STRICT
-
     ref: str
     manifest_digest: str
     config_digest: str
@@ -39,8 +34,6 @@ class BaseLock:
 
 @dataclass(frozen=True)
 class InterpreterLock:
-    __pydantic_config__ = _STRICT
-
     path: str
     resolved: str
     version: str
@@ -52,8 +45,6 @@ class InterpreterLock:
 
 @dataclass(frozen=True)
 class PackageLock:
-    __pydantic_config__ = _STRICT
-
     import_name: str
     distribution: str
     version: str
@@ -64,8 +55,6 @@ class PackageLock:
 
 @dataclass(frozen=True)
 class FileLock:
-    __pydantic_config__ = _STRICT
-
     path: str
     pre_sha256: str | None
     post_sha256: str | None
@@ -74,8 +63,6 @@ class FileLock:
 
 @dataclass(frozen=True)
 class OverlayLock:
-    __pydantic_config__ = _STRICT
-
     id: str
     package: str
     patch: str
@@ -89,8 +76,6 @@ class LadderLock:
     """The smoke ladder the image carries (definition `ladder:`): its YAML and its probe set, both
     by repository path and sha256, and the directory the image holds them in."""
 
-    __pydantic_config__ = _STRICT
-
     path: str
     sha256: str
     probes_path: str
@@ -100,8 +85,6 @@ class LadderLock:
 
 @dataclass(frozen=True)
 class Lock:
-    __pydantic_config__ = _STRICT
-
     name: str
     definition_sha256: str
     base: BaseLock
@@ -136,16 +119,17 @@ class Lock:
 
     @classmethod
     def from_json(cls, data: object, origin: str = "<lock>") -> Lock:
-        """Validate strictly (every problem collected, unknown keys refused)."""
-        try:
-            return _ADAPTER.validate_python(data)
-        except ValidationError as exc:
-            problems = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
-            raise LockError(
+        """Validate strictly: every problem collected, unknown keys refused, no value coerced (a lock is
+        machine-written, so anything else means tampering or a newer tool)."""
+        return read_all(
+            _lock,
+            data,
+            lambda problems: LockError(
                 f"{origin}: malformed lock ({len(problems)} problem(s))",
                 problems=problems,
                 hint="do not edit locks by hand; regenerate with `servimg lock`",
-            ) from None
+            ),
+        )
 
     @classmethod
     def load(cls, path: Path) -> Lock:
@@ -176,7 +160,71 @@ class Lock:
         atomic_write(path, self.pretty_bytes(), 0o644)
 
 
-_ADAPTER: TypeAdapter[Lock] = TypeAdapter(Lock)
+# -- reading ------------------------------------------------------------------------------------------
+_UNKNOWN = "unknown key (locks are written by `servimg lock`, never by hand)"
+_string = text()
+_optional_string = optional(_string)
+
+
+def _strings(*names: str) -> dict[str, Reader[Any]]:
+    return dict.fromkeys(names, _string)
+
+
+_base = record(
+    BaseLock,
+    {
+        **_strings("ref", "manifest_digest", "config_digest", "created"),
+        "diff_ids": items(_string),
+        "index_digest": _optional_string,
+    },
+    unknown=_UNKNOWN,
+)
+_interpreter = record(
+    InterpreterLock,
+    {
+        **_strings("path", "resolved", "version", "magic", "cache_tag"),
+        "opt_levels": items(exact_integer),
+        "pycache_prefix": _optional_string,
+    },
+    unknown=_UNKNOWN,
+)
+_package = record(
+    PackageLock,
+    _strings("import_name", "distribution", "version", "site_packages", "dist_info", "record_sha256"),
+    unknown=_UNKNOWN,
+)
+_file = record(
+    FileLock,
+    {"path": _string, "pre_sha256": _optional_string, "post_sha256": _optional_string, "mode": exact_integer},
+    unknown=_UNKNOWN,
+)
+_overlay = record(
+    OverlayLock,
+    {
+        **_strings("id", "package", "patch", "patch_sha256"),
+        "files": items(_file),
+        "sentinels_absent_in_base": items(_string),
+    },
+    unknown=_UNKNOWN,
+)
+_ladder = record(
+    LadderLock, _strings("path", "sha256", "probes_path", "probes_sha256", "image_dir"), unknown=_UNKNOWN
+)
+_lock = record(
+    Lock,
+    {
+        **_strings("name", "definition_sha256"),
+        "base": _base,
+        "interpreter": _interpreter,
+        "packages": items(_package),
+        "overlays": items(_overlay),
+        "source_date_epoch": exact_integer,
+        "tool": mapping(_string, _string),
+        "lock_version": exact_integer,
+        "ladder": optional(_ladder),
+    },
+    unknown=_UNKNOWN,
+)
 
 
 def lock_path_for(definition: Path) -> Path:

@@ -548,15 +548,14 @@ def proposed_definition(
     """The definition on the new base: its ref and digest, the new package versions, the dropped
     overlays left out; everything else as it was."""
     dropped = {v.id for v in verdicts if v.dropped}
-    return old.model_copy(
-        update={
-            "base": BaseSpec(ref=new.ref, digest=str(new.digest), platform=old.base.platform),
-            "packages": {
-                name: PackageSpec(distribution=spec.distribution, version=new.versions[name])
-                for name, spec in old.packages.items()
-            },
-            "overlays": tuple(o for o in old.overlays if o.id not in dropped),
-        }
+    return dataclasses.replace(
+        old,
+        base=BaseSpec(ref=new.ref, digest=str(new.digest), platform=old.base.platform),
+        packages={
+            name: PackageSpec(distribution=spec.distribution, version=new.versions[name])
+            for name, spec in old.packages.items()
+        },
+        overlays=tuple(o for o in old.overlays if o.id not in dropped),
     )
 
 
@@ -566,9 +565,9 @@ def definition_text(text: str, old: ImageDefinition, new: ImageDefinition) -> st
     edited = _edit(text, old, new)
     if edited is not None:
         with contextlib.suppress(ServimgError):
-            if ImageDefinition.parse(edited).model_dump() == new.model_dump():
+            if ImageDefinition.parse(edited) == new:
                 return edited
-    rendered = yaml.safe_dump(new.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+    rendered = yaml.safe_dump(new.to_json(exclude_defaults=True), sort_keys=False)
     return "# Written by `servimg rebase` (the original layout could not be edited in place).\n" + rendered
 
 

@@ -161,10 +161,10 @@ def rebuild(
 
 def _materialise(root: Path, definition: Mapping[str, Any], lock: Lock, checkout: Path) -> Path:
     """A scratch checkout: the named definition and lock, and the files they pin, from `checkout`."""
-    parsed = ImageDefinition.model_validate(definition)  # the provenance's definition, validated
+    parsed = ImageDefinition.from_mapping(definition, origin="the provenance's definition")
     path = root / "images" / f"{parsed.name}.yaml"
     path.parent.mkdir(parents=True)
-    path.write_text(yaml.safe_dump(parsed.model_dump(mode="json"), sort_keys=True))
+    path.write_text(yaml.safe_dump(parsed.to_json(), sort_keys=True))
     lock.write(lock_path_for(path))
     pinned = [o.patch for o in parsed.overlays]
     if lock.ladder is not None:
