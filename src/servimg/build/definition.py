@@ -31,7 +31,7 @@ from servimg.core.fields import (
     text,
     whole_number,
 )
-from servimg.core.strictyaml import StrictLoader
+from servimg.core.strictyaml import StrictLoader, load_problem
 
 _ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 _IMPORT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -170,9 +170,8 @@ class ImageDefinition:
             data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
         except (yaml.YAMLError, ValueError, RecursionError) as exc:
             # ValueError: an integer past Python's digit limit; RecursionError: nesting too deep.
-            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
             raise DefinitionError(
-                f"{origin}: not valid YAML: {reason}",
+                f"{origin}: not valid YAML: {load_problem(exc)}",
                 hint="fix the YAML syntax (indentation, quoting) and retry",
             ) from None
         if not isinstance(data, Mapping):

@@ -12,7 +12,12 @@ if TYPE_CHECKING:  # only a type: the image definition reads YAML here without l
     from pydantic_core import ErrorDetails
 
 
-class StrictLoader(yaml.SafeLoader):
+# libyaml's parser under the same safe constructor and resolver (the same values; ≈8× faster than the
+# pure-Python parser, a few hundredths of a second per build), where PyYAML was built with it.
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StrictLoader(_SAFE_LOADER):  # type: ignore[misc]
     """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently, hiding edits)."""
 
 
@@ -29,10 +34,18 @@ def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = Fa
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
+    return mapping
 
 
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_problem(exc: BaseException) -> str:
+    """Why a text is not YAML, in words; libyaml's nesting limit and Python's recursion limit alike."""
+    if isinstance(exc, RecursionError) or "maximum nesting depth" in str(exc):
+        return "nested too deeply"
+    return str(exc)
 
 
 def describe_problem(err: ErrorDetails) -> str:
