@@ -429,6 +429,14 @@ def test_a_command_loads_only_what_it_needs() -> None:
     assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
 
 
+def test_the_ladder_schema_loads_no_schema_library() -> None:
+    """A build validates its bundled ladder (servimg.ladder.definition): plain readers, no pydantic
+    (importing it cost a fifth of a cold build, docs/benchmarks.md)."""
+    loaded = _loaded_after("import servimg.ladder.definition")
+    assert not [m for m in loaded if m.split(".")[0] in ("pydantic", "pydantic_core")]
+    assert _heavy(loaded) == ["yaml"]
+
+
 def test_a_replayed_build_loads_nothing_a_build_needs() -> None:
     """The session and the action cache's replay (servimg.commands.replay) answer a warm rebuild before
     the command's module is loaded: they import no pipeline, no seams, no third-party package."""

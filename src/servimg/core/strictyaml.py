@@ -4,10 +4,12 @@ Shared by every definition servimg reads (images/*.yaml, verify/ladders/*.yaml, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic_core import ErrorDetails
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 
 class StrictLoader(yaml.SafeLoader):
