@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +41,7 @@ from servimg.build.overlay import Patch, apply_patch
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ImageError, LayerError, LockError, ServimgError
+from servimg.ladder.definition import LadderDefinition, LadderError, ProbeSet
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
@@ -98,8 +100,6 @@ _DEFINITION = ImageDefinition.parse((REPO / "images" / "demo.yaml").read_text())
 @FAST
 @given(_mutated(_DEFINITION))
 def test_definition_mutations_give_a_collected_error_list(doc: Any) -> None:
-    import yaml
-
     try:
         ImageDefinition.parse(yaml.safe_dump(doc))
     except DefinitionError as exc:
@@ -155,6 +155,70 @@ def test_definition_attack_shapes_are_definition_errors(text: str, fragment: str
     with pytest.raises(DefinitionError) as info:
         ImageDefinition.parse(text)
     assert fragment in str(info.value)
+
+
+# -------------------------------------------------------------------------------------------- ladders
+_LADDERS = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "verify" / "ladders").glob("*.yaml"))]
+_TOY_PROBES = json.loads((REPO / "tests" / "fixtures" / "ladder" / "toy-probes.json").read_bytes())
+
+
+def _assert_collected(exc: LadderError) -> None:
+    assert exc.problems, exc
+    for problem in exc.problems:
+        where, sep, what = problem.partition(": ")
+        assert sep and where and what, problem
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(range(len(_LADDERS))).flatmap(lambda i: _mutated(_LADDERS[i])))
+def test_ladder_mutations_are_accepted_or_give_a_collected_error_list(doc: Any) -> None:
+    try:
+        LadderDefinition.parse(yaml.safe_dump(doc))
+    except LadderError as exc:
+        _assert_collected(exc)
+
+
+@FAST
+@given(_mutated(_TOY_PROBES))
+def test_probe_set_mutations_are_accepted_or_give_a_collected_error_list(doc: Any) -> None:
+    try:
+        ProbeSet.parse(json.dumps(doc).encode())
+    except LadderError as exc:
+        _assert_collected(exc)
+
+
+@FAST
+@given(_VALUES)
+def test_any_yaml_or_json_value_is_a_ladder_error(value: Any) -> None:
+    with pytest.raises(LadderError):
+        LadderDefinition.parse(yaml.safe_dump(value))
+    with pytest.raises(LadderError):
+        ProbeSet.parse(json.dumps(value).encode())
+
+
+@FAST
+@given(st.lists(_YAML_ALPHABET, max_size=60).map("".join) | st.binary(max_size=80))
+def test_ladder_text_never_tracebacks(text: str | bytes) -> None:
+    with contextlib.suppress(LadderError):
+        LadderDefinition.parse(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: " + "[" * 2000 + "]" * 2000,
+        "ladder_version: " + "9" * 5000 + "\n",
+        "{[1, 2]: 3}\n",
+        "name: !!python/object/apply:os.system ['true']\n",
+        _LAUGHS + "name: x\n",
+        "name: x\nname: y\n",
+        "arms: !!set {a: null}\nserver: !!binary AAEC\nsampling: 2020-01-01\n",
+    ],
+    ids=["deep-list", "huge-int", "unhashable-key", "python-tag", "alias-bomb", "duplicate-key", "yaml-tags"],
+)
+def test_ladder_attack_shapes_are_ladder_errors(text: str) -> None:
+    with pytest.raises(LadderError):
+        LadderDefinition.parse(text)
 
 
 # ---------------------------------------------------------------------------------------------- locks

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -10,11 +12,13 @@ import pytest
 import yaml
 
 from conftest import REPO
+from servimg.core import canonical
 from servimg.ladder import receipt
 from servimg.ladder.definition import (
     LadderDefinition,
     LadderError,
     ProbeSet,
+    as_json,
     load,
     probe_problems,
     substitute,
@@ -124,6 +128,158 @@ def test_substitute_refuses_a_missing_variable() -> None:
     assert substitute("${a}/b", {"a": "x"}) == "x/b"
     with pytest.raises(LadderError, match="no value"):
         substitute("${a}", {})
+
+
+# What the ladder readers accept and how they coerce it: pydantic's lax mode, which the schema was
+# written in until the readers replaced it (every `expected` here is what pydantic 2.14 gave).
+COERCED: list[tuple[tuple[str | int, ...], Any, Any]] = [
+    (("server", "port"), "8000", 8000),
+    (("server", "port"), " 8000 ", 8000),
+    (("server", "port"), 8000.0, 8000),
+    (("server", "port"), "8_000", 8000),
+    (("server", "port"), "8000.0", 8000),
+    (("server", "port"), True, 1),
+    (("server", "mounts", 0, "read_only"), "yes", True),
+    (("server", "mounts", 0, "read_only"), "OFF", False),
+    (("server", "mounts", 0, "read_only"), 0, False),
+    (("server", "mounts", 0, "target"), "/x\n", "/x\n"),
+    (("server", "startup_timeout_s"), "1e3", 1000.0),
+    (("server", "startup_timeout_s"), 5, 5.0),
+    (("arms", 2, "exercise", 0, "value"), 1, 1.0),
+    (("arms", 2, "exercise", 0, "value"), "0.5", 0.5),
+    (("arms", 2, "exercise", 0, "value"), True, 1.0),
+    (("sampling", "max_tokens"), "8", 8),
+    (("sampling", "temperature"), "0", 0.0),
+    (("ladder_version",), True, 1),
+    (("ladder_version",), 1.0, 1),
+    (("description",), b"bytes", "bytes"),
+    (("thresholds", "detectors", "ngram_max_fraction"), 1, 1.0),
+    (("thresholds", "max_corrupted"), None, None),
+]
+REFUSED: list[tuple[tuple[str | int, ...], Any, str]] = [
+    (("name",), "cpu-smoke\n", "name: should be an id"),
+    (("server", "port"), 0, "server.port: should be >= 1"),
+    (("server", "port"), 65536, "server.port: should be <= 65535"),
+    (("server", "port"), "0x10", "server.port: should be an integer"),
+    (("server", "port"), "٣", "server.port: should be an integer"),
+    (("sampling", "max_tokens"), 8.5, "fractional part"),
+    (("server", "startup_timeout_s"), 0, "server.startup_timeout_s: should be > 0"),
+    (("server", "startup_timeout_s"), float("nan"), "server.startup_timeout_s: should be > 0"),
+    (("server", "mounts", 0, "read_only"), 2, "read_only: should be true or false"),
+    (("server", "mounts", 0, "read_only"), " yes", "read_only: should be true or false"),
+    (("ladder_version",), 1.5, "ladder_version: should be 1"),
+    (("ladder_version",), "1", "ladder_version: should be 1"),
+    (("engine",), b"vllm", "engine: should be one of 'vllm'"),
+    (("description",), 5, "description: should be a string, not an integer"),
+    (("description",), b"\xff", "description: should be a string"),
+    (("server", "command"), [], "server.command: should have at least 1 item"),
+    (("server", "args"), "--x", "server.args: should be a list, not a string"),
+    (("server", "env"), {"A": 1}, "server.env.A: should be a string"),
+    (("caches", "vllm", "target"), "rel", "caches.vllm.target: should be an absolute path"),
+    (("thresholds", "detectors", "ngram_max_fraction"), 1.5, "ngram_max_fraction: should be <= 1"),
+    (("thresholds", "flip_margin"), None, "flip_margin: should be an integer, not null"),
+    (("arms", 0, "role"), "boss", "arms[0].role: should be one of"),
+    (("image",), {"ref": "x", "digest": "md5:x"}, "image.digest: "),
+    (("probes", "sha256"), "A" * 64, "probes.sha256: should be a sha256"),
+    (("model",), "tiny", "model: should be a mapping"),
+]
+
+
+def _edited(path: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    doc = cpu_doc()
+    parent: Any = doc
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), COERCED)
+def test_the_readers_coerce_what_the_lax_schema_coerced(
+    path: tuple[str | int, ...], value: Any, expected: Any
+) -> None:
+    got: Any = parse(_edited(path, value)).as_json()
+    for part in path:
+        got = got[part]
+    assert got == expected and type(got) is type(expected), (got, expected)
+
+
+@pytest.mark.parametrize(("path", "value", "fragment"), REFUSED)
+def test_the_readers_refuse_what_the_lax_schema_refused(
+    path: tuple[str | int, ...], value: Any, fragment: str
+) -> None:
+    with pytest.raises(LadderError) as err:
+        parse(_edited(path, value))
+    assert any(fragment in p for p in err.value.problems), err.value.problems
+
+
+def test_parsed_ladders_are_frozen_values() -> None:
+    ladder = load(CPU_LADDER).definition
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ladder.arms[0].role = "cold"  # type: ignore[misc]
+    assert ladder == LadderDefinition.parse(CPU_LADDER.read_bytes())
+
+
+def test_missing_and_unknown_keys_are_named_with_their_paths() -> None:
+    doc = cpu_doc()
+    del doc["sampling"], doc["arms"][2]["role"]
+    doc["thresholds"]["detectors"]["colour"] = "red"
+    with pytest.raises(LadderError) as err:
+        parse(doc)
+    assert set(err.value.problems) >= {
+        "sampling: required key is missing",
+        "arms[2].role: required key is missing",
+        "thresholds.detectors.colour: unknown key (check the spelling; see images/demo.yaml)",
+    }
+
+
+def test_a_broken_arm_hides_none_of_the_rules_across_arms() -> None:
+    doc = cpu_doc()
+    doc["arms"][1]["args"] = [5]  # the noise arm does not validate: the others are still checked
+    doc["arms"][4]["caches"] = {"vllm": "retain-from:warm"}
+    doc["arms"][0]["role"] = "cold"
+    with pytest.raises(LadderError) as err:
+        parse(doc)
+    assert err.value.problems == (
+        "arms[1].args[0]: should be a string, not an integer",
+        "arms: exactly one arm must have role control (the reference every arm is compared with)",
+        "arms[0].exercise (control): a cold arm needs an exercise gate (NOT_EXERCISED is never PASS), "
+        "e.g. exercise: [{metric: prefix_cache_hits, op: '>', value: 0}]",
+        "arms[4].caches (restart): cache 'vllm': retain-from:warm must name an earlier arm using it",
+    )
+
+
+def test_probe_set_rules_report_every_problem() -> None:
+    doc = json.loads((REPO / "tests" / "fixtures" / "ladder" / "toy-probes.json").read_bytes())
+    family = doc["families"][0]
+    family["prompts"][1]["id"] = family["prompts"][0]["id"]
+    family["prompts"][0]["expect"] = {"text": " "}
+    with pytest.raises(LadderError) as err:
+        ProbeSet.parse(json.dumps(doc).encode())
+    text = "\n".join(err.value.problems)
+    assert "families[0].prompts[0].expect: give the expected token_ids or text" in text
+    del family["prompts"][0]["expect"]
+    with pytest.raises(LadderError, match="ids must be unique"):
+        ProbeSet.parse(json.dumps(doc).encode())
+
+
+def test_parsed_ladders_serialise_exactly_as_the_schema_library_did() -> None:
+    """The receipt records an arm's spec, the thresholds and the sampling, and pre-registers the
+    thresholds' sha256: the readers' `as_json` must give pydantic's `model_dump(mode="json")` bytes
+    (pinned in the fixture before pydantic was taken off: floats stay floats, defaults included)."""
+    pinned = json.loads((REPO / "tests" / "fixtures" / "ladder" / "pydantic-dumps.json").read_text())
+    for name, want in pinned.items():
+        data = (REPO / name).read_bytes()
+        if name.endswith(".json"):
+            got = hashlib.sha256(canonical.dumps(ProbeSet.parse(data).as_json())).hexdigest()
+            assert got == want["canonical_sha256"], name
+            continue
+        ladder = LadderDefinition.parse(data)
+        assert ladder.canonical_bytes().decode() == want["canonical"], name
+        assert ladder.thresholds_sha256 == want["thresholds_sha256"], name
+        assert [canonical.dumps(as_json(a)).decode() for a in ladder.arms] == want["arms"], name
+        assert canonical.dumps(as_json(ladder.sampling)).decode() == want["sampling"], name
+    assert len(pinned) == 6
 
 
 # ------------------------------------------------------------------------------------------ metrics

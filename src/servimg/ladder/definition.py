@@ -8,192 +8,357 @@ validates; every problem is reported at once with its YAML path, like image defi
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import itertools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
-from servimg.core.strictyaml import StrictLoader, describe_problem
+from servimg.core.strictyaml import StrictLoader
+from servimg.ladder import readers as r
 
 CACHED_ROLES = ("cold", "warm", "restart")
-_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+_ID = r"[a-z0-9][a-z0-9._-]{0,63}"
 _VAR = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
-_SHA = r"^[a-f0-9]{64}$"
+_SHA = r"[a-f0-9]{64}"
+_IDENT = r.text(pattern=_ID, meaning="an id: lowercase letters, digits, '.', '_', '-'")
+_ABSOLUTE_PATH = r.text(pattern="/.*", meaning="an absolute path")
+_ROLES = ("control", "noise_floor", "cold", "warm", "restart")
+_STR = r.scalar(r.string)
+_ENV = r.mapping(_STR, _STR)
+_ARGS = r.items(_STR)
 
 
 class LadderError(ServimgError):
     """A ladder definition or probe set is malformed, or does not match its pin."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+def as_json(value: object) -> Any:
+    """A parsed value as JSON-ready data: dataclasses as mappings (fields in declaration order), tuples
+    as lists; what the receipt records of an arm, the thresholds and the sampling."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _field_json(f, getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    return value
+
+
+def _field_json(f: dataclasses.Field[Any], value: object) -> Any:
+    # A float field keeps an integer default as written (`value: float = 0`), and that integer is what
+    # evaluation records; its JSON is a float, as the schema library always wrote it.
+    if f.type in ("float", "float | None") and isinstance(value, int):
+        return float(value)
+    return as_json(value)
+
+
+def _shape(value: object, path: str, problems: list[str], what: str) -> r.Fields:
+    return r.Fields(value, path, problems, what=what)
 
 
 # ------------------------------------------------------------------------------------------- the ladder
 
 
-class ImagePin(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class ImagePin:
     """The image the ladder is about: a ref and its expected digest (manifest or config)."""
 
-    ref: str = Field(min_length=1)
+    ref: str
     digest: str
 
-    @field_validator("digest")
     @classmethod
-    def _digest(cls, value: str) -> str:
-        try:
-            Digest.parse(value)
-        except ServimgError as exc:
-            raise ValueError(exc.message) from None
-        return value
+    def read(cls, value: object, path: str, problems: list[str]) -> ImagePin:
+        f = _shape(value, path, problems, "ref, digest")
+        return f.made(cls(ref=f.take("ref", r.text(min_length=1)), digest=f.take("digest", _digest)))
 
 
-class ProbeRef(_Frozen):
-    path: str = Field(min_length=1)
-    sha256: Annotated[str, Field(pattern=_SHA)]
+def _digest(value: object, path: str, problems: list[str]) -> str:
+    got = r.string(value)
+    try:
+        Digest.parse(got)
+    except ServimgError as exc:
+        raise r.Invalid(exc.message) from None
+    return got
 
 
-class ModelSpec(_Frozen):
-    served_name: str = Field(min_length=1)
+@dataclass(frozen=True, kw_only=True)
+class ProbeRef:
+    """The probe set the ladder is written for: its path (from the repository root, else beside the
+    ladder) and the sha256 that freezes it."""
+
+    path: str
+    sha256: str
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> ProbeRef:
+        f = _shape(value, path, problems, "path, sha256")
+        sha256 = r.text(pattern=_SHA, meaning="a sha256: 64 lowercase hex digits")
+        return f.made(cls(path=f.take("path", r.text(min_length=1)), sha256=f.take("sha256", sha256)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    served_name: str
     # `tiny-copy`: when no host directory is given for the mount, servimg generates its tiny copy model
     # inside the image under test (servimg.ladder.tinymodel) and mounts that.
     generate: Literal["tiny-copy"] | None = None
 
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> ModelSpec:
+        f = _shape(value, path, problems, "served_name, generate")
+        served_name = f.take("served_name", r.text(min_length=1))
+        generate = f.take("generate", r.optional(r.choice("tiny-copy")), None)
+        return f.made(cls(served_name=served_name, generate=generate))  # type: ignore[arg-type]
 
-class Mount(_Frozen):
-    source: str = Field(min_length=1)  # a host path; `${var}` is replaced by a run variable
-    target: str = Field(pattern=r"^/")
+
+@dataclass(frozen=True, kw_only=True)
+class Mount:
+    source: str  # a host path; `${var}` is replaced by a run variable
+    target: str
     read_only: bool = True
 
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Mount:
+        f = _shape(value, path, problems, "source, target, read_only")
+        source = f.take("source", r.text(min_length=1))
+        target = f.take("target", _ABSOLUTE_PATH)
+        return f.made(cls(source=source, target=target, read_only=f.take("read_only", r.boolean, True)))
 
-class ServerSpec(_Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSpec:
     """How an arm's server starts inside the image under test (or as a local command)."""
 
-    command: tuple[str, ...] = Field(min_length=1)
+    command: tuple[str, ...]
     args: tuple[str, ...] = ()
-    env: dict[str, str] = {}
-    port: int = Field(default=8000, ge=1, le=65535)
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 8000
     shm_size: str = "1g"
     health_path: str = "/health"
-    startup_timeout_s: float = Field(default=900, gt=0)
-    request_timeout_s: float = Field(default=300, gt=0)
+    startup_timeout_s: float = 900
+    request_timeout_s: float = 300
     mounts: tuple[Mount, ...] = ()
 
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> ServerSpec:
+        f = _shape(value, path, problems, "command, args, env, port, …")
+        return f.made(
+            cls(
+                command=f.take("command", r.items(_STR, min_length=1)),
+                args=f.take("args", _ARGS, ()),
+                env=f.take("env", _ENV, {}),
+                port=f.take("port", r.integer(ge=1, le=65535), 8000),
+                shm_size=f.take("shm_size", _STR, "1g"),
+                health_path=f.take("health_path", _STR, "/health"),
+                startup_timeout_s=f.take("startup_timeout_s", r.floating(gt=0), 900),
+                request_timeout_s=f.take("request_timeout_s", r.floating(gt=0), 300),
+                mounts=f.take("mounts", r.items(Mount.read), ()),
+            )
+        )
 
-class CacheSpec(_Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class CacheSpec:
     """A cache directory the server keeps (vLLM's compile cache, an LMCache L2 disk tier …)."""
 
-    target: str = Field(pattern=r"^/")
-    env: dict[str, str] = {}  # set when the cache is mounted, e.g. LMCACHE_LOCAL_DISK: file:///cache/l2
+    target: str
+    env: dict[str, str] = field(
+        default_factory=dict
+    )  # set when mounted, e.g. LMCACHE_LOCAL_DISK: file:///cache/l2
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> CacheSpec:
+        f = _shape(value, path, problems, "target, env")
+        return f.made(cls(target=f.take("target", _ABSOLUTE_PATH), env=f.take("env", _ENV, {})))
 
 
-class Gate(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Gate:
     """An exercise gate on the arm's metric delta (after − before). Names: adapter names or raw."""
 
-    metric: str = Field(min_length=1)
+    metric: str
     op: Literal[">", ">=", "==", "<", "<="] = ">"
     value: float = 0
 
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Gate:
+        f = _shape(value, path, problems, "metric, op, value")
+        return f.made(
+            cls(
+                metric=f.take("metric", r.text(min_length=1)),
+                op=f.take("op", r.choice(">", ">=", "==", "<", "<="), ">"),  # type: ignore[arg-type]
+                value=f.take("value", r.floating(), 0),
+            )
+        )
 
-class ArmSpec(_Frozen):
-    id: Annotated[str, Field(pattern=_ID)]
+
+@dataclass(frozen=True, kw_only=True)
+class ArmSpec:
+    id: str
     role: Literal["control", "noise_floor", "cold", "warm", "restart"]
-    server: str = Field(default="fresh", pattern=r"^(fresh|reuse:[a-z0-9][a-z0-9._-]{0,63})$")
+    server: str = "fresh"
     args: tuple[str, ...] = ()
-    env: dict[str, str] = {}
-    caches: dict[str, str] = {}  # cache name → wipe | retain-from:<arm>
+    env: dict[str, str] = field(default_factory=dict)
+    caches: dict[str, str] = field(default_factory=dict)  # cache name → wipe | retain-from:<arm>
     pre_steps: tuple[Literal["reset_prefix_cache"], ...] = ()
     exercise: tuple[Gate, ...] = ()
     # Modules (dotted names) this arm's configuration reaches: a cached arm whose engine processes never
     # loaded one the image overlays is NOT_EXERCISED (modules it does not overlay leave no record and are
     # not expected). None: every overlay module in the image's witness spec.
-    witness_modules: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")], ...] | None = None
+    witness_modules: tuple[str, ...] | None = None
 
     @property
     def reuses(self) -> str | None:
         return self.server.removeprefix("reuse:") if self.server.startswith("reuse:") else None
 
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> ArmSpec:
+        f = _shape(value, path, problems, "id, role, server, args, …")
+        modules = r.items(r.text(pattern=r"[A-Za-z_][A-Za-z0-9_.]*", meaning="a dotted module name"))
+        return f.made(
+            cls(
+                id=f.take("id", _IDENT),
+                role=f.take("role", r.choice(*_ROLES)),  # type: ignore[arg-type]
+                server=f.take(
+                    "server",
+                    r.text(pattern=rf"fresh|reuse:{_ID}", meaning="fresh or reuse:<an earlier arm>"),
+                    "fresh",
+                ),
+                args=f.take("args", _ARGS, ()),
+                env=f.take("env", _ENV, {}),
+                caches=f.take("caches", _ENV, {}),
+                pre_steps=f.take("pre_steps", r.items(r.choice("reset_prefix_cache")), ()),  # type: ignore[arg-type]
+                exercise=f.take("exercise", r.items(Gate.read), ()),
+                witness_modules=f.take("witness_modules", r.optional(modules), None),
+            )
+        )
 
-class Detectors(_Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class Detectors:
     """Text detectors for corrupted output (each None = off)."""
 
-    replacement_char_max: int | None = Field(default=0, ge=0)  # U+FFFD count
-    out_of_script_max_fraction: float | None = Field(default=0.2, ge=0, le=1)
+    replacement_char_max: int | None = 0  # U+FFFD count
+    out_of_script_max_fraction: float | None = 0.2
     allowed_scripts: tuple[str, ...] = ("LATIN", "DIGIT", "COMMON")
-    repeated_block_min_chars: int = Field(default=8, ge=2)
-    repeated_block_max_repeats: int | None = Field(default=4, ge=1)  # consecutive repeats of a block
-    ngram_n: int = Field(default=4, ge=1)
-    ngram_max_fraction: float | None = Field(default=0.5, ge=0, le=1)  # repeated token n-grams / all
+    repeated_block_min_chars: int = 8
+    repeated_block_max_repeats: int | None = 4  # consecutive repeats of a block
+    ngram_n: int = 4
+    ngram_max_fraction: float | None = 0.5  # repeated token n-grams / all
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Detectors:
+        f = _shape(value, path, problems, "replacement_char_max, ngram_n, …")
+        fraction = r.optional(r.floating(ge=0, le=1))
+        return f.made(
+            cls(
+                replacement_char_max=f.take("replacement_char_max", r.optional(r.integer(ge=0)), 0),
+                out_of_script_max_fraction=f.take("out_of_script_max_fraction", fraction, 0.2),
+                allowed_scripts=f.take("allowed_scripts", _ARGS, ("LATIN", "DIGIT", "COMMON")),
+                repeated_block_min_chars=f.take("repeated_block_min_chars", r.integer(ge=2), 8),
+                repeated_block_max_repeats=f.take(
+                    "repeated_block_max_repeats", r.optional(r.integer(ge=1)), 4
+                ),
+                ngram_n=f.take("ngram_n", r.integer(ge=1), 4),
+                ngram_max_fraction=f.take("ngram_max_fraction", fraction, 0.5),
+            )
+        )
 
 
-class Thresholds(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
     """Pre-registered limits. Flips are judged on correctness (detectors + the probe's expectation):
     forward = the control was right and the arm is wrong, reverse = the other way."""
 
-    max_corrupted: int | None = Field(default=0, ge=0)
-    flip_margin: int = Field(default=0, ge=0)
-    max_divergent_over_noise: int | None = Field(default=0, ge=0)
-    max_logprob_delta_over_noise: float | None = Field(default=0.05, ge=0)
-    detectors: Detectors = Detectors()
+    max_corrupted: int | None = 0
+    flip_margin: int = 0
+    max_divergent_over_noise: int | None = 0
+    max_logprob_delta_over_noise: float | None = 0.05
+    detectors: Detectors = field(default_factory=Detectors)
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Thresholds:
+        f = _shape(value, path, problems, "max_corrupted, flip_margin, …")
+        count = r.optional(r.integer(ge=0))
+        return f.made(
+            cls(
+                max_corrupted=f.take("max_corrupted", count, 0),
+                flip_margin=f.take("flip_margin", r.integer(ge=0), 0),
+                max_divergent_over_noise=f.take("max_divergent_over_noise", count, 0),
+                max_logprob_delta_over_noise=f.take(
+                    "max_logprob_delta_over_noise", r.optional(r.floating(ge=0)), 0.05
+                ),
+                detectors=f.take("detectors", Detectors.read, Detectors()),
+            )
+        )
 
 
-class Sampling(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    max_tokens: int = Field(default=8, ge=1, le=4096)
-    logprobs: int = Field(default=1, ge=1, le=20)
+    max_tokens: int = 8
+    logprobs: int = 1
 
-    @model_validator(mode="after")
-    def _greedy(self) -> Sampling:
-        if self.temperature != 0 or self.top_p != 1:
-            raise ValueError("the ladder compares greedy outputs: temperature must be 0 and top_p 1")
-        return self
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Sampling:
+        f = _shape(value, path, problems, "temperature, top_p, seed, max_tokens, logprobs")
+        sampling = cls(
+            temperature=f.take("temperature", r.floating(), 0.0),
+            top_p=f.take("top_p", r.floating(), 1.0),
+            seed=f.take("seed", r.integer(), 0),
+            max_tokens=f.take("max_tokens", r.integer(ge=1, le=4096), 8),
+            logprobs=f.take("logprobs", r.integer(ge=1, le=20), 1),
+        )
+        greedy = sampling.temperature == 0 and sampling.top_p == 1
+        if sampling.temperature is not None and sampling.top_p is not None and not greedy:
+            problems.append(
+                r.problem(path, "the ladder compares greedy outputs: temperature must be 0 and top_p 1")
+            )
+        f.done()
+        return sampling
 
 
-class LadderDefinition(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class LadderDefinition:
     ladder_version: Literal[1] = 1
-    name: Annotated[str, Field(pattern=_ID)]
+    name: str
     description: str = ""
     engine: Literal["vllm"] = "vllm"
     image: ImagePin | None = None
     probes: ProbeRef
     model: ModelSpec
     server: ServerSpec
-    caches: dict[Annotated[str, Field(pattern=_ID)], CacheSpec] = {}
-    vars: dict[Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]*$")], str] = {}
-    cache_block_tokens: int = Field(default=16, ge=1)
+    caches: dict[str, CacheSpec] = field(default_factory=dict)
+    vars: dict[str, str] = field(default_factory=dict)
+    cache_block_tokens: int = 16
     # frozen: prompts are sent as their token ids; server: as text, tokenized by the server (real
     # checkpoints bring their own tokenizer), and the ids every arm saw are recorded in the receipt.
     probe_tokens: Literal["frozen", "server"] = "frozen"
     sampling: Sampling
     thresholds: Thresholds
-    arms: tuple[ArmSpec, ...] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> LadderDefinition:
-        problems = arm_problems(self.arms, set(self.caches)) + var_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    arms: tuple[ArmSpec, ...]
 
     # -- derived ------------------------------------------------------------------------------------
+    def as_json(self) -> dict[str, Any]:
+        return dict(as_json(self))
+
     def canonical_bytes(self) -> bytes:
-        return canonical.dumps(self.model_dump(mode="json"))
+        return canonical.dumps(self.as_json())
 
     @property
     def thresholds_sha256(self) -> str:
-        return sha256_hex(canonical.dumps(self.thresholds.model_dump(mode="json")))
+        return sha256_hex(canonical.dumps(as_json(self.thresholds)))
 
     def arm(self, arm_id: str) -> ArmSpec:
         for arm in self.arms:
@@ -218,88 +383,128 @@ class LadderDefinition(_Frozen):
     @classmethod
     def parse(cls, text: str | bytes, *, origin: str = "<ladder>") -> LadderDefinition:
         data = _yaml(text, origin)
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = [describe_problem(err) for err in exc.errors()]
-            if not any(p.startswith("<root>") for p in problems):
-                problems += _partial_arm_problems(data)  # pydantic skips cross-checks after field errors
+        problems: list[str] = []
+        ladder = r.read(cls.read, data, "", problems)
+        if ladder is None:
             raise LadderError(
                 f"{origin}: {len(problems)} problem(s) in the ladder definition",
                 problems=problems,
                 hint="fix every listed field; see verify/ladders/cpu-smoke.yaml for a complete example",
-            ) from None
+            )
+        return ladder
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> LadderDefinition:
+        f = _shape(value, path, problems, "a ladder definition")
+        var_name = r.text(pattern=r"[a-z_][a-z0-9_]*", meaning="a variable name")
+        ladder = cls(
+            ladder_version=f.take("ladder_version", r.version(1), 1),  # type: ignore[arg-type]
+            name=f.take("name", _IDENT),
+            description=f.take("description", _STR, ""),
+            engine=f.take("engine", r.choice("vllm"), "vllm"),  # type: ignore[arg-type]
+            image=f.take("image", r.optional(ImagePin.read), None),
+            probes=f.take("probes", ProbeRef.read),
+            model=f.take("model", ModelSpec.read),
+            server=f.take("server", ServerSpec.read),
+            caches=f.take("caches", r.mapping(_IDENT, CacheSpec.read), {}),
+            vars=f.take("vars", r.mapping(var_name, _STR), {}),
+            cache_block_tokens=f.take("cache_block_tokens", r.integer(ge=1), 16),
+            probe_tokens=f.take("probe_tokens", r.choice("frozen", "server"), "frozen"),  # type: ignore[arg-type]
+            sampling=f.take("sampling", Sampling.read),
+            thresholds=f.take("thresholds", Thresholds.read),
+            arms=f.take("arms", r.items(ArmSpec.read, min_length=1)),
+        )
+        problems += _cross_problems(f)
+        f.done()
+        return ladder
 
 
-def _partial_arm_problems(data: Mapping[str, Any]) -> list[str]:
-    """The arm cross-checks over whatever arms validate on their own (to report every problem at once)."""
-    arms = []
-    for raw in data.get("arms") or []:
-        with contextlib.suppress(ValidationError):
-            arms.append(ArmSpec.model_validate(raw))
-    caches = data.get("caches")
-    problems = arm_problems(arms, set(caches) if isinstance(caches, dict) else set()) if arms else []
-    raw_server = data.get("server")
-    server: Mapping[str, Any] = raw_server if isinstance(raw_server, dict) else {}
-    texts: list[Any] = [*(server.get("command") or []), *(server.get("args") or [])]
-    texts += list((server.get("env") or {}).values()) + [m.get("source") for m in server.get("mounts") or []]
-    for arm in arms:
+def _cross_problems(f: r.Fields) -> list[str]:
+    """The rules across fields, over every arm that validates on its own (so a problem in one arm
+    hides none of the others)."""
+    raw_arms = f.raw("arms")
+    listed = list(raw_arms) if isinstance(raw_arms, list | tuple | set | frozenset) else []
+    arms: list[tuple[int, ArmSpec]] = []
+    roles: list[str | None] = []  # as written where the arm itself does not validate (None: unreadable)
+    for i, raw in enumerate(listed):
+        arm = r.read(ArmSpec.read, raw, "", [])
+        if arm is not None:
+            arms.append((i, arm))
+        role = raw.get("role") if isinstance(raw, Mapping) else None
+        roles.append(arm.role if arm is not None else role if role in _ROLES else None)
+    raw_caches = f.raw("caches")
+    caches = set(r.strings_in(list(raw_caches))) if isinstance(raw_caches, Mapping) else set()
+    problems = role_problems(roles) + arm_problems(arms, caches) if listed else []
+    server = f.raw("server")
+    texts: list[str] = []
+    if isinstance(server, Mapping):
+        texts += r.strings_in(server.get("command")) + r.strings_in(server.get("args"))
+        texts += r.strings_in(server.get("env"))
+        mounts = server.get("mounts")
+        for mount in mounts if isinstance(mounts, list | tuple) else []:
+            texts += r.strings_in([mount.get("source")]) if isinstance(mount, Mapping) else []
+    for _, arm in arms:
         texts += [*arm.args, *arm.env.values()]
-    raw_vars = data.get("vars")
-    declared = set(raw_vars) if isinstance(raw_vars, dict) else set()
-    return problems + _undeclared((t for t in texts if isinstance(t, str)), declared)
+    raw_vars = f.raw("vars")
+    declared = set(r.strings_in(list(raw_vars))) if isinstance(raw_vars, Mapping) else set()
+    return problems + [r.problem("vars", p) for p in _undeclared(texts, declared)]
 
 
-def arm_problems(arms: Sequence[ArmSpec], cache_names: set[str]) -> list[str]:
-    """Cross-field rules: one control first; reuse/retain-from name EARLIER arms; gates on cached arms."""
+def role_problems(roles: Sequence[str | None]) -> list[str]:
+    """One control, first; at most one noise floor. `roles[i]` is arm i's (None: unreadable, so a rule
+    that depends on it is not judged: that arm's own problem is reported)."""
     problems: list[str] = []
-    ids = [a.id for a in arms]
+    known = [role for role in roles if role is not None]
+    controls = known.count("control")
+    if controls > 1 or (controls == 0 and len(known) == len(roles)):
+        problems.append(
+            "arms: exactly one arm must have role control (the reference every arm is compared with)"
+        )
+    elif controls == 1 and roles[0] not in (None, "control"):
+        problems.append("arms: the control arm must come first")
+    if known.count("noise_floor") > 1:
+        problems.append("arms: at most one arm may have role noise_floor")
+    return problems
+
+
+def arm_problems(arms: Sequence[tuple[int, ArmSpec]], cache_names: set[str]) -> list[str]:
+    """Rules across arms, over (index, arm) for every arm that validates: ids unique; reuse and
+    retain-from name EARLIER arms; gates on cached arms."""
+    problems: list[str] = []
+    ids = [a.id for _, a in arms]
     for dup in sorted({i for i in ids if ids.count(i) > 1}):
-        problems.append(f"arm id {dup!r} is declared more than once")
-    roles = [a.role for a in arms]
-    if roles.count("control") != 1:
-        problems.append("exactly one arm must have role control (the reference every arm is compared with)")
-    elif arms[0].role != "control":
-        problems.append("the control arm must come first")
-    if roles.count("noise_floor") > 1:
-        problems.append("at most one arm may have role noise_floor")
+        problems.append(f"arms: arm id {dup!r} is declared more than once")
     seen: dict[str, ArmSpec] = {}
-    for i, arm in enumerate(arms):
-        where = f"arms[{i}] ({arm.id})"
+    for i, arm in arms:
+        server, caches = f"arms[{i}].server ({arm.id})", f"arms[{i}].caches ({arm.id})"
         if arm.reuses is not None:
             if arm.reuses not in seen:
-                problems.append(f"{where}: server reuse:{arm.reuses} must name an earlier arm")
+                problems.append(f"{server}: reuse:{arm.reuses} must name an earlier arm")
             if arm.args or arm.env or arm.caches:
-                problems.append(f"{where}: an arm that reuses a server cannot change its args, env or caches")
+                problems.append(
+                    f"{server}: an arm that reuses a server cannot change its args, env or caches"
+                )
             if arm.role in ("control", "noise_floor", "restart"):
-                problems.append(f"{where}: a {arm.role} arm needs a fresh server")
+                problems.append(f"{server}: a {arm.role} arm needs a fresh server")
         for cache, mode in arm.caches.items():
             if cache not in cache_names:
-                problems.append(f"{where}: cache {cache!r} is not declared under `caches`")
+                problems.append(f"{caches}: cache {cache!r} is not declared under `caches`")
             if mode == "wipe":
                 continue
             source = mode.removeprefix("retain-from:")
             if not mode.startswith("retain-from:"):
-                problems.append(f"{where}: cache {cache!r}: use wipe or retain-from:<arm>")
+                problems.append(f"{caches}: cache {cache!r}: use wipe or retain-from:<arm>")
             elif source not in seen or cache not in seen[source].caches:
                 problems.append(
-                    f"{where}: cache {cache!r}: retain-from:{source} must name an earlier arm using it"
+                    f"{caches}: cache {cache!r}: retain-from:{source} must name an earlier arm using it"
                 )
         if arm.role in CACHED_ROLES and not arm.exercise:
             problems.append(
-                f"{where}: a {arm.role} arm needs an exercise gate (NOT_EXERCISED is never PASS), "
-                "e.g. exercise: [{metric: prefix_cache_hits, op: '>', value: 0}]"
+                f"arms[{i}].exercise ({arm.id}): a {arm.role} arm needs an exercise gate (NOT_EXERCISED is "
+                "never PASS), e.g. exercise: [{metric: prefix_cache_hits, op: '>', value: 0}]"
             )
         seen[arm.id] = arm
     return problems
-
-
-def var_problems(ladder: LadderDefinition) -> list[str]:
-    texts = [*ladder.server.command, *ladder.server.args, *ladder.server.env.values()]
-    texts += [m.source for m in ladder.server.mounts]
-    for arm in ladder.arms:
-        texts += [*arm.args, *arm.env.values()]
-    return _undeclared(texts, set(ladder.vars))
 
 
 def _undeclared(texts: Iterable[str], declared: set[str]) -> list[str]:
@@ -324,54 +529,77 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
 # ------------------------------------------------------------------------------------------ probe sets
 
 
-class Expect(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Expect:
     """What a correct answer starts with: token ids (compared exactly), else text (stripped prefix)."""
 
     token_ids: tuple[int, ...] = ()
     text: str = ""
 
-    @model_validator(mode="after")
-    def _one(self) -> Expect:
-        if not self.token_ids and not self.text.strip():
-            raise ValueError("give the expected token_ids or text")
-        return self
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Expect:
+        f = _shape(value, path, problems, "token_ids, text")
+        expect = cls(token_ids=f.take("token_ids", r.items(r.integer()), ()), text=f.take("text", _STR, ""))
+        if f.ok and not expect.token_ids and not expect.text.strip():
+            problems.append(r.problem(path, "give the expected token_ids or text"))
+        f.done()
+        return expect
 
 
-class Prompt(_Frozen):
-    id: Annotated[str, Field(pattern=_ID)]
-    token_ids: tuple[
-        Annotated[int, Field(ge=0)], ...
-    ] = ()  # required when the ladder's probe_tokens is frozen
-    text: str = Field(min_length=1)
+@dataclass(frozen=True, kw_only=True)
+class Prompt:
+    id: str
+    token_ids: tuple[int, ...] = ()  # required when the ladder's probe_tokens is frozen
+    text: str
     expect: Expect | None = None
 
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Prompt:
+        f = _shape(value, path, problems, "id, token_ids, text, expect")
+        return f.made(
+            cls(
+                id=f.take("id", _IDENT),
+                token_ids=f.take("token_ids", r.items(r.integer(ge=0)), ()),
+                text=f.take("text", r.text(min_length=1)),
+                expect=f.take("expect", r.optional(Expect.read), None),
+            )
+        )
 
-class Family(_Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
     """Prompts sharing a prefix: the first warms the cache, the later ones re-use it across a block edge."""
 
-    id: Annotated[str, Field(pattern=_ID)]
+    id: str
     description: str = ""
-    prompts: tuple[Prompt, ...] = Field(min_length=1)
+    prompts: tuple[Prompt, ...]
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> Family:
+        f = _shape(value, path, problems, "id, description, prompts")
+        return f.made(
+            cls(
+                description=f.take("description", _STR, ""),
+                id=f.take("id", _IDENT),
+                prompts=f.take("prompts", r.items(Prompt.read, min_length=1)),
+            )
+        )
 
 
-class ProbeSet(_Frozen):
+@dataclass(frozen=True, kw_only=True)
+class ProbeSet:
     probe_set_version: Literal[1] = 1
-    name: Annotated[str, Field(pattern=_ID)]
+    name: str
     description: str = ""
     tokenizer: str = ""  # what the token ids are for (e.g. the tiny model's recipe key)
-    families: tuple[Family, ...] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _unique(self) -> ProbeSet:
-        ids = [p.id for f in self.families for p in f.prompts] + [f.id for f in self.families]
-        dups = sorted({i for i in ids if ids.count(i) > 1})
-        if dups:
-            raise ValueError(f"ids must be unique across families and prompts: {', '.join(dups)}")
-        return self
+    families: tuple[Family, ...]
 
     @property
     def prompts(self) -> tuple[tuple[Family, Prompt], ...]:
         return tuple((f, p) for f in self.families for p in f.prompts)
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(as_json(self))
 
     @classmethod
     def parse(cls, data: bytes, *, origin: str = "<probes>") -> ProbeSet:
@@ -379,13 +607,33 @@ class ProbeSet(_Frozen):
             doc = json.loads(data)
         except (ValueError, RecursionError):
             raise LadderError(f"{origin}: not valid JSON", hint="regenerate the probe set") from None
-        try:
-            return cls.model_validate(doc)
-        except ValidationError as exc:
-            problems = [describe_problem(err) for err in exc.errors()]
-            raise LadderError(
-                f"{origin}: {len(problems)} problem(s) in the probe set", problems=problems
-            ) from None
+        problems: list[str] = []
+        probes = r.read(cls.read, doc, "", problems)
+        if probes is None:
+            raise LadderError(f"{origin}: {len(problems)} problem(s) in the probe set", problems=problems)
+        return probes
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> ProbeSet:
+        f = _shape(value, path, problems, "a probe set")
+        probes = cls(
+            probe_set_version=f.take("probe_set_version", r.version(1), 1),  # type: ignore[arg-type]
+            name=f.take("name", _IDENT),
+            description=f.take("description", _STR, ""),
+            tokenizer=f.take("tokenizer", _STR, ""),
+            families=f.take("families", r.items(Family.read, min_length=1)),
+        )
+        if probes.families is not None:
+            ids = [p.id for fam in probes.families for p in fam.prompts] + [fam.id for fam in probes.families]
+            dups = sorted({i for i in ids if ids.count(i) > 1})
+            if dups:
+                problems.append(
+                    r.problem(
+                        "families", f"ids must be unique across families and prompts: {', '.join(dups)}"
+                    )
+                )
+        f.done()
+        return probes
 
 
 def common_prefix(a: tuple[object, ...], b: tuple[object, ...]) -> int:

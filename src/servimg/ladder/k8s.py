@@ -392,7 +392,7 @@ def stage_inputs(loaded: LoadedLadder, results: Path) -> LoadedLadder:
 
 def install_harness(dest: Path) -> None:
     """servimg's own source (and the pure-Python docker SDK it imports) on the volume, for the pods'
-    PYTHONPATH; the image provides the rest (requests, pydantic, PyYAML: a vLLM image has them)."""
+    PYTHONPATH; the image provides the rest (requests, PyYAML: a vLLM image has them)."""
     import docker  # the installed SDK: its source is copied, not run here
 
     package = Path(__file__).resolve().parents[1]

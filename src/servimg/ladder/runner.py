@@ -45,7 +45,15 @@ from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.progress import Log
 from servimg.ladder import receipt
-from servimg.ladder.definition import ArmSpec, LadderDefinition, LadderError, LoadedLadder, Prompt, substitute
+from servimg.ladder.definition import (
+    ArmSpec,
+    LadderDefinition,
+    LadderError,
+    LoadedLadder,
+    Prompt,
+    as_json,
+    substitute,
+)
 from servimg.ladder.evaluation import (
     ADAPTERS,
     ArmOutcome,
@@ -67,6 +75,7 @@ WITNESS_SPEC = "/opt/servimg/witness-spec.json"
 HARNESS_MODULES = (
     "ladder/runner",
     "ladder/definition",
+    "ladder/readers",  # the parser the definition and probe set were read with
     "ladder/evaluation",
     "ladder/receipt",
     "ladder/tinymodel",
@@ -954,7 +963,7 @@ def build_receipt(
                 "verdict": v.result,
                 "reasons": list(v.reasons),
                 "error": record.outcome.error,
-                "spec": record.spec.model_dump(mode="json"),
+                "spec": as_json(record.spec),
                 "corrupted": v.corrupted,
                 "metrics_delta": dict(record.outcome.metrics_delta),
                 "gates": [
@@ -976,8 +985,8 @@ def build_receipt(
             "name": ladder.name,
             "engine": ladder.engine,
             "sha256": inputs.ladder_sha256,
-            "thresholds": ladder.thresholds.model_dump(mode="json"),
-            "sampling": ladder.sampling.model_dump(mode="json"),
+            "thresholds": as_json(ladder.thresholds),
+            "sampling": as_json(ladder.sampling),
         },
         "image": dict(image),
         "inputs": inputs.as_json(),
