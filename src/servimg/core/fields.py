@@ -251,6 +251,7 @@ def mapping(key: Reader[K], value: Reader[T]) -> Reader[dict[K, T]]:
                 checked = key(raw_key, where, problems)
             except Invalid as exc:
                 problems.append(problem(where, f"key {exc.message}"))
+                read(value, raw_value, where, problems)  # its value's problems too, all at once
                 continue
             out[checked] = read(value, raw_value, where, problems)  # type: ignore[assignment]
         if len(problems) != before:

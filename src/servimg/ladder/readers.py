@@ -18,38 +18,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-T = TypeVar("T")
-K = TypeVar("K")
-Reader = Callable[[object, str, list[str]], T]
+from servimg.core import fields
+from servimg.core.fields import Invalid, K, Reader, T, key_path, optional, problem, read
+
+# The structure (Invalid, paths, problems, optional, mapping) is servimg.core.fields'; what is this
+# module's own is the lax coercion of each scalar and the ladder formats' wording ("should be ...").
+__all__ = ["Invalid", "Reader", "key_path", "optional", "problem", "read"]
 
 UNKNOWN_KEY = "unknown key (check the spelling; see images/demo.yaml)"  # core.strictyaml's wording
-_REQUIRED = object()
-
-
-class Invalid(Exception):
-    """The value cannot be read; `message` is None when its problems are already filed."""
-
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def key_path(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def problem(path: str, message: str) -> str:
-    return f"{path or '<root>'}: {message}"
-
-
-def read(reader: Reader[T], value: object, path: str, problems: list[str]) -> T | None:
-    """`reader` applied to `value`, or None with every problem filed."""
-    try:
-        return reader(value, path, problems)
-    except Invalid as exc:
-        if exc.message is not None:
-            problems.append(problem(path, exc.message))
-        return None
 
 
 def describe(value: object) -> str:
@@ -64,50 +40,22 @@ def describe(value: object) -> str:
     return names.get(type(value), f"a {type(value).__name__}")
 
 
-class Fields:
-    """The keys of one mapping, each read once by `take`; `done` files every key nobody took."""
+class Fields(fields.Fields):
+    """core.fields' keys of one mapping, in the ladder formats' words (`what` the mapping is)."""
 
     def __init__(self, data: object, path: str, problems: list[str], *, what: str) -> None:
         if not isinstance(data, Mapping):
             raise Invalid(f"should be a mapping ({what}), not {describe(data)}")
-        self._data: Mapping[object, object] = data
-        self._path = path
-        self._problems = problems
-        self._taken: set[str] = set()
-        self._before = len(problems)
+        super().__init__(data, path, problems, unknown=UNKNOWN_KEY)
 
     def raw(self, key: str) -> object:
         """The value as written (None when absent), for rules that look across keys."""
-        return self._data.get(key)
-
-    def take(self, key: str, reader: Reader[T], default: object = _REQUIRED) -> T:
-        """The key's value read by `reader`; `default` when absent (a required key when none is given).
-        After a problem the value is None: `done` raises before anyone builds on it."""
-        self._taken.add(key)
-        path = key_path(self._path, key)
-        if key not in self._data:
-            if default is _REQUIRED:
-                self._problems.append(problem(path, "required key is missing"))
-                return None  # type: ignore[return-value]
-            return default  # type: ignore[return-value]
-        return read(reader, self._data[key], path, self._problems)  # type: ignore[return-value]
-
-    @property
-    def ok(self) -> bool:
-        """No problem filed for this mapping so far (so its values are what `take` returned)."""
-        return len(self._problems) == self._before
+        return self.get(key)
 
     def made(self, value: T) -> T:
         """`value` (built from what `take` returned) once every key is checked; raises if any failed."""
         self.done()
         return value
-
-    def done(self) -> None:
-        for key in self._data:
-            if not isinstance(key, str) or key not in self._taken:
-                self._problems.append(problem(key_path(self._path, key), UNKNOWN_KEY))
-        if not self.ok:
-            raise Invalid()
 
 
 # ------------------------------------------------------------------------------------------ scalars
@@ -275,13 +223,6 @@ def version(expected: int) -> Reader[int]:
     return reader
 
 
-def optional(reader: Reader[T]) -> Reader[T | None]:
-    def optional_reader(value: object, path: str, problems: list[str]) -> T | None:
-        return None if value is None else reader(value, path, problems)
-
-    return optional_reader
-
-
 def scalar(convert: Callable[[object], T]) -> Reader[T]:
     """A reader from a one-argument converter (`string`, `whole_number`, `number`)."""
 
@@ -311,25 +252,14 @@ def items(reader: Reader[T], *, min_length: int = 0) -> Reader[tuple[T, ...]]:
 
 
 def mapping(key: Reader[K], value: Reader[T]) -> Reader[dict[K, T]]:
-    """A mapping, every key and value read (a value's problems under `path.key`)."""
+    """A mapping, every key and value read (a value's problems under `path.key`): core.fields' reader,
+    in the ladder formats' words."""
+    inner = fields.mapping(key, value)
 
     def mapping_reader(data: object, path: str, problems: list[str]) -> dict[K, T]:
         if not isinstance(data, Mapping):
             raise Invalid(f"should be a mapping, not {describe(data)}")
-        before = len(problems)
-        out: dict[K, T] = {}
-        for raw_key, raw_value in data.items():
-            where = key_path(path, raw_key)
-            try:
-                checked = key(raw_key, where, problems)
-            except Invalid as exc:
-                problems.append(problem(where, f"key {exc.message}"))
-                read(value, raw_value, where, problems)  # its value's problems too, all at once
-                continue
-            out[checked] = read(value, raw_value, where, problems)  # type: ignore[assignment]
-        if len(problems) != before:
-            raise Invalid()
-        return out
+        return inner(data, path, problems)
 
     return mapping_reader
 
