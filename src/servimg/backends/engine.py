@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 from servimg.backends import enginesocket
 from servimg.backends.archive import read_archive, write_archive
-from servimg.backends.enginesocket import Answer, quoted, socket_image_id
+from servimg.backends.enginesocket import Answer, socket_image_id
 from servimg.backends.resolve import EngineImage
 from servimg.backends.target import Target, WriteOptions
 from servimg.core.atomic import atomic_write
@@ -135,12 +135,12 @@ def _remember(image: Image, store: BlobStore) -> None:
 
 def image_id(ref: str) -> Digest | None:
     """The engine's image ID for `ref`; None when it has no such image."""
-    answer = enginesocket.request("GET", f"/images/{quoted(ref)}/json")
+    answer = enginesocket.image_answer(ref)
     if answer is not None and answer.status == 404:
         return None
-    if answer is not None and answer.status == 200:
-        with contextlib.suppress(ValueError, KeyError, TypeError, ServimgError):
-            return Digest.parse(str(answer.json()["Id"]))
+    found = enginesocket.image_id_in(answer)
+    if found is not None:
+        return found
     try:
         return Digest.parse(client().images.get(ref).id)
     except BackendError:
@@ -530,7 +530,7 @@ def image_config(ref: str) -> dict[str, Any]:
 
 def inspect(ref: str) -> dict[str, Any]:
     """`docker image inspect REF` (Id, RepoDigests, Config …); BackendError if the engine lacks it."""
-    answer = enginesocket.request("GET", f"/images/{quoted(ref)}/json")
+    answer = enginesocket.image_answer(ref)
     if answer is not None and answer.status == 200:
         with contextlib.suppress(ValueError):
             found = answer.json()

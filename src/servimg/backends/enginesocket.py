@@ -76,13 +76,22 @@ def request(method: str, path: str, *, body: BinaryIO | None = None, timeout: fl
     return Answer(int(status[1]), data)
 
 
-def socket_image_id(ref: str, timeout: float = 10) -> Digest | None:
-    """The engine's image ID for `ref` from one `GET /images/REF/json`; None when that does not answer
-    plainly with one (no such image included: the caller asks through the SDK, with its errors)."""
-    answer = request("GET", f"/images/{quoted(ref)}/json", timeout=timeout)
+def image_answer(ref: str, timeout: float = 10) -> Answer | None:
+    """`GET /images/REF/json` (docker image inspect): 200 with the image's JSON, 404 without it."""
+    return request("GET", f"/images/{quoted(ref)}/json", timeout=timeout)
+
+
+def image_id_in(answer: Answer | None) -> Digest | None:
+    """The image ID an inspect answer names; None unless it is a plain 200 with one."""
     if answer is None or answer.status != 200:
         return None
     try:
         return Digest.parse(str(answer.json()["Id"]))
     except (ValueError, KeyError, TypeError, ServimgError):
         return None
+
+
+def socket_image_id(ref: str, timeout: float = 10) -> Digest | None:
+    """The engine's image ID for `ref` from one `GET /images/REF/json`; None when that does not answer
+    plainly with one (no such image included: the caller asks through the SDK, with its errors)."""
+    return image_id_in(image_answer(ref, timeout))

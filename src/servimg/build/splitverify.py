@@ -478,7 +478,7 @@ def _pycs_mergeable(
     for package in spec.get("packages", []):
         name, roots = str(package["import_name"]), _walk_roots(str(package["path"]), prefixes)
         base = verdict.check(UNCHECKED, name)
-        keys = [r.lstrip("/") for r in roots]
+        keys = frozenset(r.lstrip("/") for r in roots)
         if (
             not package.get("overlay")
             # a relative or unnormal root: the walk's paths are not the index's (left to the probe)
@@ -486,7 +486,7 @@ def _pycs_mergeable(
             or base is None
             or base["status"] not in ("PASS", "WARN")
             or any(k in verdict.linked_roots or _affected(k, touched) for k in keys)
-            or any(_affected(p, frozenset(keys)) for p in linked_in_layer)
+            or any(_affected(p, keys) for p in linked_in_layer)
         ):
             continue
         out[name] = tuple(roots)
@@ -550,8 +550,7 @@ def _unchecked_hash(header: bytes, magic_hex: str) -> bool:
     """What the probe's `pyc_kind` calls unchecked-hash, for the image's interpreter (not this one)."""
     if len(header) < 16 or header[:4].hex() != magic_hex:
         return False
-    flags = int.from_bytes(header[4:8], "little")
-    return not flags & ~0b11 and flags == 0b01
+    return int.from_bytes(header[4:8], "little") == 0b01  # hash-based, unchecked, no unknown flag
 
 
 def _walk_order(path: str, roots: Sequence[str]) -> tuple[int, tuple[tuple[int, str], ...]]:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from servimg.core import fields
-from servimg.core.fields import Invalid, K, Reader, T, key_path, optional, problem, read
+from servimg.core.fields import Invalid, K, Reader, T, index_path, key_path, optional, problem, read
 
 # The structure (Invalid, paths, problems, optional, mapping) is servimg.core.fields'; what is this
 # module's own is the lax coercion of each scalar and the ladder formats' wording ("should be ...").
@@ -184,20 +184,14 @@ def _bounded(convert: Callable[[object], N], checks: list[tuple[str, Callable[[f
     return reader
 
 
-_TRUE = {"1", "on", "t", "true", "y", "yes"}
-_FALSE = {"0", "off", "f", "false", "n", "no"}
-
-
 def boolean(value: object, path: str, problems: list[str]) -> bool:
-    """true/false, also 0/1 or a quoted yes/no/on/off/true/false/t/f/y/n/1/0 (any case, unstripped)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int | float) and value in (0, 1):
-        return bool(value)
+    """core.fields' boolean (0/1, a quoted yes/no/on/off/true/false/t/f/y/n/1/0 in any case, unstripped),
+    also from UTF-8 bytes, in the ladder formats' words."""
     got = _decoded(bytes(value)) if isinstance(value, bytes | bytearray) else value
-    if isinstance(got, str) and got.lower() in _TRUE | _FALSE:
-        return got.lower() in _TRUE
-    raise Invalid(f"should be true or false, not {describe(value)}")
+    try:
+        return fields.boolean(got, path, problems)
+    except Invalid:
+        raise Invalid(f"should be true or false, not {describe(value)}") from None
 
 
 def choice(*options: str) -> Reader[str]:
@@ -241,7 +235,7 @@ def items(reader: Reader[T], *, min_length: int = 0) -> Reader[tuple[T, ...]]:
         if not isinstance(value, list | tuple | set | frozenset):
             raise Invalid(f"should be a list, not {describe(value)}")
         before = len(problems)
-        out = [read(reader, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
+        out = [read(reader, item, index_path(path, i), problems) for i, item in enumerate(value)]
         if len(problems) != before:
             raise Invalid()
         if len(out) < min_length:
