@@ -13,13 +13,15 @@ import json
 import os
 import posixpath
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from servimg.backends import engine
 from servimg.backends.target import Target
-from servimg.build import actioncache, resultcache
+from servimg.build import actioncache, basefacts, bytecode, resultcache, verify
 from servimg.build.bytecode import (
     CompileJob,
     InterpreterFacts,
@@ -29,7 +31,14 @@ from servimg.build.bytecode import (
     pyc_path,
     stale_pycs,
 )
-from servimg.build.definition import DEFAULT_TEMPLATE, ImageDefinition, OverlaySpec, named_lock, repo_root_for
+from servimg.build.definition import (
+    DEFAULT_TEMPLATE,
+    ImageDefinition,
+    OverlaySpec,
+    Sentinel,
+    named_lock,
+    repo_root_for,
+)
 from servimg.build.lock import (
     BaseLock,
     FileLock,
@@ -50,6 +59,7 @@ from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference
+from servimg.inimage import probe
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
@@ -170,7 +180,7 @@ def resolve(
         overlays=overlays,
         source_date_epoch=_source_date_epoch(definition, base),
     )
-    lock = _with_base_verdicts(lock, definition, fs)
+    lock = _with_base_verdicts(lock, definition, fs, store)
     ladder_lock, ladder_files = _ladder(definition, definition_path)
     lock = replace(lock, ladder=ladder_lock)
     return Resolution(definition, definition_path, base, fs, lock, changes, chosen, ladder_files)
@@ -206,7 +216,7 @@ def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderL
     return locked, files
 
 
-def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) -> Lock:
+def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS, store: BlobStore) -> Lock:
     """Record, per overlay, the `absent_in_base` sentinels verified missing from the BASE's code. A sentinel
     the base already has does not discriminate (vLLM 0.33.0 adopted `supports_divergent_local_hybrid_hits`):
     a grep or co_names check would pass on an unpatched image, so refuse to lock it."""
@@ -214,7 +224,7 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) 
     for spec, locked in zip(definition.overlays, lock.overlays, strict=True):
         wanted = [s for s in spec.sentinels if s.absent_in_base]
         sources = base_sources(lock, wanted, lambda p: fs.read_or_none(p.lstrip("/")))
-        verdicts = base_sentinel_verdicts(sources, wanted)
+        verdicts = _sentinel_verdicts(store, sources, wanted)
         present = sorted(key for key, has in verdicts.items() if has)
         if present:
             raise DefinitionError(
@@ -224,6 +234,32 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS) 
             )
         overlays.append(replace(locked, sentinels_absent_in_base=tuple(sorted(verdicts))))
     return replace(lock, overlays=tuple(overlays))
+
+
+def _sentinel_verdicts(
+    store: BlobStore, sources: Mapping[str, bytes], wanted: Sequence[Sentinel]
+) -> dict[str, bool]:
+    """`base_sentinel_verdicts`, kept by the sources' sha256 (servimg.build.basefacts): compiling the
+    base's modules is ≈20 ms each, and a module's bytes, the sentinel and this host's compiler decide it."""
+    key = {
+        "python": sys.version,
+        "sources": {module: sha256_hex(data) for module, data in sorted(sources.items())},
+        "sentinels": [dataclasses.asdict(s) for s in wanted],
+    }
+    return basefacts.remembered(
+        store.root,
+        "sentinels-in-base",
+        key,
+        lambda: base_sentinel_verdicts(sources, wanted),
+        code=(verify, probe),
+        decode=_verdict_map,
+    )
+
+
+def _verdict_map(value: Any) -> dict[str, bool]:
+    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+        raise TypeError("not a map of sentinel keys to booleans")
+    return {str(k): v for k, v in value.items()}
 
 
 def _fetch_base(
@@ -329,8 +365,24 @@ def _interpreter(
         facts.version,
         facts.magic,
         facts.cache_tag,
-        base_opt_levels(fs, dirs, facts.cache_tag),
+        _base_opt_levels(store, base, fs, dirs, facts.cache_tag),
         prefix,
+    )
+
+
+def _base_opt_levels(
+    store: BlobStore, base: Image, fs: LayeredFS, dirs: list[str], cache_tag: str
+) -> tuple[int, ...]:
+    """`base_opt_levels`, once per base (servimg.build.basefacts): it lists every path under the packages."""
+    key = {"diff_ids": [str(d) for d in base.diff_ids], "dirs": dirs, "cache_tag": cache_tag}
+    return basefacts.remembered(
+        store.root,
+        "opt-levels",
+        key,
+        lambda: base_opt_levels(fs, dirs, cache_tag),
+        code=(bytecode,),
+        encode=list,
+        decode=lambda levels: tuple(int(level) for level in levels),
     )
 
 

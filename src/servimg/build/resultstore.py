@@ -51,9 +51,11 @@ def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
     )
 
 
-def read(root: Path, kind: str, key: Mapping[str, Any]) -> Any | None:
-    """The cached value for `key`; None when there is none, it does not check out, or `OFF` is set."""
-    if os.environ.get(OFF) or _bypassed.get():
+def read(root: Path, kind: str, key: Mapping[str, Any], *, per_base: bool = False) -> Any | None:
+    """The cached value for `key`; None when there is none, it does not check out, inside `bypassed`,
+    or when `OFF` is set (`per_base`: a fact of the base alone, servimg.build.basefacts, which `OFF`
+    does not switch off: a build that does all its work still starts from its base)."""
+    if _bypassed.get() or (os.environ.get(OFF) and not per_base):
         return None
     try:
         doc = json.loads(entry_path(root, kind, key).read_bytes())
