@@ -7,8 +7,10 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
 
 - paired: N rounds, each round one Dockerfile build, one `servimg build --to oci:DIR` (a fresh layout)
   and one `servimg build --to docker` (the image removed from the engine first, so the thin load really
-  happens), the order rotated round by round; verification included. Medians, the median of the per-round
-  ratios, and how many distinct outputs each side produced.
+  happens), each of the two once served by the resident server (what `servimg` does once a server runs:
+  servimg.resident) and once in-process (SERVIMG_SERVER=0: a command with no server, e.g. the first of
+  a session), the order rotated round by round; verification included. Medians, the median of the
+  per-round ratios, and how many distinct outputs each side produced.
 - scaling: the same overlays on the base (1×) and on the base with 2× and 4× its files (extra unrelated
   layers of small files under /opt/filler*, one per file of the base, site-packages/dist-info renamed so
   the packages stay unique); all three written as OCI layouts, `--to oci:DIR`, after one warm-up build
@@ -17,8 +19,12 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
 - warm: the same definition built again with everything cached (indexes, warm root, the compiled
   bytecode and the verdict: servimg.build.resultcache; the whole build: servimg.build.actioncache),
   into the same layout (the sink writes nothing new); interleaved with `servimg --help` (the CLI's
-  start) and a bare `python -c pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that
-  does all its work, as `--no-cache` does; it switches the action cache off too).
+  start in-process), a served `servimg build --help` (a served command's floor) and a bare `python -c
+  pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that does all its work, as
+  `--no-cache` does; it switches the action cache off too).
+
+servimg runs as users run it, `python -m servimg` (the console script's client), with a resident server
+of its own (a private SERVIMG_SERVER_DIR), started before the sections and stopped after them.
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):
     .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--sections paired,scaling,changed,warm]
@@ -58,12 +64,22 @@ from servimg.oci.store import BlobStore  # noqa: E402
 
 BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark removes its images
 DOCKER = ["docker"]
-SERVIMG = [sys.executable, "-c", "import sys; from servimg.cli import main; sys.exit(main())"]
+SERVIMG = [sys.executable, "-m", "servimg"]
 # Every section but `warm` measures a build that does all its work: the result caches (compiled
 # bytecode, the verdict of an image that passed before; servimg.build.resultcache) are switched off, as
 # `docker build --no-cache` reuses nothing. `warm` measures exactly what they save.
 WARM_ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+WARM_ENV.pop("SERVIMG_SERVER", None)
 ENV = dict(WARM_ENV, SERVIMG_NO_RESULT_CACHE="1")
+IN_PROCESS_ENV = dict(ENV, SERVIMG_SERVER="0")  # no resident server: the command's own start and imports
+
+
+def private_servers(where: Path) -> None:
+    """The benchmark's resident servers live in a directory of its own (started explicitly, stopped at
+    the end), whatever servers the machine runs."""
+    where.mkdir(mode=0o700)
+    for env in (WARM_ENV, ENV, IN_PROCESS_ENV):
+        env["SERVIMG_SERVER_DIR"] = str(where)
 
 
 def sh(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -211,7 +227,13 @@ def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
     (tmp / "ctx").mkdir()
     context, _ = dockerfile_context(demo, tmp / "ctx")
     env = dict(ENV, DOCKER_BUILDKIT="0")
-    sides: dict[str, list[float]] = {"dockerfile": [], "oci": [], "docker": []}
+    sides: dict[str, list[float]] = {
+        "dockerfile": [],
+        "oci": [],
+        "docker": [],
+        "oci_in_process": [],
+        "docker_in_process": [],
+    }
     outputs: dict[str, list[str]] = {k: [] for k in sides}
 
     def dockerfile(i: int) -> str:
@@ -225,11 +247,25 @@ def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
     def to_docker(i: int) -> str:
         return str(servimg("build", str(demo), "--to", "docker")["digest"])
 
-    steps = {"dockerfile": dockerfile, "oci": to_oci, "docker": to_docker}
+    def oci_in_process(i: int) -> str:
+        out = f"oci:{tmp / f'layout-in-process-{i}'}"
+        return str(servimg("build", str(demo), "--to", out, env=IN_PROCESS_ENV)["digest"])
+
+    def docker_in_process(i: int) -> str:
+        return str(servimg("build", str(demo), "--to", "docker", env=IN_PROCESS_ENV)["digest"])
+
+    steps = {
+        "dockerfile": dockerfile,
+        "oci": to_oci,
+        "docker": to_docker,
+        "oci_in_process": oci_in_process,
+        "docker_in_process": docker_in_process,
+    }
     order = list(steps)
     for i in range(runs):
-        remove_bench_images()
-        for name in order[i % 3 :] + order[: i % 3]:
+        for name in order[i % len(order) :] + order[: i % len(order)]:
+            if name.startswith("docker"):
+                remove_bench_images()  # the thin load and the tag really happen
             took, out = timed(lambda n=name, i=i: steps[n](i))  # type: ignore[misc]
             sides[name].append(took)
             outputs[name].append(out)
@@ -245,7 +281,7 @@ def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
         }
         for name, times in sides.items()
     }
-    for sink in ("oci", "docker"):
+    for sink in ("oci", "docker", "oci_in_process", "docker_in_process"):
         ratios = [s / d for s, d in zip(sides[sink], sides["dockerfile"], strict=True)]
         result[f"paired_ratio_{sink}"] = statistics.median(ratios)
     return result
@@ -322,18 +358,20 @@ def warm(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
     """The same definition again and again into the same layout: the sink has nothing new to write."""
     out = f"oci:{tmp / 'warm'}"
     first = servimg("build", str(demo), "--to", out, env=WARM_ENV)["digest"]
-    times, digests, floor, python = [], set(), [], []
+    times, digests, floor, served, python = [], set(), [], [], []
     for _ in range(runs):  # interleaved, so that load drifting over the section hits each alike
         took, built = timed(lambda: servimg("build", str(demo), "--to", out, env=WARM_ENV))
         times.append(took)
         digests.add(built["digest"])
         floor.append(timed(lambda: sh(*SERVIMG, "--help"))[0])
+        served.append(timed(lambda: sh(*SERVIMG, "build", "--help"))[0])
         python.append(timed(lambda: sh(sys.executable, "-c", "pass"))[0])
     return {
         "median_s": statistics.median(times),
         "times_s": [round(t, 3) for t in times],
         "same_digest": digests == {first},
         "cli_start_median_s": statistics.median(floor),
+        "served_help_median_s": statistics.median(served),
         "python_start_median_s": statistics.median(python),
         "load_average": os.getloadavg(),
     }
@@ -349,8 +387,10 @@ def main() -> int:
     result: dict[str, Any] = {"runs": args.runs}
     with tempfile.TemporaryDirectory(prefix="servimg-bench13-") as tmp:
         root = Path(tmp)
+        private_servers(root / "servers")
         demo = checkout(root / "repo")
         servimg("lock", str(demo))
+        result["server"] = servimg("server", "start", env=WARM_ENV)
         result["base"] = {
             "ref": ImageDefinition.load(demo).base.ref,
             "digest": str(ImageDefinition.load(demo).base.digest),
@@ -360,6 +400,7 @@ def main() -> int:
             (root / name).mkdir()
             result[name] = sections[name](demo, root / name, args.runs)
             print(json.dumps({name: result[name]}), file=sys.stderr)
+        servimg("server", "stop", env=WARM_ENV)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -2,17 +2,17 @@
 name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
 Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the four concerns
-(`ladder`, then `build`, `provenance`, `bases`) < `commands` / `render` < `cli`. A module imports only
-from its own layer or lower ones, at module level and inside functions alike: a function-level import is
-still a dependency, only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an
-image it is given); `build` may use `ladder` (it bundles and locks the ladder, and ships the witness
-hook); `provenance` may use `build` and `ladder`; `bases` may use `build`.
+(`ladder`, then `build`, `provenance`, `bases`) < `commands` / `render` < `cli`; `resident` (the console
+script's client and the resident server) imports only `core` and itself, and names the CLI by string. A
+module imports only from its own layer or lower ones, at module level and inside functions alike: a
+function-level import is still a dependency, only a later one. Among the concerns, `ladder` is the
+lowest (it runs and judges an image it is given); `build` may use `ladder` (it bundles and locks the
+ladder, and ships the witness hook); `provenance` may use `build` and `ladder`; `bases` may use `build`.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +23,7 @@ from servimg import __version__ as servimg_version
 from servimg import cli
 from servimg.commands import build as command_build
 from servimg.commands import session
+from servimg.resident import client, server
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -39,8 +40,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "build": _BELOW_CONCERNS | {"ladder", "build"},
     "provenance": _BELOW_CONCERNS | {"build", "ladder", "provenance"},
     "bases": _BELOW_CONCERNS | {"build", "bases"},
-    "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},
-    "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli"},
+    "resident": {"core", "resident"},
+    "commands": _BELOW_CONCERNS | _CONCERNS | {"commands", "resident"},
+    "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli", "resident"},
 }
 # Top-level modules (not in a subpackage) and the layer each belongs to.
 TOP_LEVEL = {
@@ -48,7 +50,7 @@ TOP_LEVEL = {
     "servimg.commands": "commands",
     "servimg.render": "commands",
     "servimg.cli": "cli",
-    "servimg.__main__": "cli",  # `python -m servimg`: the CLI, nothing else
+    "servimg.__main__": "cli",  # `python -m servimg`: the console script's client, nothing else
 }
 
 # Every lazy import of a servimg module in src/, by (importer, imported), with what forces it (the import
@@ -377,8 +379,9 @@ HEAVY = ("docker", "requests", "urllib3", "pydantic", "yaml", "cryptography", "r
 
 
 def _loaded_after(code: str) -> list[str]:
-    """The modules a fresh interpreter holds after running `code` (servimg from this checkout)."""
-    probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    """The modules a fresh interpreter holds after running `code` (servimg from this checkout; printed
+    with repr, so the probe itself imports nothing)."""
+    probe = f"import sys\n{code}\nprint(repr(sorted(sys.modules)))"
     out = subprocess.run(
         [sys.executable, "-c", probe],
         env={"PYTHONPATH": str(SRC)},
@@ -386,7 +389,7 @@ def _loaded_after(code: str) -> list[str]:
         text=True,
         check=True,
     ).stdout
-    return list(json.loads(out))
+    return list(ast.literal_eval(out))
 
 
 def _heavy(modules: list[str]) -> list[str]:
@@ -410,7 +413,11 @@ def test_every_command_function_is_named_in_the_commands_layer() -> None:
     named += [c.run.replay for c in cli.COMMANDS if c.run.replay is not None]
     named += [f"{cli.SESSION}:execute", f"{command_build.SIGNED_BUILD}:build_one"]
     named += [f"{session.CONTEXT}:outcomes"]
+    named += [f"{client.CLI}:main", f"{server.CLI}:main", f"{server.CLI}:preload"]
     for function in named:
+        if function.partition(":")[0] == "servimg.cli":  # the resident client and server name the CLI
+            assert callable(cli.load(function)), function
+            continue
         module = function.partition(":")[0]
         assert module.startswith("servimg.commands.") and layer_of(module) == "commands", function
         assert module in modules() and callable(cli.load(function)), function
@@ -448,6 +455,25 @@ def test_a_replayed_build_loads_nothing_a_build_needs() -> None:
     heavy = ("servimg.build.pipeline", "servimg.build.seams", "servimg.build.definition", "servimg.oci.store")
     assert [m for m in loaded if m.startswith(heavy)] == []
     assert _heavy(loaded) == []
+
+
+def test_the_console_script_starts_on_the_standard_library_alone() -> None:
+    """`servimg` is the resident client (servimg.resident.client): everything it imports is a served
+    command's whole start-up, so none of the standard library's slow imports (typing, json, socket,
+    subprocess, dataclasses, pathlib: ≈5–10 ms each) and no servimg module but its own."""
+    loaded = _loaded_after("import servimg.resident.client")
+    servimg = sorted(m for m in loaded if m.split(".")[0] == "servimg")
+    assert servimg == [
+        "servimg",
+        "servimg.resident",
+        "servimg.resident.client",
+        "servimg.resident.identity",
+        "servimg.resident.wire",
+    ]
+    slow = ("typing", "json", "socket", "subprocess", "dataclasses", "pathlib", "argparse")
+    assert [m for m in loaded if m in slow] == []
+    project = (ROOT / "pyproject.toml").read_text()
+    assert 'servimg = "servimg.resident.client:main"' in project
 
 
 def test_python_dash_m_servimg_is_the_cli() -> None:

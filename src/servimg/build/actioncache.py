@@ -41,6 +41,7 @@ opening or listing it, and an environment variable outside the ones above.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -78,7 +79,7 @@ class Action:
 
     def key(self, cache_root: Path) -> dict[str, Any]:
         return {
-            "code_sha256": code_sha256(),
+            "code_sha256": running_code_sha256(),
             "python": [sys.version, sys.executable],
             "distributions": distributions(),
             "cwd": os.getcwd(),
@@ -98,6 +99,14 @@ def code_sha256(package: Path = PACKAGE_DIR) -> str:
     for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         total.update(f"{path.relative_to(package)}\0{_sha256(path)}\n".encode())
     return total.hexdigest()
+
+
+@functools.cache
+def running_code_sha256() -> str:
+    """`code_sha256` of the package this process imported, once per process: every build's key has it
+    (≈17 ms), and the code a process runs does not change under it. A resident server computes it before
+    it forks workers (servimg.resident: its identity changes with any file of the package)."""
+    return code_sha256(PACKAGE_DIR)
 
 
 def distributions() -> list[str]:

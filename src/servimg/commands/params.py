@@ -196,3 +196,9 @@ class Diff:
     files: bool = False  # compare the images themselves, not their provenance
     limit: int = 40  # with files: changes shown per layer
     lookup: Lookup = Lookup()
+
+
+@dataclass(frozen=True)
+class Server:
+    action: str  # start | status | stop
+    wait: float = 30.0  # start: seconds to wait for it to answer; stop: for it to end

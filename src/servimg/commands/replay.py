@@ -35,3 +35,8 @@ def build(p: params.Build, cache: Path | None, log: Log) -> list[Outcome] | None
             "(action cache; SERVIMG_NO_RESULT_CACHE=1 builds it again)"
         )
     return found
+
+
+def warm() -> None:
+    """What a resident server computes once for every build it serves (servimg.cli.preload)."""
+    actioncache.running_code_sha256()
