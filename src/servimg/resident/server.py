@@ -1,6 +1,6 @@
 """The resident server: imports the CLI once, then forks a worker per client request.
 
-Started detached by `resident.control.spawn` (`python -c BOOT NAME SYS_PATH`), one per identity
+Started detached by `resident.client.spawn_server` (`python -c BOOT NAME SYS_PATH…`), one per identity
 (`resident.identity`): it holds `<dir>/<name>.lock` (flock) for its life, so a second one of the same
 identity leaves at once, and listens on `<dir>/<name>.sock` (in a 0700 directory; a peer of another uid
 is refused). Its stderr is `<dir>/<name>.log`.
@@ -11,11 +11,10 @@ Steps (`main`):
    was started for is still its own (a file edited meanwhile: leave; the client ran in-process);
 3. freeze what was imported out of the garbage collector (a worker's pages stay shared), bind, listen;
 4. per `run` request: fork. The worker leaves every descriptor of the server, moves into its own
-   process group and returns its `Job` up to the boot code, which becomes the client's process
-   (`Job.run`: its standard streams, working directory, umask, environment, argv), runs
-   `servimg.cli.main(argv)` and exits as any servimg process does (atexit, threads, flushed streams).
-   The server tells the client the worker's pid, and, when the worker's pidfd says it ended, its exit
-   status;
+   process group and returns its `Job` up to `main`, where it becomes the client's process (`Job.run`:
+   its standard streams, working directory, umask, environment, argv), runs `servimg.cli.main(argv)` and
+   exits as the interpreter would (`_leave`). The server tells the client the worker's pid, and, when the
+   worker's pidfd says it ended, its exit status;
 5. a client that hangs up before its worker ended takes its command with it (SIGTERM to the worker's
    process group, as a closed terminal would);
 6. leave when idle for SERVIMG_SERVER_IDLE seconds (default 600) with no worker running, on a `stop`
