@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from servimg.resident import identity, wire
+from servimg.resident import client, identity, wire
 from servimg.resident.server import Job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -350,3 +350,23 @@ def test_a_server_directory_others_can_enter_is_not_used(tmp_path: Path) -> None
     private = tmp_path / "private"
     where, why = identity.server_dir({identity.DIR_ENV: str(private)})
     assert where == str(private) and why == "" and private.stat().st_mode & 0o777 == 0o700
+    deep = tmp_path / ("d" * 100)  # a socket's path has 108 bytes: no server rather than one that fails
+    where, why = identity.server_dir({identity.DIR_ENV: str(deep)})
+    assert where is None and "too long" in why
+
+
+def test_a_server_that_cannot_start_is_not_started_by_every_command(servers: Servers) -> None:
+    """A server that fails before it serves leaves its log (why); for a minute after, commands run
+    in-process without spawning another. One that served and died is replaced at once (above)."""
+    assert servers.run("lock", "images/missing.yaml").returncode == 1
+    _wait_for(lambda: servers.statuses(), "the spawned server")
+    log = next(servers.where.glob("*.log"))
+    assert client.SERVING in log.read_bytes()  # what tells a serving server's log from a failed one's
+    pid = servers.statuses()[0]["pid"]
+    assert servers.run("server", "stop", "--quiet").returncode == 0
+    log.write_bytes(b"servimg server 1: Traceback (most recent call last): ...\n")  # died at its start
+    for _ in range(2):
+        assert servers.run("lock", "images/missing.yaml").returncode == 1
+    time.sleep(1.0)  # a spawned server would have truncated the log at once (its first step)
+    assert log.read_bytes().startswith(b"servimg server 1: Traceback")
+    assert servers.sockets() == [] and _gone(pid)

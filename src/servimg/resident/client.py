@@ -26,6 +26,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 
 from servimg.resident import identity, wire
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 CLI = "servimg.cli"  # its main(argv) runs a command in-process
 OFF_ENV = "SERVIMG_SERVER"
 OFF = ("0", "off", "no", "false")
+SPAWN_BACKOFF = 60.0  # seconds after a server failed to start before another is spawned
+SERVING = b": serving "  # what a server's log says once it serves (resident.server)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # The server's boot: this process's sys.path exactly (the server must import what this process would),
 # then resident.server.main with the identity's name. Run by this interpreter with its flags.
@@ -55,7 +58,7 @@ def main() -> int:
     status = _served(os.path.join(where, f"{name}.sock"), doc, argv)
     if status is not None:
         return _exit_like(status)
-    return _in_process(argv, spawn=name)
+    return _in_process(argv, spawn=name if _may_spawn(where, name) else None)
 
 
 def _server_dir(argv: Sequence[str]) -> str | None:
@@ -133,6 +136,21 @@ def _exit_like(status: int) -> int:
     signal.signal(-status, signal.SIG_DFL)
     os.kill(os.getpid(), -status)
     return 128 - status  # the signal did not end us (blocked or ignored by our parent)
+
+
+def _may_spawn(where: str, name: str) -> bool:
+    """Whether to start this identity's server after an in-process run: not while one is starting (its
+    log is there, it does not say it serves yet), nor within a minute of one that failed before it
+    served (its log says why: `servimg server start` shows it), so a server that cannot start is not
+    started again by every command. A server that served and died is replaced at once."""
+    log = os.path.join(where, f"{name}.log")
+    try:
+        if abs(time.time() - os.stat(log).st_mtime) > SPAWN_BACKOFF:
+            return True
+        with open(log, "rb") as fh:
+            return SERVING in fh.read(1 << 16)
+    except OSError:
+        return True
 
 
 def _in_process(argv: Sequence[str], spawn: str | None = None) -> int:

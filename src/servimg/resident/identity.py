@@ -35,6 +35,7 @@ LIMITS = (
     *("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_STACK"),
 )
 DIR_ENV = "SERVIMG_SERVER_DIR"
+MAX_DIR = 107 - len("/") - 32 - len(".sock")  # sun_path holds 108 bytes with its NUL
 INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
 
 
@@ -92,7 +93,8 @@ def _package_files(top: str) -> Iterator[tuple[str, int, int, int]]:
     while stack:
         here = stack.pop()
         try:
-            entries = sorted(os.scandir(here), key=lambda e: e.name)
+            with os.scandir(here) as found:
+                entries = sorted(found, key=lambda e: e.name)
         except OSError:
             continue
         for entry in entries:
@@ -146,6 +148,8 @@ def server_dir(environ: Mapping[str, str] | None = None) -> tuple[str | None, st
         return None, f"{where}: {exc.strerror or exc}"
     if not stat.S_ISDIR(st.st_mode):
         return None, f"{where} is not a directory"
+    if len(os.fsencode(where)) > MAX_DIR:
+        return None, f"{where} is too long for a unix socket's path ({MAX_DIR} bytes at most)"
     if st.st_uid != uid or st.st_mode & 0o077:
         return (
             None,

@@ -354,7 +354,7 @@ def main(name: str) -> int:
     server = Server(where, name, doc, lock, listener, _idle(), bound)
     gc.collect()
     gc.freeze()
-    _say(f"serving {name} (idle timeout {server.idle:g} s)")
+    _say(f"serving {name} (idle timeout {server.idle:g} s)")  # resident.client.SERVING reads this
     job = server.serve()
     if job is not None:
         job.run()
