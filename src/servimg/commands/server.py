@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
-from servimg.core.errors import ResidentError
+from servimg.core.errors import ResidentError, ServimgError
 from servimg.resident import control
 
 STATUS_FIELDS = ("pid", "served", "running", "idle_timeout", "python", "package")
@@ -22,14 +23,16 @@ def server(p: params.Server, ctx: Context) -> Iterator[Outcome]:
     if p.action == "start":
         yield attempt("server", lambda: _started(p.wait))
         return
-    listed: list[tuple[str, dict[str, Any] | None]] = []
-    failed = attempt("server", lambda: _listed(listed))
-    if not failed.ok or not listed:
-        yield failed
+    try:
+        listed = control.servers()
+    except ServimgError as exc:
+        yield Outcome("server", error=exc)
         return
+    if not listed:
+        yield Outcome("server", {"servers": 0, "directory": control.where()})
     for path, status in listed:
         if p.action == "stop":
-            yield attempt(path, lambda path=path: _stopped(path, p.wait))  # type: ignore[misc]
+            yield attempt(path, functools.partial(_stopped, path, p.wait))
         elif status is None:
             yield Outcome(path, error=_stale(path))
         else:
@@ -39,11 +42,6 @@ def server(p: params.Server, ctx: Context) -> Iterator[Outcome]:
 def _started(wait: float) -> Outcome:
     status = control.start(wait)
     return Outcome(str(status["socket"]), {**_fields(status), "started_now": status["started_now"]})
-
-
-def _listed(into: list[tuple[str, dict[str, Any] | None]]) -> Outcome:
-    into.extend(control.servers())
-    return Outcome("server", {"servers": 0, "directory": control.where()})
 
 
 def _stopped(path: str, wait: float) -> Outcome:
