@@ -370,3 +370,21 @@ def test_a_server_that_cannot_start_is_not_started_by_every_command(servers: Ser
     time.sleep(1.0)  # a spawned server would have truncated the log at once (its first step)
     assert log.read_bytes().startswith(b"servimg server 1: Traceback")
     assert servers.sockets() == [] and _gone(pid)
+
+
+def test_the_spawned_server_holds_no_descriptor_of_its_client(servers: Servers) -> None:
+    """A pipe the client inherited (here as fd 3+) must reach EOF when the client exits, although the
+    server it spawned lives on: otherwise whoever reads that pipe waits for the server's idle timeout."""
+    read, write = os.pipe()
+    try:
+        done = servers.run("lock", "images/missing.yaml", pass_fds=(write,))
+        assert done.returncode == 1
+        os.close(write)
+        write = -1
+        _wait_for(lambda: servers.statuses(), "the spawned server")
+        os.set_blocking(read, False)
+        assert os.read(read, 1) == b"", "EOF: nobody holds the write end any more"
+    finally:
+        os.close(read)
+        if write != -1:
+            os.close(write)
