@@ -388,3 +388,12 @@ def test_the_spawned_server_holds_no_descriptor_of_its_client(servers: Servers) 
         os.close(read)
         if write != -1:
             os.close(write)
+
+
+def test_a_message_that_does_not_decode_is_a_protocol_error() -> None:
+    """The server reads requests in a loop that must survive any bytes a peer sends."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall((5).to_bytes(4, "big") + b"\xffjunk")
+        with pytest.raises(wire.ProtocolError, match="does not decode"):
+            wire.receive(ours)

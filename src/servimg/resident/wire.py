@@ -6,9 +6,9 @@ be the same user before anything it sent is read (`peer_uid`). The first chunk o
 file descriptors (SCM_RIGHTS): the client's stdin, stdout, stderr and working directory.
 
 Client → server: `{"run": argv, "argv0", "env", "umask", "identity"}` with those four descriptors, or
-`{"control": "status" | "stop", "identity"}`. Server → client: `{"pid": N}` once the worker runs, then
-`{"exit": CODE}` (the worker's exit status; -N: killed by signal N); `{"refused": WHY}`, `{"status":
-{...}}`, `{"stopping": PID}`.
+`{"control": "status" | "stop"}` (any server of the same user answers it). Server → client: `{"pid": N}`
+once the worker runs, then `{"exit": CODE}` (the worker's exit status; -N: killed by signal N);
+`{"refused": WHY}`, `{"status": {...}}`, `{"stopping": PID}`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,10 @@ def receive(sock: _socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], lis
         size = int.from_bytes(head, "big")
         if size > MAX_MESSAGE:
             raise ProtocolError(f"a message of {size} bytes")
-        message = marshal.loads(_exactly(sock, size))
+        try:
+            message = marshal.loads(_exactly(sock, size))
+        except (ValueError, EOFError, TypeError) as exc:  # bytes that are no marshal data
+            raise ProtocolError(f"a message that does not decode: {exc}") from None
     except BaseException:
         for fd in fds:
             _close(fd)
