@@ -223,23 +223,27 @@ def test_clean_evidence_passes(facts: ImageFacts, image: Image, key: dsse.Signin
     }
 
 
-@pytest.mark.parametrize(
-    ("tamper", "reason"),
-    [
-        ("forged", "signature claims trusted key"),
-        ("unsigned", "unsigned envelope: no signature to verify"),
-        ("other-subject", "the statement is about"),
-        ("builder", "builder https://evil.invalid/b is not trusted"),
-        ("patch", "overlay vllm-computed-tokens-gate: provenance sha256:"),
-        ("byproducts", "/planted.pyc is in the provenance, not in the image's manifest"),
-        ("verify-failed", "verify FAILED: SOURCE_SHA m1"),
-        (
-            "wrong-type",
-            "artifactType application/vnd.in-toto.provenance+dsse but the statement is a test-result",
-        ),
-    ],
-)
-def test_each_tamper_fails_with_its_reason(
+# Signed by a trusted key and about this image, but wrong: the verdict FAILs with its reason.
+JUDGED = [
+    ("builder", "builder https://evil.invalid/b is not trusted"),
+    ("patch", "overlay vllm-computed-tokens-gate: provenance sha256:"),
+    ("byproducts", "/planted.pyc is in the provenance, not in the image's manifest"),
+    ("verify-failed", "verify FAILED: SOURCE_SHA m1"),
+]
+# Evidence that does not verify (cosign's rule): reported and ignored, never a verdict either way.
+IGNORED = [
+    ("forged", "signature claims trusted key"),
+    ("unsigned", "unsigned envelope, no signature to verify"),
+    ("other-subject", "the statement is about"),
+    (
+        "wrong-type",
+        "artifactType application/vnd.in-toto.provenance+dsse but the statement is a test-result",
+    ),
+]
+
+
+@pytest.mark.parametrize(("tamper", "reason"), JUDGED + IGNORED)
+def test_each_tamper_is_reported_with_its_reason(
     facts: ImageFacts, image: Image, key: dsse.SigningKey, tamper: str, reason: str
 ) -> None:
     trusted = [key.public_key]
@@ -289,8 +293,36 @@ def test_each_tamper_fails_with_its_reason(
     }
     found = [*_clean(image, facts, key), builders[tamper]()]
     report = evaluate(Policy(), _evidence(image, facts, found))
+    if (tamper, reason) in JUDGED:
+        assert not report.ok
+        assert any(reason in line for line in _fails(report)), _fails(report)
+        return
+    # Beside the signed evidence, what does not verify is a WARN ("ignored: …"), and the check passes.
+    assert report.ok, _fails(report)
+    warned = [f.message for f in report.findings if f.status == WARN]
+    assert any(reason in m and m.startswith("ignored: ") and m.endswith("not counted") for m in warned), warned
+    # Alone, it proves nothing: the requirements fail for want of verified evidence, not because of it.
+    alone = evaluate(Policy(), _evidence(image, facts, [builders[tamper]()]))
+    assert not alone.ok and not any(reason in line for line in _fails(alone)), _fails(alone)
+
+
+def test_unsigned_forbid_fails_an_unsigned_envelope(
+    facts: ImageFacts, image: Image, key: dsse.SigningKey, tmp_path: Path
+) -> None:
+    prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
+    unsigned = _found(_envelope(_statement(image, attest.PROVENANCE_V1, prov), None), "provenance", [])
+    found = [*_clean(image, facts, key), unsigned]
+    assert evaluate(Policy(), _evidence(image, facts, found)).ok
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("unsigned: forbid\n")
+    report = evaluate(Policy.load(strict), _evidence(image, facts, found))
     assert not report.ok
-    assert any(reason in line for line in _fails(report)), _fails(report)
+    assert any("the policy forbids unsigned evidence (unsigned: forbid)" in m for m in _fails(report))
+    assert not any("--allow-unsigned" in m for m in _fails(report)), "the hint never lowers the bar"
+    both = tmp_path / "both.yaml"
+    both.write_text("unsigned: forbid\nallow_unsigned: true\n")
+    with pytest.raises(PolicyError, match="1 problem"):
+        Policy.load(both)
 
 
 def _forge(envelope: bytes) -> bytes:

@@ -256,6 +256,10 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing pair")
 
 
+def _cache_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repair", action="store_true", help="remove them (the next read fetches them again)")
+
+
 def _server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wait",
@@ -275,6 +279,11 @@ def _push_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
     p.add_argument("--report", type=Path, default=None, help="a `servimg verify --json` report to attach")
     p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
+    p.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="without --key, attach unsigned attestations even where the digest already has signed ones",
+    )
 
 
 REF_HELP = (
@@ -488,6 +497,12 @@ COMMANDS: tuple[Command, ...] = (
         description="Bases: demo (the serving base: vLLM for CPU + LMCache), test-bookworm, test-trixie.",
     ),
     Command(
+        ("cache", "verify"),
+        "re-hash every cached blob; name (and with --repair remove) the ones that do not match their names",
+        _cache_flags,
+        Bound(lambda a: params.CacheVerify(a.repair), "servimg.commands.cache:cache_verify"),
+    ),
+    Command(
         ("key", "generate"),
         "write an ed25519 pair: NAME.key (0600) and NAME.pub",
         _key_flags,
@@ -511,7 +526,7 @@ COMMANDS: tuple[Command, ...] = (
         "push an image with its signed provenance and verify result",
         _push_flags,
         Bound(
-            lambda a: params.Push(a.image, a.dest, a.key, a.report, a.builder_id),
+            lambda a: params.Push(a.image, a.dest, a.key, a.report, a.builder_id, a.unsigned),
             "servimg.commands.provenance:push",
         ),
     ),
@@ -553,6 +568,7 @@ GROUPS = {
     "witness": "serving-process witness records (images built with witness: true)",
     "key": "signing keys",
     "server": "the resident server that runs servimg commands without a start-up (SERVIMG_SERVER=0: off)",
+    "cache": "the local blob cache (~/.cache/servimg, SERVIMG_CACHE): its health check",
 }
 
 

@@ -178,9 +178,16 @@ class ArchiveBackend:
     """`docker-archive:FILE`: read like `docker save` output, written whole (with the tag as RepoTag)."""
 
     def read(
-        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+        self,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        expected: Digest | None,
+        progress: Progress,
+        rehash: bool = False,
     ) -> Image:
-        return read_archive(Path(target.location), store)
+        return read_archive(Path(target.location), store)  # every layer is streamed and hashed anyway
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         write_archive_file(image, Path(target.location), store, options.get("tag"))

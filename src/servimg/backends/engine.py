@@ -285,8 +285,17 @@ class EngineBackend:
     """`docker-daemon:NAME` / `docker`: read with `docker save`, written by a thin `docker load`."""
 
     def read(
-        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+        self,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        expected: Digest | None,
+        progress: Progress,
+        rehash: bool = False,
     ) -> Image:
+        # The engine verifies each layer against its diffID itself (`docker load`) and names the image by
+        # its config digest; with `rehash` the caller proves the store's copy (integrity.prove_layers).
         log(f"reading {target.location} from the Docker Engine")
         return read_engine(target.location, store)
 

@@ -5,6 +5,12 @@ renamed into place; adding to an existing layout writes blobs first (content-add
 interrupted) and replaces `index.json` atomically last, under an flock on the layout directory so that
 concurrent writers never lose each other's tags. Reading refuses a manifest that names a missing blob or
 a blob of another size.
+
+A layout shares no writable inode with the blob store (docs/design.md, "bytes are proven"): its blobs are
+files of their own (`integrity.copy_verified`: a reflink where the file system has one, else a copy, the
+store's bytes hashed on the way out), mode 0644 in 0755 directories as other OCI tools write them. A write
+into an existing layout re-hashes every blob it would keep and replaces one that does not match its name,
+and says so ("mended"). Only the cache's own base layouts (`store_owned`) hard-link to the store.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from servimg.backends.target import Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
-from servimg.core.errors import BackendError
+from servimg.core.errors import BackendError, StoreError
 from servimg.core.progress import Log, Progress
+from servimg.oci import integrity
 from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, REF_NAME, Descriptor, Image
 from servimg.oci.store import BlobStore
 
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
+DIR_MODE = 0o755
 
 
 def read_layout(
@@ -38,12 +46,17 @@ def read_layout(
     tag: str | None = None,
     digest: Digest | None = None,
     link: bool = False,
+    rehash: bool = False,
 ) -> Image:
     """Load the manifest selected by `digest` or `tag` (or the only one) and copy its blobs into `store`.
 
-    Blobs are hard-linked instead (each verified first) when `link` says the layout is the caller's own
-    and never rewritten (servimg's base cache), or when a blob has no write bit at all (a Nix store path,
-    a read-only layout): a copy would only double the disk a multi-GB base takes."""
+    Manifest and config are always re-hashed. A layer blob the store already holds is not copied again;
+    with `rehash` (verify, check: they rely on what the layout holds, not on the store's copy) every
+    layer blob in the layout is hashed all the same, and one whose bytes do not match its digest fails
+    the read, named. Blobs are hard-linked into the store (each verified first) only when `link` says the
+    layout is the cache's own and never handed out (servimg's base cache), or when a blob has no write
+    bit at all (a Nix store path, a read-only layout): a copy would only double the disk a multi-GB base
+    takes."""
     index = _read_index(root)
     desc = _select(index, root, tag, digest)
     manifest_bytes = _read_blob(root, desc.digest)
@@ -61,15 +74,20 @@ def read_layout(
     config = Descriptor.from_json(manifest.get("config"), "manifest.config")
     image = Image.parse(manifest_bytes, _read_blob(root, config.digest))
     for i, layer in enumerate(image.layer_descriptors):
-        if store.has(layer.digest, layer.size):
-            continue
         source = root / "blobs" / layer.digest.algorithm / layer.digest.hex
+        if store.has(layer.digest, layer.size):
+            if rehash:
+                _prove_layer_blob(root, i, source, layer)
+            continue
         if not source.is_file():
             raise BackendError(
                 f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
                 hint="the layout is incomplete; copy it again from its source",
             )
-        _, size = store.put_file(source, layer.digest, link=link or _read_only(source))
+        try:
+            _, size = store.put_file(source, layer.digest, link=link or _read_only(source))
+        except StoreError as exc:
+            raise _corrupt(root, i, layer, exc.message) from None
         if size != layer.size:
             raise BackendError(
                 f"{root}: manifest.layers[{i}] says {layer.size} bytes, blob {layer.digest.short} has {size}",
@@ -78,6 +96,26 @@ def read_layout(
     store.put_bytes(manifest_bytes)
     store.put_bytes(image.config_bytes)
     return image
+
+
+def _prove_layer_blob(root: Path, i: int, source: Path, layer: Descriptor) -> None:
+    try:
+        actual, size = integrity.rehash(source)
+    except FileNotFoundError:
+        raise BackendError(
+            f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
+            hint="the layout is incomplete; copy it again from its source",
+        ) from None
+    if actual != layer.digest or size != layer.size:
+        raise _corrupt(root, i, layer, f"its {size} bytes hash to {actual}")
+
+
+def _corrupt(root: Path, i: int, layer: Descriptor, why: str) -> BackendError:
+    return BackendError(
+        f"{root}: layer {i} blob {layer.digest} does not match its digest ({why})",
+        hint="the layout's blob was altered at rest; write the image into the layout again "
+        "(a build or `servimg push … oci:DIR` mends it) or copy the layout from its source",
+    )
 
 
 def _read_only(path: Path) -> bool:
@@ -127,23 +165,30 @@ def _read_blob(root: Path, digest: Digest) -> bytes:
     return data
 
 
-def write_layout(image: Image, root: Path, store: BlobStore, *, tag: str | None) -> None:
-    """Write `image` (manifest, config, layers from `store`) into the layout at `root`."""
+def write_layout(
+    image: Image, root: Path, store: BlobStore, *, tag: str | None, store_owned: bool = False
+) -> tuple[Digest, ...]:
+    """Write `image` (manifest, config, layers from `store`) into the layout at `root`; returns the blobs
+    that were already there with bytes that did not match their names and were replaced ("mended").
+
+    `store_owned` is for a layout that is part of the cache itself and never handed out (a base cached by
+    `cached_base`): its layers are hard links to the store's blobs (verified first), so a multi-GB base is
+    on disk once. Every other layout gets files of its own."""
     if root.exists() and not (root / "index.json").is_file():
         raise BackendError(
             f"{root} exists and is not an OCI image layout", hint="choose a new directory or remove it"
         )
     if root.exists():
         with _locked(root):
-            _add_to_layout(image, root, store, tag)
-        return
+            return _add_to_layout(image, root, store, tag, link=store_owned)
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
+        os.chmod(tmp, DIR_MODE)  # mkdtemp makes it 0700; the layout is read by other tools and users
         (tmp / "oci-layout").write_bytes(LAYOUT_FILE)
-        _add_to_layout(
-            image, tmp, store, tag, index={"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
-        )
+        os.chmod(tmp / "oci-layout", integrity.BLOB_MODE)
+        empty = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
+        mended = _add_to_layout(image, tmp, store, tag, index=empty, link=store_owned)
         try:
             os.replace(tmp, root)
         except OSError:
@@ -152,7 +197,8 @@ def write_layout(image: Image, root: Path, store: BlobStore, *, tag: str | None)
             # Another writer created the layout first: add to it instead (under its lock).
             shutil.rmtree(tmp, ignore_errors=True)
             with _locked(root):
-                _add_to_layout(image, root, store, tag)
+                return _add_to_layout(image, root, store, tag, link=store_owned)
+        return mended
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -171,14 +217,28 @@ def _locked(root: Path) -> Iterator[None]:
 
 
 def _add_to_layout(
-    image: Image, root: Path, store: BlobStore, tag: str | None, index: dict[str, Any] | None = None
-) -> None:
+    image: Image,
+    root: Path,
+    store: BlobStore,
+    tag: str | None,
+    index: dict[str, Any] | None = None,
+    *,
+    link: bool = False,
+) -> tuple[Digest, ...]:
     blobs = root / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
-    for layer in image.layer_descriptors:
-        _copy_blob(store.path(layer.digest), blobs / layer.digest.hex)
-    _write_blob(blobs / image.config_digest.hex, image.config_bytes)
-    _write_blob(blobs / image.digest.hex, image.manifest_bytes)
+    for directory in (root / "blobs", blobs):
+        os.chmod(directory, DIR_MODE)
+    mended = [
+        layer.digest
+        for layer in image.layer_descriptors
+        if _put_blob(store, layer.digest, layer.size, blobs / layer.digest.hex, link=link)
+    ]
+    mended += [
+        digest
+        for digest, data in ((image.config_digest, image.config_bytes), (image.digest, image.manifest_bytes))
+        if _write_blob(blobs / digest.hex, digest, data)
+    ]
     index = index if index is not None else _read_index(root)
     entry = Descriptor(
         OCI_MANIFEST if image.media_type == OCI_MANIFEST else image.media_type,
@@ -193,6 +253,7 @@ def _add_to_layout(
     ]
     index["manifests"] = sorted([*kept, entry], key=canonical.dumps)
     _write_file(root / "index.json", canonical.dumps(index))
+    return tuple(mended)
 
 
 def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, Any]) -> None:
@@ -201,7 +262,8 @@ def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, An
     _read_index(root)
     with _locked(root):
         for blob in blobs:
-            _write_blob(root / "blobs" / "sha256" / Digest.of_bytes(blob).hex, blob)
+            digest = Digest.of_bytes(blob)
+            _write_blob(root / "blobs" / "sha256" / digest.hex, digest, blob)
         index = _read_index(root)
         kept = [
             m
@@ -218,27 +280,40 @@ def _unique_tmp(dest: Path) -> Path:
     return Path(name)
 
 
-def _copy_blob(src: Path, dest: Path) -> None:
-    """Put the store's blob into the layout unless the layout holds it already: a blob of another size
-    under its name (a copy cut short, a truncated file) is replaced, so a rebuild into the layout mends it."""
-    with contextlib.suppress(OSError):
-        if dest.stat().st_size == src.stat().st_size:
-            return
+def _put_blob(store: BlobStore, digest: Digest, size: int, dest: Path, *, link: bool = False) -> bool:
+    """Put the store's blob into the layout as a file of its own (never a hard link: a writer of the
+    layout must not reach the store or any other layout), unless the layout holds it already. What is
+    there is re-hashed first: a blob whose bytes do not match its name (written in place, cut short, a
+    disk fault) is replaced, and True says so (mended)."""
+    present = dest.exists()
+    if present and integrity.matches(dest, digest, size):
+        return False
     tmp = _unique_tmp(dest)
     try:
         tmp.unlink()
         try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
+            if not (link and integrity.link_verified(store.path(digest), tmp, digest)):
+                integrity.copy_verified(store.path(digest), tmp, digest)
+        except StoreError:
+            store.evict(digest)  # the store's copy is bad too: named, removed, never handed on
+            raise
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
+    return present
 
 
-def _write_blob(dest: Path, data: bytes) -> None:
-    if not dest.exists():
-        _write_file(dest, data)
+def _write_blob(dest: Path, digest: Digest, data: bytes) -> bool:
+    """Write a small blob (config, manifest, artifact) unless the layout holds it with these bytes; True
+    when a blob of that name was there with other bytes and is replaced (mended)."""
+    try:
+        if dest.read_bytes() == data:
+            return False
+        present = True
+    except FileNotFoundError:
+        present = False
+    _write_file(dest, data)
+    return present
 
 
 def _write_file(dest: Path, data: bytes) -> None:
@@ -250,14 +325,25 @@ class LayoutBackend:
     """`oci:DIR[:TAG]`: the tag in the target wins over the build's tag; nothing to reach beforehand."""
 
     def read(
-        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+        self,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        expected: Digest | None,
+        progress: Progress,
+        rehash: bool = False,
     ) -> Image:
-        return read_layout(Path(target.location), store, tag=target.tag, digest=expected)
+        return read_layout(Path(target.location), store, tag=target.tag, digest=expected, rehash=rehash)
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         chosen = target.tag or options.get("tag")
-        write_layout(image, Path(target.location), store, tag=chosen)
-        return f"oci:{target.location}" + (f":{chosen}" if chosen else "")
+        mended = write_layout(image, Path(target.location), store, tag=chosen)
+        where = f"oci:{target.location}" + (f":{chosen}" if chosen else "")
+        if mended:
+            log(f"{where}: mended {len(mended)} blob(s) whose bytes did not match their names")
+            return f"{where} (mended {len(mended)} corrupt blob(s): {', '.join(str(d) for d in mended)})"
+        return where
 
     def check_reachable(self, target: Target) -> None:
         return None

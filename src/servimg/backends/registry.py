@@ -625,6 +625,22 @@ class RegistryClient:
             "GET", url, what=what, scopes=_pull(repo), expect={200}, consume=consume, headers=headers
         )
 
+    def hash_blob(self, repo: str, digest: Digest) -> None:
+        """GET a blob and hash it as it streams, keeping nothing (§Pulling blobs): raise when the registry
+        serves bytes that do not match `digest`."""
+        self._check_repo(repo)
+        what = f"fetching blob {digest} from {self.registry}/{repo}"
+
+        def consume(resp: requests.Response) -> None:
+            hasher = hashlib.new(digest.algorithm)
+            for block in resp.iter_content(_IO_BLOCK):
+                hasher.update(block)
+            self._verify(digest, Digest(digest.algorithm, hasher.hexdigest()), what)
+
+        url = self._url(f"{repo}/blobs/{digest}")
+        headers = {"Accept-Encoding": "identity"}
+        self._call("GET", url, what=what, scopes=_pull(repo), expect={200}, consume=consume, headers=headers)
+
     def download_blob(self, repo: str, digest: Digest, dest: Path) -> None:
         """Stream a blob to `dest` (§Pulling blobs): temp file beside it, hashed while written, atomic rename.
 
@@ -1013,14 +1029,31 @@ def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd6
 
 
 def pull(
-    ref_text: str, store: BlobStore, log: Log, expected: Digest | None = None, progress: Progress = NULL
+    ref_text: str,
+    store: BlobStore,
+    log: Log,
+    expected: Digest | None = None,
+    progress: Progress = NULL,
+    *,
+    rehash: bool = False,
 ) -> Image:
-    """The image `ref_text` (or the pinned `expected` digest in its repository), every blob in `store`."""
+    """The image `ref_text` (or the pinned `expected` digest in its repository), every blob in `store`.
+
+    With `rehash` every layer is fetched from the registry and hashed even when the store holds it
+    (`check --deep`, `verify`: what the registry serves is what is checked, not the local copy)."""
     ref = Reference.parse(ref_text)
     with RegistryClient(ref.registry) as client:
         image, _ = read_image(client, ref.repository, str(expected or ref.reference), expected=expected)
-        for desc in image.layer_descriptors:
-            if not store.has(desc.digest, desc.size):
+        for i, desc in enumerate(image.layer_descriptors):
+            if rehash and store.has(desc.digest, desc.size):
+                log(f"re-fetching layer {desc.digest.short} ({desc.size / 1e6:.1f} MB) to hash it")
+                with progress.transfer(f"hash {desc.digest.short}", desc.size) as advance:
+                    try:
+                        client.hash_blob(ref.repository, desc.digest)
+                    except RegistryError as exc:
+                        raise exc.context(f"layer {i}") from None
+                    advance(desc.size)
+            elif not store.has(desc.digest, desc.size):
                 log(f"pulling layer {desc.digest.short} ({desc.size / 1e6:.1f} MB)")
                 with progress.transfer(f"pull {desc.digest.short}", desc.size) as advance:
                     client.download_blob(ref.repository, desc.digest, store.path(desc.digest))
@@ -1082,9 +1115,16 @@ class RegistryBackend:
     """`HOST[:PORT]/REPO[:TAG]` through servimg's own distribution client."""
 
     def read(
-        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+        self,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        expected: Digest | None,
+        progress: Progress,
+        rehash: bool = False,
     ) -> Image:
-        return pull(target.location, store, log, expected, progress)
+        return pull(target.location, store, log, expected, progress, rehash=rehash)
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         progress = options.get("progress", NULL)

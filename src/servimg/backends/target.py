@@ -82,10 +82,18 @@ class Backend(Protocol):
     image is complete), so a failure never leaves a tag or a half-written output behind."""
 
     def read(
-        self, target: Target, store: BlobStore, log: Log, *, expected: Digest | None, progress: Progress
+        self,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        expected: Digest | None,
+        progress: Progress,
+        rehash: bool = False,
     ) -> Image:
         """The image at `target` (manifest, config, every layer blob in `store`); `expected` is the
-        digest it must have (a layout selects by it)."""
+        digest it must have (a layout selects by it). With `rehash`, every blob is read from `target` and
+        hashed even when the store holds it (verify, check: the source's bytes are what is relied on)."""
         ...
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:

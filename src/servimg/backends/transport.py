@@ -83,11 +83,18 @@ def in_engine(text: str, store: BlobStore, log: Log) -> str:
 
 
 def fetch(
-    ref: str, store: BlobStore, log: Log, expected: Digest | None = None, progress: Progress = NULL
+    ref: str,
+    store: BlobStore,
+    log: Log,
+    expected: Digest | None = None,
+    progress: Progress = NULL,
+    *,
+    rehash: bool = False,
 ) -> Image:
-    """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points."""
+    """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points; with
+    `rehash`, every blob is read from there and hashed even when the store holds it."""
     target = Target.parse(ref)
-    return backend(target).read(target, store, log, expected=expected, progress=progress)
+    return backend(target).read(target, store, log, expected=expected, progress=progress, rehash=rehash)
 
 
 def publish(image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]) -> str:

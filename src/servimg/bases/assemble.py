@@ -130,7 +130,7 @@ def cached_base(
         image = build(work)
         if pinned is not None:
             basepin.check(*pinned, image, store, log)
-        layout.write_layout(image, cache, store, tag=tag)
+        layout.write_layout(image, cache, store, tag=tag, store_owned=True)
         return image
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -227,14 +227,24 @@ def inputs(
 # -- the destination and the base, as a rerun would find them ------------------------------------------
 def oci_sink(layout: str, tag: str, manifest: str, blobs: Sequence[tuple[str, int]]) -> dict[str, Any]:
     """An OCI layout holding `manifest` (digest) under `tag`, with `blobs` ((digest, size): its config and
-    layers)."""
+    layers), each with the stat fingerprint it has now, just written and hashed by the layout writer."""
+    root = Path(layout) / "blobs" / "sha256"
     return {
         "kind": "oci",
         "layout": os.path.abspath(layout),
         "tag": tag,
         "manifest": manifest,
-        "blobs": [list(b) for b in blobs],
+        "blobs": [[digest, size, *_fingerprint(root / digest.partition(":")[2])] for digest, size in blobs],
     }
+
+
+def _fingerprint(path: Path) -> tuple[int, int, int]:
+    """(inode, mtime_ns, ctime_ns): every write into a file through the kernel moves its ctime, which no
+    caller can set back (utime sets only atime and mtime), and a replaced file is another inode. A layout
+    blob whose fingerprint is unchanged since the build wrote and hashed it still holds those bytes,
+    short of a disk fault (`servimg verify` and `servimg cache verify` hash everything for that)."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
 def engine_sink(tag: str, image_id: str) -> dict[str, Any]:
@@ -252,10 +262,14 @@ def _layout_holds(sink: Mapping[str, Any]) -> bool:
     algorithm, _, hex_digest = str(sink["manifest"]).partition(":")
     if algorithm != "sha256" or _sha256(blobs / hex_digest) != hex_digest:
         return False
-    for digest, size in sink["blobs"]:
+    for entry in sink["blobs"]:
+        if len(entry) != 5:
+            return False  # recorded before blobs had fingerprints: build again
+        digest, size, *fingerprint = entry
         algorithm, _, hex_digest = str(digest).partition(":")
-        if algorithm != "sha256" or (blobs / hex_digest).stat().st_size != size:
-            return False
+        path = blobs / hex_digest
+        if algorithm != "sha256" or path.stat().st_size != size or list(_fingerprint(path)) != fingerprint:
+            return False  # written in place since (or replaced): the build runs and mends it
     return True
 
 

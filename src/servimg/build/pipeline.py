@@ -723,7 +723,7 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log, cache_root: Path)
     """Every entry of the overlay layer: patched files, fresh CHECKED_HASH pycs at each optimisation level
     the base carried, whiteouts for deleted files and every stale pyc, the lock and a changes manifest."""
     fs, interp = resolution.fs, locked.interpreter
-    spec = probe_spec(locked, resolution.definition)  # once: the witness spec is derived from it
+    spec = probe_spec(locked, resolution.definition, layer=True)  # once: the witness spec derives from it
     files: dict[str, Entry] = {}
     jobs = []
     for change in resolution.changes:

@@ -25,11 +25,12 @@ from servimg.build.bytecode import chroot_run, extract_runtime
 from servimg.build.definition import ImageDefinition, Sentinel
 from servimg.build.lock import Lock
 from servimg.core import canonical
-from servimg.core.digest import Digest
+from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import Finding, Findings, Status
 from servimg.core.progress import Log
 from servimg.inimage import probe
+from servimg.oci import integrity
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -38,6 +39,9 @@ SPEC_VERSION = 1
 PROBE_SOURCE = Path(probe.__file__)
 PROBE_IN_IMAGE = "/opt/servimg/probe.py"
 SPEC_IN_IMAGE = "/opt/servimg/probe-spec.json"
+CHANGES_IN_IMAGE = "/opt/servimg/changes.json"
+LOCK_IN_IMAGE = "/opt/servimg/lock.json"
+DEFINITION_IN_IMAGE = "/opt/servimg/definition.json"
 
 
 class VerifyError(ServimgError):
@@ -74,8 +78,13 @@ def probe_spec(
     base_has: Mapping[str, bool] | None = None,
     *,
     entry: str = "module",
+    layer: bool = False,
 ) -> dict[str, Any]:
     """The canonical, JSON-able probe spec for an image built from `lock` and `definition`.
+
+    `layer` is for the spec a build carries in its image: the probe then also checks every file the
+    overlay layer adds against the changes manifest, and the in-image lock and definition against their
+    sha256 here (LAYER), so an image altered after its build fails verify with the file named.
 
     `base_has` maps `sentinel_key` → whether the BASE already had that sentinel (`base_sentinel_verdicts`);
     without it, a sentinel whose key the lock lists in `sentinels_absent_in_base` counts as absent and any
@@ -164,7 +173,15 @@ def probe_spec(
         for pkg in lock.packages
     ]
     interp = lock.interpreter
+    carried = {
+        "changes": CHANGES_IN_IMAGE,
+        "files": [
+            {"path": LOCK_IN_IMAGE, "sha256": lock.digest.hex},
+            {"path": DEFINITION_IN_IMAGE, "sha256": sha256_hex(definition.canonical_bytes())},
+        ],
+    }
     return {
+        **({"layer": carried} if layer else {}),
         "spec_version": SPEC_VERSION,
         "image": lock.name,
         "lock_digest": str(lock.digest),
@@ -567,4 +584,8 @@ def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> 
             f"{ref} names an engine image, but no Docker Engine is reachable",
             hint="start dockerd, or verify an OCI layout / registry ref instead",
         )
-    return verify_image_value(transport.fetch(found.ref, store, log), store, log, audit=audit)
+    # Every blob it relies on is hashed where it is relied on: the source's (rehash), then the store's
+    # copy the probe runs over, each layer against its digest and diffID.
+    image = transport.fetch(found.ref, store, log, rehash=True)
+    integrity.prove_layers(image, store)
+    return verify_image_value(image, store, log, audit=audit)

@@ -117,6 +117,7 @@ class Push:
     key: Path | None = None  # unsigned without
     report: Path | None = None  # a `servimg verify --json` report to attach instead of running the probe
     builder_id: str | None = None
+    unsigned: bool = False  # attach unsigned attestations even beside signed ones
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,11 @@ class Diff:
     files: bool = False  # compare the images themselves, not their provenance
     limit: int = 40  # with files: changes shown per layer
     lookup: Lookup = Lookup()
+
+
+@dataclass(frozen=True)
+class CacheVerify:
+    repair: bool = False  # remove the files that do not match their names
 
 
 @dataclass(frozen=True)

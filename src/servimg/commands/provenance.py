@@ -57,6 +57,7 @@ def push(p: params.Push, ctx: Context) -> Iterator[Outcome]:
             report=report,
             builder=p.builder_id,
             progress=ctx.progress,
+            unsigned=p.unsigned,
         )
         return Outcome(p.image, pushed.as_dict())
 

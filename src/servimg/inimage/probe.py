@@ -44,6 +44,10 @@ Verification steps, in order (each check line carries a stable code):
     declared overlay files, which must differ from RECORD and equal the lock's post sha256 (or be absent
     where an overlay deleted them). RECORD itself must be the one the lock pinned.
  7. UNCHECKED_PYC (warning): unchecked-hash pycs for this interpreter in the overlay packages.
+    LAYER (specs of built images): every entry of the changes manifest (`/opt/servimg/changes.json`)
+    is as the layer wrote it - a file with its sha256 (patched sources, their pycs, the witness hook,
+    its `.pth` and spec, the bundled ladder and probe set), a deletion absent, a directory a directory -
+    and servimg's own files the spec pins (the in-image lock and definition) hash to the spec's sha256.
  8. AUDIT (`--audit`): every pyc of the declared packages that this interpreter could accept is compared
     with its source like step 4e; throughput is reported in files/s.
  9. Report: the facts, one line per check (`fix:` hint beneath failures), a summary; `--json` writes the
@@ -67,6 +71,7 @@ import json
 import marshal
 import math
 import os
+import stat
 import sys
 import time
 import types
@@ -1041,6 +1046,31 @@ class _Probe:
             self.add(_check("UNCHECKED_PYC", PASS, name, "no unchecked-hash pycs"))
 
     # step 8
+    def layer(self, layer: Mapping[str, Any]) -> None:
+        """LAYER: what the overlay layer added is still what the changes manifest says it wrote."""
+        manifest = str(layer.get("changes"))
+        hint = "the image was altered after it was built; rebuild it and do not run this copy"
+        try:
+            with open(manifest, "rb") as fh:
+                entries = json.loads(fh.read())
+        except (OSError, ValueError) as exc:
+            self.add(_check("LAYER", FAIL, manifest, f"cannot read the changes manifest: {exc}", hint))
+            return
+        expected = [(str(e.get("path")), str(e.get("kind")), e.get("sha256")) for e in entries]
+        expected += [(str(f.get("path")), "file", f.get("sha256")) for f in layer.get("files", [])]
+        problems = [p for p in (_layer_problem(*item) for item in expected) if p]
+        kinds = [kind for _, kind, _ in expected]
+        counted = ", ".join(
+            f"{kinds.count(k)} {word}"
+            for k, word in (("file", "file(s)"), ("whiteout", "deletion(s)"), ("dir", "directory(ies)"))
+        )
+        if problems:
+            message = f"{len(problems)} of {len(expected)} entries differ: {_listed(problems)}"
+            self.add(_check("LAYER", FAIL, manifest, message, hint, problems=problems))
+        else:
+            message = f"{counted} as the changes manifest lists them; lock and definition as pinned"
+            self.add(_check("LAYER", PASS, manifest, message))
+
     def audit_package(self, package: Mapping[str, Any]) -> None:
         root, name = str(package["path"]), str(package["import_name"])
         started = time.monotonic()
@@ -1108,6 +1138,28 @@ class _Probe:
             )
         else:
             self.add(_check("AUDIT", PASS, name, f"{head}: none stale", **stats))
+
+
+def _layer_problem(path: str, kind: str, sha256: object) -> str | None:
+    """What is wrong with one entry the layer wrote (None: as written). Never follows a symlink: a file
+    the layer wrote that is now a link is a change too."""
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except OSError:
+        st = None
+    if kind == "whiteout":
+        return f"{path} exists, but the layer deletes it" if st is not None else None
+    if kind == "dir":
+        return None if st is not None and stat.S_ISDIR(st.st_mode) else f"{path} is not a directory"
+    if kind != "file":
+        return None  # links and devices: the layer does not write them (a manifest of a later format)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return f"{path} is missing or not a regular file"
+    actual = _sha256_file(path)
+    if actual is None or actual.hex() != sha256:
+        got = actual.hex()[:12] if actual is not None else "unreadable"
+        return f"{path} has sha256 {got}..., the manifest says {str(sha256)[:12]}..."
+    return None
 
 
 def _walk_files(roots: Iterable[str]) -> Iterator[str]:
@@ -1196,6 +1248,9 @@ def run(
         for package in spec.get("packages", []):
             if package.get("overlay"):
                 probe.guarded("UNCHECKED_PYC", str(package.get("import_name")), probe.unchecked, package)
+        layer = spec.get("layer")
+        if layer:
+            probe.guarded("LAYER", str(layer.get("changes")), probe.layer, layer)
         if audit:
             for package in spec.get("packages", []):
                 probe.guarded("AUDIT", str(package.get("import_name")), probe.audit_package, package)

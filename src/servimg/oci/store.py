@@ -18,12 +18,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
 
 from servimg.core.cachedir import default_cache_dir
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, StoreError
+from servimg.oci import integrity
 from servimg.oci.layer import open_uncompressed
 
 Tap = Callable[[Path, BinaryIO], BinaryIO]
@@ -34,6 +36,30 @@ it passes on must reach the temp file."""
 
 def no_tap(directory: Path, stream: BinaryIO) -> BinaryIO:
     return stream
+
+
+@dataclass(frozen=True)
+class BadBlob:
+    """A file in the store whose bytes do not hash to its name."""
+
+    kind: str  # "blobs" (as fetched or built) or "diffs" (a layer's uncompressed copy)
+    name: Digest
+    actual: Digest
+    size: int
+
+
+@dataclass(frozen=True)
+class StoreAudit:
+    """What `BlobStore.audit` found: how many files it hashed, which did not match, whether they went."""
+
+    root: Path
+    checked: int
+    bad: tuple[BadBlob, ...]
+    repaired: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad or self.repaired
 
 
 class BlobStore:
@@ -64,6 +90,27 @@ class BlobStore:
             path.unlink(missing_ok=True)
             return False
         return True
+
+    def evict(self, digest: Digest) -> None:
+        """Remove a blob (one whose bytes no longer match its name) and its uncompressed copies, so the
+        next read fetches it again from its source."""
+        self.path(digest).unlink(missing_ok=True)
+
+    def audit(self, *, repair: bool = False) -> StoreAudit:
+        """Re-hash every blob and uncompressed layer copy against its name (`servimg cache verify`);
+        with `repair`, remove the ones that do not match (the next read fetches them again)."""
+        checked, bad = 0, []
+        for kind in ("blobs", "diffs"):
+            for path in sorted((self.root / kind / "sha256").iterdir()):
+                if path.name.startswith(".") or not path.is_file():
+                    continue  # a temp file of a write in progress (or killed): not a blob yet
+                checked += 1
+                actual, size = integrity.rehash(path)
+                if actual.hex != path.name:
+                    bad.append(BadBlob(kind, Digest("sha256", path.name), actual, size))
+                    if repair:
+                        path.unlink(missing_ok=True)
+        return StoreAudit(self.root, checked, tuple(bad), repair)
 
     def read(self, digest: Digest) -> bytes:
         try:

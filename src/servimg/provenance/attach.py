@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -71,6 +71,7 @@ class Pushed:
     destination: str
     tag: str | None
     attached: tuple[Attached, ...]
+    note: str | None = None  # what was deliberately not attached, and why
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -79,6 +80,7 @@ class Pushed:
             "destination": self.destination,
             "tag": self.tag,
             "attestations": [a.as_dict() for a in self.attached],
+            **({"note": self.note} if self.note else {}),
         }
 
 
@@ -156,6 +158,7 @@ class PushOptions(TypedDict, total=False):
     invocation: Invocation | None
     tag: str | None
     progress: Progress
+    unsigned: bool  # without a key, attach unsigned attestations even beside signed ones
 
 
 def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
@@ -177,9 +180,14 @@ def push_image(
     invocation: Invocation | None = None,
     tag: str | None = None,
     progress: Progress = NULL,
+    unsigned: bool = False,
 ) -> Pushed:
     """Push an image value whose blobs are in `store` (see `push`) to a registry or an OCI layout: the
-    places attestations can live beside the image."""
+    places attestations can live beside the image.
+
+    Without a key, a digest that already carries signed attestations at the destination gets none of
+    the unsigned ones (`check` would only report them, ignored): the image and tag are pushed and the
+    result says so; `unsigned` attaches them anyway."""
     target = Target.parse(dest)
     if target.kind not in ("registry", "oci"):
         raise AttachError(
@@ -198,9 +206,47 @@ def push_image(
         )
     invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
     envelopes = build_statements(image, facts, report, key, store, invocation=invocation, builder=builder)
+    note = None
+    if key is None and not unsigned:
+        signed = signed_attestations(target, image.digest)
+        if signed:
+            note = (
+                f"attached nothing unsigned: {image.digest} already carries {signed} signed "
+                "attestation(s) here (sign with --key; --unsigned attaches unsigned ones anyway)"
+            )
+            log(note)
+            envelopes = []
     if target.kind == "oci":
-        return _push_layout(image, target, store, log, envelopes, tag)
-    return _push_registry(image, dest, store, log, envelopes, tag, progress)
+        pushed = _push_layout(image, target, store, log, envelopes, tag)
+    else:
+        pushed = _push_registry(image, dest, store, log, envelopes, tag, progress)
+    return replace(pushed, note=note)
+
+
+def signed_attestations(target: Target, subject: Digest) -> int:
+    """How many attestations of `subject` at the destination carry at least one signature (whoever's:
+    an unsigned push beside any signed evidence adds only noise). Unreadable entries are not counted."""
+    if target.kind == "oci":
+        root = Path(target.location)
+        if not (root / "index.json").is_file():
+            return 0
+        listed = referrers.layout_referrers(root, subject)
+        fetch: Callable[[Digest], bytes] = lambda a: referrers.fetch_layout_envelope(root, subject, a)  # noqa: E731
+        return _count_signed(listed, fetch)
+    ref = Reference.parse(target.location)
+    with registry.RegistryClient(ref.registry) as client:
+        listed, _ = referrers.discover(client, ref.repository, subject)
+        return _count_signed(listed, lambda a: referrers.fetch_envelope(client, ref.repository, subject, a))
+
+
+def _count_signed(listed: Sequence[Mapping[str, Any]], fetch: Callable[[Digest], bytes]) -> int:
+    count = 0
+    for descriptor in listed:
+        try:
+            count += bool(dsse.Envelope.parse(fetch(Digest.parse(str(descriptor.get("digest"))))).signatures)
+        except ServimgError:
+            continue
+    return count
 
 
 def _push_registry(

@@ -32,6 +32,7 @@ from servimg.core.errors import BackendError, RegistryError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
+from servimg.oci import integrity
 from servimg.oci.image import Image, Layer
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
@@ -322,7 +323,7 @@ def _locate_layout(ref: str, target: Target, store: BlobStore, log: Log) -> Loca
                 f"{root} holds {len(images)} images", hint="name one with oci:DIR:TAG or oci:DIR@sha256:…"
             )
         digest = Digest.parse(str(images[0].get("digest")))
-    image = transport.fetch(ref, store, log, expected=digest)
+    image = transport.fetch(ref, store, log, expected=digest, rehash=True)
     note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
@@ -417,12 +418,16 @@ def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None =
     if not layers:
         raise CheckError("the image has no layers")
     top = layers[-1]
+    blob = store.path(top.descriptor.digest)
+    if store.has(top.descriptor.digest) and not integrity.matches(blob, top.descriptor.digest):
+        log(f"the cached overlay layer {top.descriptor.digest.short} does not match its digest; removed")
+        store.evict(top.descriptor.digest)  # a store copy altered at rest: fetched again, never relied on
     if not store.has(top.descriptor.digest):
         if source is None or source.registry is None or source.repository is None:
             raise CheckError(f"layer {top.descriptor.digest} is not available")
         log(f"fetching the overlay layer {top.descriptor.digest.short}")
         with source.client() as client:
-            client.download_blob(source.repository, top.descriptor.digest, store.path(top.descriptor.digest))
+            client.download_blob(source.repository, top.descriptor.digest, blob)
     path = store.uncompressed(top.descriptor.digest, top.diff_id)
     if path == store.path(top.descriptor.digest) and top.descriptor.digest != top.diff_id:
         actual = diff_id_of(path)
@@ -516,13 +521,16 @@ def _signature(
 
 
 def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | None, str | None]:
-    """Pull the whole image and run the probe in it again."""
+    """Pull the whole image and run the probe in it again. From a registry every blob is fetched from it
+    and hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
     try:
         if located.source == "engine":
             log(f"running the probe in the local image {located.config_digest.short}")
             return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
         if located.source == "registry":
-            registry.pull(f"{located.name}@{located.digest}", store, log, expected=located.digest)
+            ref = f"{located.name}@{located.digest}"
+            registry.pull(ref, store, log, expected=located.digest, rehash=True)
+        integrity.prove_layers(located.image, store)
         return verify_image_value(located.image, store, log), None
     except ServimgError as exc:
         return None, exc.message
@@ -542,28 +550,29 @@ def _judged(policy: Policy, evidence: Evidence) -> list[tuple[Found, list[Findin
 
 
 def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]:
-    """The rows for one attestation, and whether the policy may rest on it."""
+    """The rows for one attestation, and whether the policy may rest on it.
+
+    Evidence that does not verify is not a verdict (cosign's rule; docs/policy.md): an attestation that
+    cannot be fetched or is bound to another image, an unsigned envelope, a signature by no trusted key
+    (or one that claims a trusted key and fails), a statement about another image, an unreadable payload
+    is reported as a WARN row ("ignored: …") and not counted. Anyone who may push may attach, so such
+    bytes must not be able to fail a properly signed tag; the policy's requirements alone decide whether
+    what does verify is enough. `unsigned: forbid` makes an unsigned envelope a FAIL."""
     kind = f.artifact_type.removeprefix("application/vnd.in-toto.").removesuffix("+dsse")
     what = f"attestation {kind} {f.short}"
     if f.problem is not None:
-        return [row(what, FAIL, f.problem)], False
+        return [_ignored(what, f.problem)], False
     signature = _signature_row(policy, ev, f, what)
-    if signature.status == FAIL and f.signature == "untrusted":
-        # Anyone who may push may attach (a rebuilder, an old key's run, another team's CI): bytes signed
-        # by a key this policy does not trust are not evidence either way, so they are reported and not
-        # counted, as cosign counts only signatures that verify. What the verdict needs must still come
-        # from a trusted key; a signature that claims a trusted key and fails ("forged") still fails.
-        return [replace(signature, status=WARN, message=f"{signature.message}; not counted")], False
-    if signature.status == FAIL:
+    if signature.status != PASS and not (signature.status == WARN and _accepted_unverified(policy, f)):
         return [signature], False
     if f.statement is None:
-        return [signature, row(what, FAIL, f"not an in-toto statement: {f.statement_problem}")], False
+        return [signature, _ignored(what, f"not an in-toto statement: {f.statement_problem}")], False
     statement = f.statement
     loc = ev.located
     if not (statement.covers(loc.digest) or statement.covers(loc.config_digest)):
         about = ", ".join(str(d) for _, d in statement.subjects)
         why = f"the statement is about {about}, not this image ({loc.digest}, config {loc.config_digest})"
-        return [signature, row(what, FAIL, why)], False
+        return [signature, _ignored(what, why)], False
     if statement.predicate_type not in policy.predicates:
         why = f"predicate type {statement.predicate_type} is not allowed by the policy; ignored"
         return [signature, row(what, WARN, why)], False
@@ -574,16 +583,25 @@ def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]
             f"signed by {signers}, which the policy does not trust for {statement.predicate_type} "
             f"(trusted for it: {', '.join(k[:12] for k in allowed) or 'none'})"
         )
-        return [row(what, FAIL, why)], False
+        return [_ignored(what, why)], False
     declared = attest.KINDS.get(statement.predicate_type)
     if declared is not None and attest.artifact_type(declared) != f.artifact_type:
         why = f"artifactType {f.artifact_type} but the statement is a {declared}"
-        return [signature, row(what, FAIL, why)], False
+        return [signature, _ignored(what, why)], False
     covered = "manifest" if statement.covers(loc.digest) else "config"
     good = row(what, PASS, f"{_describe(statement)}; subject = this image's {covered} digest")
     if signature.status == WARN:
         return [signature, good], True
     return [replace(good, message=f"{good.message}; {signature.message}")], True
+
+
+def _ignored(what: str, why: str) -> Finding:
+    return row(what, WARN, f"ignored: {why}; not counted")
+
+
+def _accepted_unverified(policy: Policy, f: Found) -> bool:
+    """Unsigned mode (`--allow-unsigned`) rests on unsigned envelopes and on signatures no key checks."""
+    return policy.allow_unsigned and f.signature in ("unsigned", "no-keys")
 
 
 def _signature_row(policy: Policy, ev: Evidence, f: Found, what: str) -> Finding:
@@ -594,23 +612,26 @@ def _signature_row(policy: Policy, ev: Evidence, f: Found, what: str) -> Finding
     if f.signature == "unsigned":
         if policy.allow_unsigned:
             return row(what, WARN, "unsigned envelope (accepted: unsigned mode)")
-        return row(what, FAIL, "unsigned envelope: no signature to verify (pass --allow-unsigned to accept)")
+        if policy.unsigned == "forbid":
+            return row(
+                what, FAIL, "unsigned envelope: the policy forbids unsigned evidence (unsigned: forbid)"
+            )
+        return _ignored(what, "unsigned envelope, no signature to verify")
     if f.signature == "no-keys":
         if policy.allow_unsigned:
             return row(
                 what, WARN, f"signature not verified: no trusted key given (unsigned mode; keyid hint {keys})"
             )
-        return row(what, FAIL, f"signed (keyid hint {keys}) but no trusted key was given (--key PUB)")
+        return _ignored(what, f"signed (keyid hint {keys}) but no trusted key was given (--key PUB)")
     if f.signature == "forged":
-        return row(
+        return _ignored(
             what,
-            FAIL,
             f"signature claims trusted key {keys} but does not verify: forged, "
             "or the payload was altered after signing",
         )
     if f.signature == "threshold":
-        return row(what, FAIL, f"only {len(f.keyids)} of the required {ev.threshold} trusted key(s) signed")
-    return row(what, FAIL, f"signed by a key that is not trusted (keyid hint {keys}); trusted: {trusted}")
+        return _ignored(what, f"only {len(f.keyids)} of the required {ev.threshold} trusted key(s) signed")
+    return _ignored(what, f"signed by a key that is not trusted (keyid hint {keys}); trusted: {trusted}")
 
 
 def _describe(statement: attest.Statement) -> str:

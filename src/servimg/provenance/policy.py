@@ -11,7 +11,10 @@ A policy names the evidence an image must carry and whom to believe for each kin
 - `tag_binding`: `warn` (a tag not made from the tag template is reported "not bound to a lock") or
   `require` (such a tag FAILs); a template-shaped tag naming another lock always FAILs;
 - `lock`: a repository lock file the image must have been built from exactly;
-- `builders`, `predicates`, `threshold`, `allow_unsigned` as the flags of the same names.
+- `unsigned`: `ignore` (default: an unsigned envelope is reported, "ignored", and not counted, like every
+  piece of evidence that does not verify) or `forbid` (an unsigned envelope FAILs: the strict case);
+- `builders`, `predicates`, `threshold`, `allow_unsigned` as the flags of the same names
+  (`allow_unsigned: true` is unsigned mode: unsigned envelopes are accepted as evidence, and reported).
 
 Loading is validation: every problem is collected with its YAML path and raised once.
 """
@@ -37,7 +40,11 @@ KIND_NAMES = {kind: uri for uri, kind in attest.KINDS.items()}
 REQUIREMENTS = ("provenance", "verify", "vsa", "sbom")
 ALL_TYPES = "all"
 TAG_BINDINGS = ("warn", "require")
-KEYS = "require, keys, ladders, rebuilds, tag_binding, lock, builders, predicates, threshold, allow_unsigned"
+KEYS = (
+    "require, keys, ladders, rebuilds, tag_binding, lock, builders, predicates, threshold, unsigned, "
+    "allow_unsigned"
+)
+UNSIGNED_MODES = ("ignore", "forbid")
 
 
 class PolicyError(ServimgError):
@@ -66,6 +73,7 @@ class _PolicyFile(BaseModel):
     keys: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     threshold: int = Field(default=1, ge=1)
     allow_unsigned: bool = False
+    unsigned: Literal["ignore", "forbid"] = "ignore"
     rebuilds: int = Field(default=0, ge=0)
     tag_binding: Literal["warn", "require"] = "warn"
     lock: str | None = None
@@ -89,6 +97,7 @@ class Policy:
     keys: tuple[Path, ...] = ()
     threshold: int = 1
     allow_unsigned: bool = False
+    unsigned: str = "ignore"  # ignore | forbid (UNSIGNED_MODES)
     uri: str = "servimg:policy/default"
     typed_keys: tuple[tuple[str, tuple[Path, ...]], ...] = ()  # (predicate type URI, its keys), sorted
     verdicts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (ladder, verdicts accepted) beyond PASS-only
@@ -140,6 +149,8 @@ class Policy:
                     typed[predicate_type(name)] = tuple(here / k for k in files)
         else:
             shared = tuple(here / k for k in parsed.keys)
+        if parsed.allow_unsigned and parsed.unsigned == "forbid":
+            problems.append("unsigned: forbid contradicts allow_unsigned: true (choose one)")
         if problems:
             raise PolicyError(f"{path}: {len(problems)} problem(s) in the policy", problems=problems)
         if isinstance(parsed.ladders, dict):
@@ -157,6 +168,7 @@ class Policy:
             keys=shared,
             threshold=parsed.threshold,
             allow_unsigned=parsed.allow_unsigned,
+            unsigned=parsed.unsigned,
             uri=path.resolve().as_uri(),
             typed_keys=tuple(sorted(typed.items())),
             verdicts=verdicts,
@@ -216,6 +228,7 @@ class Policy:
             "typed_keys": {t: [str(k) for k in files] for t, files in self.typed_keys},
             "threshold": self.threshold,
             "allow_unsigned": self.allow_unsigned,
+            "unsigned": self.unsigned,
             "rebuilds": self.rebuilds,
             "tag_binding": self.tag_binding,
             "lock": str(self.lock) if self.lock is not None else None,
