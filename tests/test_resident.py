@@ -146,6 +146,9 @@ def test_the_first_command_runs_in_process_and_leaves_a_server(servers: Servers)
 def test_no_server_with_servimg_server_0_nor_for_a_usage_error(servers: Servers) -> None:
     assert servers.in_process("lock", "images/missing.yaml").returncode == 1
     assert servers.run("no-such-command").returncode == 2
+    assert servers.run("lock", "--no-such-flag").returncode == 2
+    assert servers.run("lock", "--help").returncode == 0  # help is read and gone: no server for it
+    assert servers.run("build", "images/demo.yaml", "-h").returncode == 0
     time.sleep(1.0)
     assert servers.sockets() == []
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 CLI = "servimg.cli"  # its main(argv) runs a command in-process
 OFF_ENV = "SERVIMG_SERVER"
 OFF = ("0", "off", "no", "false")
+HELP = frozenset({"-h", "--help", "--version"})
 SPAWN_BACKOFF = 60.0  # seconds after a server failed to start before another is spawned
 SERVING = b": serving "  # what a server's log says once it serves (resident.server)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -65,8 +66,8 @@ def _server_dir(argv: Sequence[str]) -> str | None:
     """Step 1: the private directory where this command's server would listen, or None."""
     if os.environ.get(OFF_ENV, "").lower() in OFF or os.environ.get("SLURM_JOB_ID"):
         return None
-    if not argv or argv[0].startswith("-") or argv[0] == "server":
-        return None
+    if not argv or argv[0].startswith("-") or argv[0] == "server" or HELP.intersection(argv):
+        return None  # help and the version are read and gone: no server is started for them
     where, _ = identity.server_dir()
     return where
 
