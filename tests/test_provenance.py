@@ -300,7 +300,9 @@ def test_each_tamper_is_reported_with_its_reason(
     # Beside the signed evidence, what does not verify is a WARN ("ignored: …"), and the check passes.
     assert report.ok, _fails(report)
     warned = [f.message for f in report.findings if f.status == WARN]
-    assert any(reason in m and m.startswith("ignored: ") and m.endswith("not counted") for m in warned), warned
+    assert any(reason in m and m.startswith("ignored: ") and m.endswith("not counted") for m in warned), (
+        warned
+    )
     # Alone, it proves nothing: the requirements fail for want of verified evidence, not because of it.
     alone = evaluate(Policy(), _evidence(image, facts, [builders[tamper]()]))
     assert not alone.ok and not any(reason in line for line in _fails(alone)), _fails(alone)

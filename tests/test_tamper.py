@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import copy_checkout, docker
+from servimg.backends import engine
 from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from servimg.cli import main
 from servimg.core.digest import Digest
@@ -391,6 +392,95 @@ def test_unsigned_is_reported_and_only_accepted_in_unsigned_mode(
     assert code == 0, fails(out)
     warned = [r for r in rows_of(out) if r["verdict"] == "WARN"]
     assert any("unsigned mode" in r["why"] for r in warned), "unsigned mode is reported, never silent"
+
+
+def test_unverified_evidence_beside_signed_is_ignored_unless_the_policy_forbids_it(
+    built: dict[str, Any],
+    registry: Any,
+    keyring: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Anyone who may push may attach: unsigned envelopes and ones signed by an untrusted key beside the
+    signed evidence are WARN rows and the check stays OK; `unsigned: forbid` makes unsigned ones FAIL."""
+    variant = relabeled(built, **{"io.servimg.test.variant": "beside"})
+    publish(built, registry, variant, "beside", keys.load_signing(keyring["key"]))
+    # An unsigned push of a signed digest attaches nothing unsigned, and says so ...
+    quiet = publish(built, registry, variant, "beside-unsigned", None)
+    assert not quiet.attached and quiet.note and "attached nothing unsigned" in quiet.note, quiet
+    assert "--unsigned" in quiet.note and head(registry, REPO_NAME, "beside-unsigned") == str(variant.digest)
+    # ... unless asked.
+    dest = f"{registry.host}/{REPO_NAME}:beside-unsigned"
+    loud = push_image(variant, dest, built["store"], print, report=built["report"], unsigned=True)
+    assert len(loud.attached) == 3 and not any(a.signed for a in loud.attached)
+    publish(built, registry, variant, "beside-other", keys.load_signing(keyring["other_key"]))
+
+    ref = f"{registry.host}/{REPO_NAME}:beside"
+    code, out = check_cli(ref, keyring, capsys)
+    assert code == 0, fails(out)
+    warned = warns(out)
+    assert sum(1 for w in warned if "ignored: unsigned envelope" in w) == 3, warned
+    assert sum(1 for w in warned if "ignored: signed by a key that is not trusted" in w) == 3, warned
+
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(f"keys: [{keyring['pub']}]\nunsigned: forbid\n")
+    code, out = run_cli("check", ref, "--policy", str(strict), "--remote", capsys=capsys)
+    assert code == 1
+    assert sum(1 for r in fails(out) if "forbids unsigned evidence (unsigned: forbid)" in r) == 3, fails(out)
+
+
+def test_witness_hook_flipped_in_the_overlay_layer_fails_verify_by_name(
+    built: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One byte of a file servimg adds (the witness hook) flipped, the layer, diffID, config and manifest
+    re-written consistently: every blob hashes right, and the probe's LAYER check names the file."""
+
+    def flip(entries: list[Entry]) -> list[Entry]:
+        out = []
+        for e in entries:
+            if e.path.endswith("/servimg_witness.py"):
+                data = bytearray(e.data or b"")
+                data[data.index(b"t")] = 0x8B
+                e = dataclasses.replace(e, data=bytes(data))
+            out.append(e)
+        return out
+
+    variant = retopped(built, flip)
+    engine.load(variant, built["store"], tag=None)  # thin: the engine has every other layer
+    try:
+        code, out = run_cli("verify", str(variant.config_digest), capsys=capsys)
+    finally:
+        engine.remove(variant.config_digest)
+    assert code == 1, out
+    layer = [p for p in out["problems"] if p.startswith("LAYER ")]
+    assert layer and "servimg_witness.py has sha256" in layer[0], out["problems"]
+
+
+def test_deep_check_hashes_what_the_registry_serves_not_the_local_copy(
+    built: dict[str, Any],
+    clean: dict[str, Any],
+    registry: Any,
+    keyring: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    top = built["image"].layers[-1].descriptor.digest
+    data = registry.storage / "docker/registry/v2/blobs/sha256" / top.hex[:2] / top.hex / "data"
+    original = data.read_bytes()
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0x8B
+    spare = data.with_name("data.servimg-test")
+    # Replaced, not written in place: a registry seeded from this one (`cp -al`) keeps its own bytes.
+    spare.write_bytes(bytes(flipped))
+    spare.replace(data)
+    try:
+        assert built["store"].has(top, len(original)), "the local store holds the good bytes"
+        code, out = check_cli(clean["ref"], keyring, capsys, "--deep")
+        assert code == 1
+        deep = [r for r in fails(out) if r.startswith("deep: probe:")]
+        assert deep and str(top) in deep[0] and "digest mismatch" in deep[0], fails(out)
+    finally:
+        spare.write_bytes(original)
+        spare.replace(data)
 
 
 def test_untrusted_key(

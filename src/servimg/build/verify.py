@@ -548,8 +548,10 @@ def verify_image_value(
 ) -> VerifyReport:
     """Probe an image value whose blobs are in `store`: in a container when an engine runs (the image is
     loaded untagged, thin over its base, and removed again if the probe fails and it was not there
-    before), otherwise in a chroot of its extracted layers."""
+    before; `docker load` checks every layer it takes against its diffID), otherwise in a chroot of its
+    extracted layers, each layer of the store hashed first against its digest and diffID."""
     if not engine.engine_available():
+        integrity.prove_layers(image, store)
         log("verifying in a chroot (no Docker Engine)")
         fs = LayeredFS.of_layers(image.layers, store)
         config = image.config.get("config") or {}
@@ -584,8 +586,6 @@ def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> 
             f"{ref} names an engine image, but no Docker Engine is reachable",
             hint="start dockerd, or verify an OCI layout / registry ref instead",
         )
-    # Every blob it relies on is hashed where it is relied on: the source's (rehash), then the store's
-    # copy the probe runs over, each layer against its digest and diffID.
-    image = transport.fetch(found.ref, store, log, rehash=True)
-    integrity.prove_layers(image, store)
-    return verify_image_value(image, store, log, audit=audit)
+    # Every blob it relies on is hashed where it is relied on: the source's here (rehash), the store's
+    # copy where the probe runs on it (verify_image_value).
+    return verify_image_value(transport.fetch(found.ref, store, log, rehash=True), store, log, audit=audit)
