@@ -20,6 +20,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -102,15 +103,47 @@ def _reflink(src_fd: int, dest_fd: int, src: Path, digest: Digest) -> str | None
 
 
 def _copy(source: BinaryIO, dest_fd: int, src: Path, digest: Digest) -> str:
-    sha = hashlib.sha256()
-    while block := source.read(BLOCK):
-        sha.update(block)
+    """Copy in the kernel (copy_file_range: no trip through user space) while a second thread hashes
+    the source from the page cache: the two overlap, so the copy costs about what the slower of them
+    does (docs/benchmarks.md, "Integrity"). A file system without copy_file_range gets read/write."""
+    hashed: list[Digest | BaseException] = []
+
+    def hash_source() -> None:
+        try:
+            hashed.append(rehash(src)[0])
+        except BaseException as exc:  # handed to the caller below
+            hashed.append(exc)
+
+    thread = threading.Thread(target=hash_source, name="servimg-hash", daemon=True)
+    thread.start()
+    try:
+        _kernel_copy(source.fileno(), dest_fd, os.fstat(source.fileno()).st_size)
+    finally:
+        thread.join()
+    actual = hashed[0]
+    if isinstance(actual, BaseException):
+        raise actual
+    if actual != digest:
+        raise corrupt_blob(src, digest, actual)
+    return "copy"
+
+
+def _kernel_copy(src_fd: int, dest_fd: int, size: int) -> None:
+    left = size
+    try:
+        while left > 0:
+            copied = os.copy_file_range(src_fd, dest_fd, left)
+            if copied == 0:
+                break  # the source is shorter than it was: the hash says what it is
+            left -= copied
+        return
+    except OSError as exc:
+        if exc.errno not in _NO_REFLINK or left != size:
+            raise
+    while block := os.read(src_fd, BLOCK):
         view = memoryview(block)
         while view:
             view = view[os.write(dest_fd, view) :]
-    if sha.hexdigest() != digest.hex:
-        raise corrupt_blob(src, digest, Digest("sha256", sha.hexdigest()))
-    return "copy"
 
 
 def corrupt_blob(path: Path, digest: Digest, actual: Digest) -> StoreError:
