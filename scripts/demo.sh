@@ -10,7 +10,7 @@
 # OCI layout, receipt, reports), REGISTRY (default 127.0.0.1:5000, started by scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh demo  # only what this job needs, said before it is installed; scripts/cleanup.sh stops it
 export PATH="$PWD/.venv/bin:/usr/bin:$PATH"
 REGISTRY=${REGISTRY:-127.0.0.1:5000}
 OUT=${DEMO_OUT:-out/demo-job}

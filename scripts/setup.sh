@@ -1,23 +1,45 @@
 #!/usr/bin/env bash
-# Install and start everything servimg's tests and demo need, on a fresh Debian 12 machine (as root):
-# Docker Engine (Debian docker.io), the OCI registry (Debian docker-registry) on 127.0.0.1:5000,
-# Slurm + munge (scripts/slurm.sh: a one-node cluster for `ladder --on slurm`),
-# mmdebstrap (bases are bootstrapped from pinned packages), faketime (the reproducibility tests build under
-# another clock), Nix (Debian nix-bin, for the offline flake tests), the ecosystem's tools the interop tests
-# drive (skopeo, umoci, podman; docker-credential-pass + pass for the credential-helper tests), and the
-# Python venv with servimg + dev tools. Idempotent: safe to run again.
+# Install and start what servimg needs on a fresh Debian 12 machine (as root). Idempotent: safe to run
+# again; `bash scripts/cleanup.sh` stops what it started.
+#
+#   bash scripts/setup.sh          everything the tests need (scripts/test.sh)
+#   bash scripts/setup.sh demo     only what the main job needs (scripts/demo.sh)
+#
+# The main job needs Docker Engine (Debian docker.io), the OCI registry (Debian docker-registry) on
+# 127.0.0.1:5000, mmdebstrap (the demo base is bootstrapped from pinned packages) and the Python venv with
+# servimg. The tests also need faketime (the reproducibility tests build under another clock), Nix (Debian
+# nix-bin, the offline flake tests), the ecosystem's tools the interop tests drive (skopeo, umoci, podman;
+# docker-credential-pass + pass for the credential-helper tests) and a private one-node Slurm cluster
+# (scripts/slurm.sh: its own configuration, munge key and ports; a host's /etc/slurm is never touched).
+#
+# A guest on the host: it installs Debian packages (and says which, and why, before it does), starts
+# daemons only when none answers, and writes only its own files (/var/lib/servimg, /var/log/servimg,
+# .venv): never a file under /etc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+profile=${1:-test}
+case "$profile" in
+  demo | test) ;;
+  *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+esac
+STATE=/var/lib/servimg
+LOGS=/var/log/servimg
+mkdir -p "$STATE" "$LOGS"
+
 export DEBIAN_FRONTEND=noninteractive
+demo_tools="dockerd:docker.io docker-registry:docker-registry mmdebstrap:mmdebstrap"
+test_tools="faketime:faketime nix-instantiate:nix-bin skopeo:skopeo umoci:umoci podman:podman
+  docker-credential-pass:golang-docker-credential-helpers pass:pass"
+wanted=$demo_tools
+[ "$profile" = test ] && wanted="$demo_tools $test_tools"
 need=()
-for pair in dockerd:docker.io docker-registry:docker-registry mmdebstrap:mmdebstrap faketime:faketime \
-  nix-instantiate:nix-bin skopeo:skopeo umoci:umoci podman:podman \
-  docker-credential-pass:golang-docker-credential-helpers pass:pass; do
+for pair in $wanted; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if ((${#need[@]})); then
-  echo "setup: installing ${need[*]}"
+  echo "setup ($profile): installing Debian packages ${need[*]} (the engine, the registry and the base"
+  echo "  bootstrapper$([ "$profile" = test ] && echo ', and the tools the tests drive'))"
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
@@ -25,40 +47,41 @@ fi
 # Docker Engine: prefer Debian's client beside Debian's daemon (same API version).
 export PATH="/usr/bin:$PATH"
 if ! docker info >/dev/null 2>&1; then
-  echo "setup: starting dockerd"
-  mkdir -p /var/log/servimg
-  nohup dockerd >/var/log/servimg/dockerd.log 2>&1 &
+  echo "setup: starting dockerd (log $LOGS/dockerd.log; scripts/cleanup.sh stops it)"
+  nohup dockerd >"$LOGS/dockerd.log" 2>&1 &
+  echo $! >"$STATE/dockerd.pid"
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /var/log/servimg/dockerd.log" >&2; exit 1; }
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see $LOGS/dockerd.log" >&2; exit 1; }
 fi
 
-# The registry: CNCF distribution 2.8 from Debian, loopback only.
+# The registry: CNCF distribution 2.8 from Debian, loopback only; its configuration is ours, not /etc's.
 if ! curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1; then
-  echo "setup: starting docker-registry on 127.0.0.1:5000"
-  mkdir -p /var/lib/servimg-registry /etc/servimg /var/log/servimg
-  cat >/etc/servimg/registry.yml <<'YAML'
+  echo "setup: starting docker-registry on 127.0.0.1:5000 (storage $STATE/registry)"
+  mkdir -p "$STATE/registry"
+  cat >"$STATE/registry.yml" <<YAML
 version: 0.1
 log:
   level: warn
 storage:
   filesystem:
-    rootdirectory: /var/lib/servimg-registry
+    rootdirectory: $STATE/registry
   delete:
     enabled: true
 http:
   addr: 127.0.0.1:5000
 YAML
-  nohup docker-registry serve /etc/servimg/registry.yml >/var/log/servimg/registry.log 2>&1 &
+  nohup docker-registry serve "$STATE/registry.yml" >"$LOGS/registry.log" 2>&1 &
+  echo $! >"$STATE/registry.pid"
   for _ in $(seq 1 30); do curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && break; sleep 1; done
   curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "setup: registry did not start" >&2; exit 1; }
 fi
 
-# Slurm (Debian slurm-wlm + munge) as a single-node cluster on 127.0.0.1: `servimg ladder --on slurm`.
-bash scripts/slurm.sh start
+# Slurm (Debian slurm-wlm + munge), private, for `servimg ladder --on slurm` tests only.
+[ "$profile" = test ] && bash scripts/slurm.sh start
 
 if [ ! -x .venv/bin/servimg ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-.venv/bin/pip install -q -e '.[dev]'
-echo "setup: ready (docker $(docker version -f '{{.Server.Version}}'), registry 127.0.0.1:5000, .venv)"
+if [ "$profile" = test ]; then .venv/bin/pip install -q -e '.[dev]'; else .venv/bin/pip install -q -e .; fi
+echo "setup ($profile): ready (docker $(docker version -f '{{.Server.Version}}'), registry 127.0.0.1:5000, .venv)"

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="/usr/bin:$PATH"
+eval "$(bash scripts/slurm.sh env)"  # the private Slurm cluster setup started (the host's stays the host's)
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy

@@ -196,8 +196,14 @@ def slurm_running() -> bool:
     return done.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in done.stdout.split())
 
 
+PRIVATE_CONF = Path(os.environ.get("SERVIMG_SLURM_DIR", "/var/lib/servimg/slurm")) / "slurm.conf"
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> None:
+    """The private cluster scripts/slurm.sh runs (its own SLURM_CONF, munge and ports), unless SLURM_CONF
+    already names a cluster to use. servimg's `--on slurm` reaches it through the same variable."""
+    os.environ.setdefault("SLURM_CONF", str(PRIVATE_CONF))
     if not slurm_running() and os.geteuid() == 0 and shutil.which("sbatch"):
         subprocess.run(["bash", str(REPO / "scripts" / "slurm.sh"), "start"], check=False)
     _require(slurm_running(), "needs the single-node Slurm cluster (bash scripts/slurm.sh start)")
