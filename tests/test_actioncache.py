@@ -177,8 +177,20 @@ def test_a_destination_that_no_longer_holds_the_result_rebuilds(world: World) ->
 
 
 def test_a_truncated_blob_in_the_destination_rebuilds(world: World) -> None:
-    digest, _ = world.published.sink["blobs"][1]
+    digest, *_ = world.published.sink["blobs"][1]
     (world.layout / "blobs" / "sha256" / digest.removeprefix("sha256:")).write_bytes(b"layer")
+    assert world.hit() is None
+
+
+def test_a_blob_written_in_place_at_its_size_rebuilds(world: World) -> None:
+    """Same inode, same size, mtime set back: the write moved ctime, which nothing can set back."""
+    digest, *_ = world.published.sink["blobs"][1]
+    blob = world.layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+    before = blob.stat()
+    with blob.open("r+b") as fh:
+        fh.write(b"X")
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert blob.stat().st_ino == before.st_ino and blob.stat().st_size == before.st_size
     assert world.hit() is None
 
 

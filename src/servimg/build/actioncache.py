@@ -46,6 +46,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -229,22 +230,37 @@ def oci_sink(layout: str, tag: str, manifest: str, blobs: Sequence[tuple[str, in
     """An OCI layout holding `manifest` (digest) under `tag`, with `blobs` ((digest, size): its config and
     layers), each with the stat fingerprint it has now, just written and hashed by the layout writer."""
     root = Path(layout) / "blobs" / "sha256"
+    now = _file_clock(root)
     return {
         "kind": "oci",
         "layout": os.path.abspath(layout),
         "tag": tag,
         "manifest": manifest,
-        "blobs": [[digest, size, *_fingerprint(root / digest.partition(":")[2])] for digest, size in blobs],
+        "blobs": [
+            [digest, size, *_fingerprint(root / digest.partition(":")[2], now)] for digest, size in blobs
+        ],
     }
 
 
-def _fingerprint(path: Path) -> tuple[int, int, int]:
+def _fingerprint(path: Path, now: int) -> tuple[int, int, int] | tuple[None, None, None]:
     """(inode, mtime_ns, ctime_ns): every write into a file through the kernel moves its ctime, which no
     caller can set back (utime sets only atime and mtime), and a replaced file is another inode. A layout
     blob whose fingerprint is unchanged since the build wrote and hashed it still holds those bytes,
-    short of a disk fault (`servimg verify` and `servimg cache verify` hash everything for that)."""
+    short of a disk fault (`servimg verify` and `servimg cache verify` hash everything for that).
+
+    The kernel stamps files from a coarse clock (a tick of milliseconds): a blob whose ctime is this very
+    tick (`now`) could be written again within it without its ctime moving, so it gets no fingerprint and
+    is re-hashed by the replay instead (git's "racily clean" entries)."""
     st = path.stat()
+    if st.st_ctime_ns >= now:
+        return None, None, None
     return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _file_clock(directory: Path) -> int:
+    """The clock the kernel stamps files with, now, on `directory`'s file system (an unnamed temp file)."""
+    with tempfile.TemporaryFile(dir=directory) as fh:
+        return os.fstat(fh.fileno()).st_ctime_ns
 
 
 def engine_sink(tag: str, image_id: str) -> dict[str, Any]:
@@ -268,7 +284,12 @@ def _layout_holds(sink: Mapping[str, Any]) -> bool:
         digest, size, *fingerprint = entry
         algorithm, _, hex_digest = str(digest).partition(":")
         path = blobs / hex_digest
-        if algorithm != "sha256" or path.stat().st_size != size or list(_fingerprint(path)) != fingerprint:
+        if algorithm != "sha256" or path.stat().st_size != size:
+            return False
+        if None in fingerprint:  # recorded within the tick it was written in: hashed instead
+            if _sha256(path) != hex_digest:
+                return False
+        elif [*_fingerprint(path, 1 << 63)] != fingerprint:
             return False  # written in place since (or replaced): the build runs and mends it
     return True
 
