@@ -207,17 +207,20 @@ def make_repo(root: Path, base: Base, *, name: str = "tiny", patch: bytes = PATC
 
 
 # --------------------------------------------------------------------------------------------- runner
+@dataclass(frozen=True)
 class FakeRunner:
-    """The compile runner for a base without an interpreter: the host's Python runs the same
-    `_incontainer_compile.py` over the same jobs (paths mapped from WORK_IN_IMAGE to the jobs dir)."""
+    """The compile runner for a base without an interpreter: a Python of the host's (its own, unless
+    `python` names another) runs the same `_incontainer_compile.py` over the same jobs (paths mapped from
+    WORK_IN_IMAGE to the jobs dir), standing in for the image's interpreter."""
 
+    python: str = sys.executable
     name = "host"
 
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
         jobs = (jobs_dir / "jobs.json").read_text().replace(WORK_IN_IMAGE, str(jobs_dir))
         (jobs_dir / "jobs.json").write_text(jobs)
         subprocess.run(
-            [sys.executable, "-S", "-s", str(jobs_dir / "compile.py"), "jobs.json", "result.json"],
+            [self.python, "-S", "-s", str(jobs_dir / "compile.py"), "jobs.json", "result.json"],
             cwd=jobs_dir,
             env={"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONHASHSEED": "0"},
             check=True,
@@ -225,11 +228,14 @@ class FakeRunner:
         return read_result(jobs_dir, self.name)
 
 
+@dataclass(frozen=True)
 class HostRunners:
     """RunnerChoice seam: every build compiles with `FakeRunner` (the fake base has no interpreter)."""
 
+    python: str = sys.executable
+
     def choose(self, name: str, base: Image, fs: Any, store: Any) -> FakeRunner:
-        return FakeRunner()
+        return FakeRunner(self.python)
 
 
 class NoProbe:

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
@@ -32,6 +32,7 @@ from servimg.core.errors import BackendError, BytecodeError
 from servimg.oci.filesystem import LayeredFS
 
 COMPILE_SCRIPT = Path(__file__).parents[1] / "inimage" / "compile.py"
+PROBE_SCRIPT = Path(__file__).parents[1] / "inimage" / "probe.py"
 WORK_IN_IMAGE = "/.servimg-compile"
 
 
@@ -150,6 +151,50 @@ def compile_sources(
             local = work / "out" / Path(str(job_plan["out"])).name
             out[(str(job_plan["dfile"]), int(str(job_plan["opt"])))] = local.read_bytes()
         return facts, out
+
+
+def lookup_in_image(
+    runner: Runner,
+    interpreter: str,
+    sources: Mapping[str, bytes],
+    lookups: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> dict[str, tuple[int, int]]:
+    """Search base modules' code for sentinels with the image's own interpreter (compile.py's sentinel
+    jobs): `sources` maps a module to its source bytes, `lookups` a module to its sentinels (`key`,
+    `qualname`, `name`, `const`). Per key: (hits, code objects with that qualname). The image compiles
+    its own modules: a base newer than the host has syntax the host's compiler refuses."""
+    with tempfile.TemporaryDirectory(prefix="servimg-sentinels-") as tmp:
+        work = Path(tmp)
+        (work / "src").mkdir()
+        shutil.copyfile(COMPILE_SCRIPT, work / "compile.py")
+        shutil.copyfile(PROBE_SCRIPT, work / "probe.py")
+        items = []
+        for i, (module, source) in enumerate(sorted(sources.items())):
+            (work / "src" / f"{i}.py").write_bytes(source)
+            items.append(
+                {"module": module, "src": f"{WORK_IN_IMAGE}/src/{i}.py", "lookups": list(lookups[module])}
+            )
+        (work / "jobs.json").write_text(json.dumps({"compile": [], "sentinels": items}))
+        os.chmod(work, 0o755)
+        runner.run(work, interpreter)
+        answers = json.loads((work / "result.json").read_text()).get("sentinels", {})
+    out: dict[str, tuple[int, int]] = {}
+    problems = []
+    for module in sorted(lookups):
+        for lookup in lookups[module]:
+            answer = answers.get(lookup["key"]) if module in sources else [0, 0]
+            if isinstance(answer, list) and len(answer) == 2:
+                out[str(lookup["key"])] = (int(answer[0]), int(answer[1]))
+            else:
+                why = answer.get("error") if isinstance(answer, dict) else "no answer"
+                problems.append(f"{module}: {why}")
+    if problems:
+        raise BytecodeError(
+            f"the image's interpreter {interpreter} cannot compile the base's module(s)",
+            problems=sorted(set(problems)),
+            hint="the base's own source must be valid for its own interpreter; check the definition's python",
+        )
+    return out
 
 
 # -S/-s: no site import, no user site: the compiler needs only the stdlib, and site hooks (.pth files)

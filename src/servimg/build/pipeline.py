@@ -13,7 +13,6 @@ import json
 import os
 import posixpath
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,7 +51,7 @@ from servimg.build.lock import (
 )
 from servimg.build.overlay import Patch, apply_patch
 from servimg.build.seams import DEFAULT, BaseSource, Seams, Staging, Verifier
-from servimg.build.verify import base_sentinel_verdicts, base_sources, probe_files, probe_spec
+from servimg.build.verify import base_sentinel_verdicts_in_image, base_sources, probe_files, probe_spec
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
@@ -180,7 +179,7 @@ def resolve(
         overlays=overlays,
         source_date_epoch=_source_date_epoch(definition, base),
     )
-    lock = _with_base_verdicts(lock, definition, fs, store)
+    lock = _with_base_verdicts(lock, definition, fs, store, chosen)
     ladder_lock, ladder_files = _ladder(definition, definition_path)
     lock = replace(lock, ladder=ladder_lock)
     return Resolution(definition, definition_path, base, fs, lock, changes, chosen, ladder_files)
@@ -216,7 +215,9 @@ def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderL
     return locked, files
 
 
-def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS, store: BlobStore) -> Lock:
+def _with_base_verdicts(
+    lock: Lock, definition: ImageDefinition, fs: LayeredFS, store: BlobStore, runner: Runner
+) -> Lock:
     """Record, per overlay, the `absent_in_base` sentinels verified missing from the BASE's code. A sentinel
     the base already has does not discriminate (vLLM 0.33.0 adopted `supports_divergent_local_hybrid_hits`):
     a grep or co_names check would pass on an unpatched image, so refuse to lock it."""
@@ -224,7 +225,7 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS, 
     for spec, locked in zip(definition.overlays, lock.overlays, strict=True):
         wanted = [s for s in spec.sentinels if s.absent_in_base]
         sources = base_sources(lock, wanted, lambda p: fs.read_or_none(p.lstrip("/")))
-        verdicts = _sentinel_verdicts(store, sources, wanted)
+        verdicts = _sentinel_verdicts(store, sources, wanted, runner, lock.interpreter)
         present = sorted(key for key, has in verdicts.items() if has)
         if present:
             raise DefinitionError(
@@ -237,12 +238,20 @@ def _with_base_verdicts(lock: Lock, definition: ImageDefinition, fs: LayeredFS, 
 
 
 def _sentinel_verdicts(
-    store: BlobStore, sources: Mapping[str, bytes], wanted: Sequence[Sentinel]
+    store: BlobStore,
+    sources: Mapping[str, bytes],
+    wanted: Sequence[Sentinel],
+    runner: Runner,
+    interpreter: InterpreterLock,
 ) -> dict[str, bool]:
-    """`base_sentinel_verdicts`, kept by the sources' sha256 (servimg.build.basefacts): compiling the
-    base's modules is ≈20 ms each, and a module's bytes, the sentinel and this host's compiler decide it."""
+    """Whether the base's code already holds each sentinel, answered by the image's own interpreter
+    (`verify.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
+    sources' sha256 and that interpreter (servimg.build.basefacts): a module's bytes, the sentinel and
+    the compiler decide it, and asking the image costs a run of it."""
+    if not wanted:
+        return {}
     key = {
-        "python": sys.version,
+        "interpreter": [interpreter.resolved, interpreter.version, interpreter.magic],
         "sources": {module: sha256_hex(data) for module, data in sorted(sources.items())},
         "sentinels": [dataclasses.asdict(s) for s in wanted],
     }
@@ -250,7 +259,7 @@ def _sentinel_verdicts(
         store.root,
         "sentinels-in-base",
         key,
-        lambda: base_sentinel_verdicts(sources, wanted),
+        lambda: base_sentinel_verdicts_in_image(runner, interpreter.path, sources, wanted),
         code=(verify, probe),
         decode=_verdict_map,
     )

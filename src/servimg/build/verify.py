@@ -21,7 +21,7 @@ from typing import Any
 
 from servimg.backends import engine, transport
 from servimg.backends.engine import ContainerSpec
-from servimg.build.bytecode import chroot_run, extract_runtime
+from servimg.build.bytecode import Runner, chroot_run, extract_runtime, lookup_in_image
 from servimg.build.definition import ImageDefinition, Sentinel
 from servimg.build.lock import Lock
 from servimg.core import canonical
@@ -251,6 +251,25 @@ def base_sentinel_verdicts(sources: Mapping[str, bytes], sentinels: Iterable[Sen
     base's source bytes of that module (a module missing from it is absent from the base). Compiled on the
     host, never executed; a qualname the base lacks means the sentinel is absent. Keys: `sentinel_key`."""
     return {key: hits > 0 for key, (hits, _) in base_sentinel_lookups(sources, sentinels).items()}
+
+
+def base_sentinel_verdicts_in_image(
+    runner: Runner, interpreter: str, sources: Mapping[str, bytes], sentinels: Iterable[Sentinel]
+) -> dict[str, bool]:
+    """`base_sentinel_verdicts`, answered by the image's own interpreter through `runner` (what a lock
+    and a build use: facts about the image come from the image, as compile and probe do)."""
+    lookups: dict[str, list[dict[str, Any]]] = {}
+    for sentinel in sentinels:
+        lookups.setdefault(sentinel.module, []).append(
+            {
+                "key": sentinel_key(sentinel),
+                "qualname": sentinel.qualname,
+                "name": sentinel.name,
+                "const": sentinel.const,
+            }
+        )
+    found = lookup_in_image(runner, interpreter, {m: s for m, s in sources.items() if m in lookups}, lookups)
+    return {key: hits > 0 for key, (hits, _) in found.items()}
 
 
 def base_sentinel_lookups(

@@ -2,6 +2,10 @@
 
 Usage: python _incontainer_compile.py JOBS.json RESULT.json
 Writes one JSON object: the interpreter's facts (version, magic, cache tag) and, per job, success.
+JOBS.json is a list of compile jobs, or {"compile": [...], "sentinels": [...]}: a sentinel job is a base
+module's source and the sentinels to look up in its code, compiled by THIS interpreter (a base newer than
+the host has syntax the host cannot compile) and searched with the probe's own `find_in_qualname`
+(probe.py beside this script; Python 3.9+). Its answer per sentinel key: [hits, code objects].
 Each source is compiled in its own fresh process (PYTHONHASHSEED=0), so the output cannot depend on
 what an earlier compile left in the interpreter (marshal's ref flags are refcount-sensitive on some
 versions) nor on which runner (container or chroot) ran us. The processes share nothing, so they run
@@ -10,6 +14,7 @@ side by side, one per CPU: a job's bytes are the same whichever runs first; resu
 
 from __future__ import annotations  # dict[...] annotations on Python 3.7/3.8
 
+import importlib
 import importlib.util
 import json
 import os
@@ -26,9 +31,34 @@ py_compile.compile(src, cfile=cfile, dfile=dfile, doraise=True, optimize=opt,
 """
 
 
+def sentinel_lookups(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per sentinel key: [hits, code objects with its qualname], or {"error": why} for a module whose
+    source this interpreter cannot compile. Compiled, never executed."""
+    probe = importlib.import_module("probe")  # beside this script (sys.path[0]); only now: 3.9+
+
+    out: dict[str, Any] = {}
+    for item in items:
+        with open(item["src"], "rb") as fh:
+            source = fh.read()
+        try:
+            code = compile(source, f"<base {item['module']}>", "exec", dont_inherit=True, optimize=0)
+        except (SyntaxError, ValueError) as exc:
+            for lookup in item["lookups"]:
+                out[lookup["key"]] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        for lookup in item["lookups"]:
+            hits, objects, _ = probe.find_in_qualname(
+                code, lookup["qualname"], lookup["name"], lookup["const"]
+            )
+            out[lookup["key"]] = [hits, objects]
+    return out
+
+
 def main() -> None:
     with open(sys.argv[1]) as fh:
-        jobs = json.load(fh)
+        plan = json.load(fh)
+    jobs = plan["compile"] if isinstance(plan, dict) else plan
+    sentinels = plan.get("sentinels", []) if isinstance(plan, dict) else []
     # Not -I/-E: those would ignore PYTHONHASHSEED, and string hash order decides how frozenset
     # constants are marshalled.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0"}
@@ -60,13 +90,15 @@ def main() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    facts = {
+    facts: dict[str, Any] = {
         "executable": sys.executable,
         "version": ".".join(str(v) for v in sys.version_info[:3]),
         "magic": importlib.util.MAGIC_NUMBER.hex(),
         "cache_tag": sys.implementation.cache_tag,
         "results": results,
     }
+    if sentinels:
+        facts["sentinels"] = sentinel_lookups(sentinels)
     # A file in the shared work dir, not stdout: container log capture is not a reliable channel.
     with open(sys.argv[2], "w") as fh:
         json.dump(facts, fh, sort_keys=True)
