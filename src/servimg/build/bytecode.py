@@ -115,15 +115,20 @@ class Runner(Protocol):
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts: ...
 
 
+def _work_dir(work: Path) -> Path:
+    """A runner's work dir as every runner expects it: compile.py, src/ (the sources), out/ (the pycs)."""
+    (work / "src").mkdir()
+    (work / "out").mkdir()
+    shutil.copyfile(COMPILE_SCRIPT, work / "compile.py")
+    return work
+
+
 def compile_sources(
     runner: Runner, interpreter: str, jobs: Sequence[CompileJob]
 ) -> tuple[InterpreterFacts, dict[tuple[str, int], bytes]]:
     """Compile every job with the image's interpreter; return its facts and pyc bytes per (path, opt)."""
     with tempfile.TemporaryDirectory(prefix="servimg-compile-") as tmp:
-        work = Path(tmp)
-        (work / "src").mkdir()
-        (work / "out").mkdir()
-        shutil.copyfile(COMPILE_SCRIPT, work / "compile.py")
+        work = _work_dir(Path(tmp))
         plan = []
         ordered = sorted(jobs, key=lambda j: j.image_path)
         for i, job in enumerate(ordered):
@@ -164,9 +169,7 @@ def lookup_in_image(
     `qualname`, `name`, `const`). Per key: (hits, code objects with that qualname). The image compiles
     its own modules: a base newer than the host has syntax the host's compiler refuses."""
     with tempfile.TemporaryDirectory(prefix="servimg-sentinels-") as tmp:
-        work = Path(tmp)
-        (work / "src").mkdir()
-        shutil.copyfile(COMPILE_SCRIPT, work / "compile.py")
+        work = _work_dir(Path(tmp))
         shutil.copyfile(PROBE_SCRIPT, work / "probe.py")
         items = []
         for i, (module, source) in enumerate(sorted(sources.items())):

@@ -59,15 +59,17 @@ def main() -> int:
     status = _served(os.path.join(where, f"{name}.sock"), doc, argv)
     if status is not None:
         return _exit_like(status)
-    return _in_process(argv, spawn=name if _may_spawn(where, name) else None)
+    # Help is read and gone: a running server may answer it, but none is started for it.
+    wanted = not HELP.intersection(argv) and _may_spawn(where, name)
+    return _in_process(argv, spawn=name if wanted else None)
 
 
 def _server_dir(argv: Sequence[str]) -> str | None:
     """Step 1: the private directory where this command's server would listen, or None."""
     if os.environ.get(OFF_ENV, "").lower() in OFF or os.environ.get("SLURM_JOB_ID"):
         return None
-    if not argv or argv[0].startswith("-") or argv[0] == "server" or HELP.intersection(argv):
-        return None  # help and the version are read and gone: no server is started for them
+    if not argv or argv[0].startswith("-") or argv[0] == "server":
+        return None
     where, _ = identity.server_dir()
     return where
 
