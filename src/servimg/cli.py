@@ -256,6 +256,16 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing pair")
 
 
+def _init_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", required=True, help=f"the base to start from: {IMAGE_HELP}")
+    p.add_argument("--name", required=True, help="the image's name: writes images/NAME.yaml")
+    p.add_argument("--repository", default=None, help="where builds go (default servimg/NAME)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="the definition to write (default images/NAME.yaml)"
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing definition")
+
+
 def _cache_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repair", action="store_true", help="remove them (the next read fetches them again)")
 
@@ -495,6 +505,14 @@ COMMANDS: tuple[Command, ...] = (
         _base_flags,
         Bound(_base, "servimg.commands.base:base"),
         description="Bases: demo (the serving base: vLLM for CPU + LMCache), test-bookworm, test-trixie.",
+    ),
+    Command(
+        ("init",),
+        "start from your own image: inspect a base and write images/NAME.yaml (interpreter, vllm, lmcache)",
+        _init_flags,
+        Bound(
+            lambda a: params.Init(a.base, a.name, a.repository, a.out, a.force), "servimg.commands.init:init"
+        ),
     ),
     Command(
         ("cache", "verify"),

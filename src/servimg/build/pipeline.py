@@ -358,14 +358,14 @@ def _interpreter(
     log: Log,
     store: BlobStore,
 ) -> InterpreterLock:
-    path = definition.python or _guess_interpreter(fs, packages)
+    path = definition.python or guess_interpreter(fs, packages)
     node = fs.lstat(fs.resolve(path))
     if node is None or not (node.is_file or node.is_hardlink):
         raise BuildError(
             f"interpreter {path} not found in the base image",
             hint="set `python:` in the definition to the service's interpreter, e.g. /opt/venv/bin/python",
         )
-    facts = _interpreter_facts(store, base, path, runner, log)
+    facts = interpreter_facts(store, base, path, runner, log)
     prefix = base.env.get("PYTHONPYCACHEPREFIX") or None
     dirs = [p.site_packages.lstrip("/") + "/" + p.import_name for p in packages]
     return InterpreterLock(
@@ -395,9 +395,7 @@ def _base_opt_levels(
     )
 
 
-def _interpreter_facts(
-    store: BlobStore, base: Image, path: str, runner: Runner, log: Log
-) -> InterpreterFacts:
+def interpreter_facts(store: BlobStore, base: Image, path: str, runner: Runner, log: Log) -> InterpreterFacts:
     """Ask the image's interpreter for its version/magic/cache tag, once per (base layers, path): the
     layers are content-addressed, so the same diffIDs cannot hold a different interpreter."""
     key = Digest.of_bytes(canonical.dumps({"diff_ids": [str(d) for d in base.diff_ids], "path": path}))
@@ -413,16 +411,45 @@ def _interpreter_facts(
     return facts
 
 
-def _guess_interpreter(fs: LayeredFS, packages: tuple[PackageLock, ...]) -> str:
-    """The interpreter that owns the packages' site dir: a venv's bin/python, else <prefix>/bin/pythonX.Y."""
+def guess_interpreter(fs: LayeredFS, packages: Sequence[PackageLock]) -> str:
+    """The interpreter that owns the packages' site dir: a venv's bin/python, else <prefix>/bin/pythonX.Y,
+    else the system's pythonX.Y (the official vLLM image: /usr/bin/python3.12 with its packages in
+    /usr/local/lib/python3.12/dist-packages), else /usr/bin/python3; the first that is in the image."""
     site = packages[0].site_packages if packages else "/usr/lib/python3/dist-packages"
     match = re.match(r"^(.*)/lib/(python3\.\d+)/(site|dist)-packages$", site)
+    candidates = []
     if match:
         prefix, version = match.group(1), match.group(2)
         if fs.exists(f"{prefix}/pyvenv.cfg"):
-            return f"{prefix}/bin/python"
-        return f"{prefix or '/usr'}/bin/{version}"
-    return "/usr/bin/python3"
+            candidates.append(f"{prefix}/bin/python")
+        candidates += [f"{prefix or '/usr'}/bin/{version}", f"/usr/bin/{version}"]
+        candidates.append(f"/usr/local/bin/{version}")
+    candidates.append("/usr/bin/python3")
+    for path in dict.fromkeys(candidates):
+        node = fs.lstat(fs.resolve(path))
+        if node is not None and (node.is_file or node.is_hardlink):
+            return path
+    return candidates[0]
+
+
+def providers(fs: LayeredFS, import_name: str) -> list[tuple[str, str, str]]:
+    """Every installed distribution that provides `import_name` (its RECORD lists files under it):
+    (distribution, version, site), sorted. What `servimg init` writes under `packages:`."""
+    found = []
+    for site in _site_dirs(fs):
+        if not _provides(fs, site, import_name):
+            continue
+        for entry in fs.listdir(site):
+            if not entry.endswith(".dist-info") or "-" not in entry.removesuffix(".dist-info"):
+                continue
+            record = fs.read_or_none(f"{site}/{entry}/RECORD") or b""
+            rows = record.decode("utf-8", "replace").splitlines()
+            if any(r.startswith((f"{import_name}/", f"{import_name}.py,")) for r in rows):
+                name, version = entry.removesuffix(".dist-info").rsplit("-", 1)
+                metadata = fs.read_or_none(f"{site}/{entry}/METADATA") or b""
+                declared = re.search(rb"^Name: *(\S+)", metadata, re.MULTILINE)
+                found.append((declared.group(1).decode() if declared else name, version, "/" + site))
+    return sorted(found)
 
 
 def _source_date_epoch(definition: ImageDefinition, base: Image) -> int:

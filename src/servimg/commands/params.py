@@ -29,6 +29,15 @@ class Build:
 
 
 @dataclass(frozen=True)
+class Init:
+    base: str  # an IMAGE argument: the base to start from
+    name: str
+    repository: str | None = None  # default servimg/<name>
+    out: Path | None = None  # default images/<name>.yaml
+    force: bool = False  # replace an existing definition
+
+
+@dataclass(frozen=True)
 class Rebase:
     definition: Path
     base: str | None

@@ -1,0 +1,33 @@
+"""`servimg init --base REF --name NAME`: a definition skeleton from your own image (build.skeleton)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from servimg.build import skeleton
+from servimg.commands import params
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
+
+
+def init(p: params.Init, ctx: Context) -> Iterator[Outcome]:
+    """Inspect the base and write images/NAME.yaml (or --out); an existing file is kept unless --force."""
+
+    def run() -> Outcome:
+        found = skeleton.inspect(p.base, p.name, p.repository, ctx.store, ctx.log, ctx.seams)
+        path = p.out or Path("images") / f"{p.name}.yaml"
+        skeleton.write(found, path, force=p.force)
+        return Outcome(
+            str(path),
+            {
+                "base": f"{found.base_ref}@{found.base_digest}",
+                "python": f"{found.python} ({found.python_version})",
+                "packages": ", ".join(
+                    f"{x.import_name}={x.distribution}=={x.version}" for x in found.packages
+                ),
+                "next": f"servimg lock {path}",
+            },
+        )
+
+    yield attempt(p.name, run)
