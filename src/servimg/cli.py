@@ -256,6 +256,21 @@ def _key_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing pair")
 
 
+def _overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
+    def flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("definition", type=Path, help="images/NAME.yaml")
+        p.add_argument("package", help="the import name under `packages:` (vllm, lmcache)")
+        p.add_argument("--dir", type=Path, required=True, help="the directory of the package's files")
+        if save:
+            p.add_argument("--id", required=True, help="the overlay's id: writes overlays/PACKAGE/ID.patch")
+        else:
+            p.add_argument(
+                "--with-stack", action="store_true", help="as the definition's overlays leave them"
+            )
+
+    return flags
+
+
 def _init_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", required=True, help=f"the base to start from: {IMAGE_HELP}")
     p.add_argument("--name", required=True, help="the image's name: writes images/NAME.yaml")
@@ -507,6 +522,24 @@ COMMANDS: tuple[Command, ...] = (
         description="Bases: demo (the serving base: vLLM for CPU + LMCache), test-bookworm, test-trixie.",
     ),
     Command(
+        ("overlay", "edit"),
+        "write a package's installed files from the locked base into --dir, to edit",
+        _overlay_flags(save=False),
+        Bound(
+            lambda a: params.OverlayEdit(a.definition, a.package, a.dir, a.with_stack),
+            "servimg.commands.overlay:edit",
+        ),
+    ),
+    Command(
+        ("overlay", "save"),
+        "turn the edits in --dir into overlays/PACKAGE/ID.patch, add it with a sentinel, lock again",
+        _overlay_flags(save=True),
+        Bound(
+            lambda a: params.OverlaySave(a.definition, a.package, a.dir, a.id),
+            "servimg.commands.overlay:save",
+        ),
+    ),
+    Command(
         ("init",),
         "start from your own image: inspect a base and write images/NAME.yaml (interpreter, vllm, lmcache)",
         _init_flags,
@@ -586,6 +619,7 @@ GROUPS = {
     "witness": "serving-process witness records (images built with witness: true)",
     "key": "signing keys",
     "server": "the resident server that runs servimg commands without a start-up (SERVIMG_SERVER=0: off)",
+    "overlay": "author an overlay from an edited copy of an installed package (like patch-package)",
     "cache": "the local blob cache (~/.cache/servimg, SERVIMG_CACHE): its health check",
 }
 

@@ -29,6 +29,22 @@ class Build:
 
 
 @dataclass(frozen=True)
+class OverlayEdit:
+    definition: Path
+    package: str
+    dir: Path
+    with_stack: bool = False  # the files as the definition's overlays leave them
+
+
+@dataclass(frozen=True)
+class OverlaySave:
+    definition: Path
+    package: str
+    dir: Path
+    id: str
+
+
+@dataclass(frozen=True)
 class Init:
     base: str  # an IMAGE argument: the base to start from
     name: str

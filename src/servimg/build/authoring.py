@@ -1,0 +1,313 @@
+"""`servimg overlay edit|save`: author an overlay from an edited tree, as npm's patch-package does.
+
+- `edit` writes the installed files of one package (its sources and data: no pycs, no compiled
+  extensions) from the locked base into a directory, read through the base's layers — the bytes the
+  overlay engine will patch — or, with `with_stack`, as the definition's overlays for that package leave
+  them. A manifest (`.servimg-edit.json`) records where they came from and each file's sha256.
+- `save` diffs the directory against that manifest: every modified file becomes a hunk of one unified
+  diff with `a/` and `b/` roots relative to the package's site-packages (`strip: 1`, applied exactly, no
+  fuzz), written to `overlays/<package>/<id>.patch`. The overlay is added to the definition with its
+  sha256 and proposed sentinels, and the definition is locked again (the lock verifies the patch applies
+  and each `absent_in_base` sentinel in the image's own interpreter). Nothing changed: refused.
+
+A proposed sentinel is a name a changed function gains: in the new code's `co_names` under a qualname,
+not under that qualname in the old code, and nowhere in the base's module (checked by the image's
+interpreter, `verify.base_sentinel_verdicts_in_image`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servimg.build.definition import ImageDefinition, Sentinel
+from servimg.build.pipeline import Resolution, lock, resolve
+from servimg.build.seams import DEFAULT, Seams
+from servimg.build.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import sha256_hex
+from servimg.core.errors import OverlayError
+from servimg.core.progress import Log
+from servimg.oci.store import BlobStore
+
+MANIFEST = ".servimg-edit.json"
+SKIPPED = (".pyc", ".so", ".pyd")  # compiled: servimg recompiles pycs, and a diff cannot patch a binary
+
+
+@dataclass(frozen=True)
+class Edited:
+    directory: Path
+    package: str
+    site: str
+    files: int
+    stack: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Saved:
+    patch: Path
+    sha256: str
+    files: tuple[str, ...]
+    sentinels: tuple[Sentinel, ...]
+    lock_digest: str
+
+
+def edit(
+    definition: Path,
+    package: str,
+    directory: Path,
+    store: BlobStore,
+    log: Log,
+    *,
+    with_stack: bool = False,
+    seams: Seams = DEFAULT,
+) -> Edited:
+    if directory.exists() and any(directory.iterdir()):
+        raise OverlayError(f"{directory} is not empty; nothing was written", hint="name a new directory")
+    resolution = resolve(definition, store, log, "auto", seams)
+    site = _site(resolution, package)
+    stack = tuple(o.id for o in resolution.lock.overlays if o.package == package) if with_stack else ()
+    stacked = {c.path: c.content for c in resolution.changes} if with_stack else {}
+    files: dict[str, str] = {}
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in sorted(resolution.fs.paths_below(f"{site}/{package}")):
+        node = resolution.fs.lstat(path)
+        if node is None or not node.is_file or "/__pycache__/" in f"/{path}" or path.endswith(SKIPPED):
+            continue
+        data = stacked[path] if path in stacked else resolution.fs.read(path)
+        if data is None:
+            continue  # deleted by an overlay of the stack
+        rel = path[len(site) + 1 :]
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        files[rel] = sha256_hex(data)
+    manifest = {
+        "definition": str(definition.resolve()),
+        "package": package,
+        "site": "/" + site,
+        "base": resolution.lock.base.manifest_digest,
+        "stack": list(stack),
+        "files": files,
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return Edited(directory, package, "/" + site, len(files), stack)
+
+
+def save(
+    definition: Path,
+    package: str,
+    directory: Path,
+    overlay_id: str,
+    store: BlobStore,
+    log: Log,
+    *,
+    seams: Seams = DEFAULT,
+) -> Saved:
+    manifest = _manifest(directory, package)
+    changed = [rel for rel, sha in sorted(manifest["files"].items()) if _changed(directory / rel, sha)]
+    missing = [rel for rel in manifest["files"] if not (directory / rel).is_file()]
+    if missing:
+        raise OverlayError(
+            f"{len(missing)} file(s) of the package were deleted in {directory}",
+            problems=sorted(missing)[:20],
+            hint="save writes modifications of installed files; write a deletion by hand "
+            "(docs/getting-started.md)",
+        )
+    if not changed:
+        raise OverlayError(
+            f"no change in {directory}: nothing to save", hint="edit a file of the package first"
+        )
+    repo = definition.resolve().parent.parent
+    patch_path = repo / "overlays" / package / f"{overlay_id}.patch"
+    if patch_path.exists():
+        raise OverlayError(f"{patch_path} exists; nothing was written", hint="choose another --id")
+    resolution = resolve(definition, store, log, "auto", seams)
+    site = _site(resolution, package)
+    stacked = {c.path: c.content for c in resolution.changes}
+    old = {rel: _before(resolution, stacked, f"{site}/{rel}", manifest) for rel in changed}
+    patch = b"".join(_diff(rel, old[rel], (directory / rel).read_bytes()) for rel in changed)
+    if not patch:
+        raise OverlayError(
+            f"no change in {directory}: the files are what the definition's overlays already make",
+            hint="edit a file of the package first",
+        )
+    sentinels = _proposals(resolution, site, old, directory, changed, log)
+    patch_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(patch_path, patch, 0o644)
+    original = definition.read_bytes()
+    try:
+        _add_overlay(
+            definition, overlay_id, package, patch_path.relative_to(repo), sha256_hex(patch), sentinels
+        )
+        locked, _ = lock(definition, store, log, seams=seams)
+    except BaseException:
+        atomic_write(definition, original, 0o644)  # nothing half-done: the definition as it was
+        patch_path.unlink(missing_ok=True)
+        raise
+    # The tree is now what the stack, this overlay included, leaves: a second save of it is "no change".
+    for rel in changed:
+        manifest["files"][rel] = sha256_hex((directory / rel).read_bytes())
+    manifest["stack"] = [*manifest.get("stack", []), overlay_id]
+    atomic_write(
+        directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(), 0o644
+    )
+    return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, str(locked.digest))
+
+
+def _site(resolution: Resolution, package: str) -> str:
+    for pkg in resolution.lock.packages:
+        if pkg.import_name == package:
+            return pkg.site_packages.lstrip("/")
+    raise OverlayError(
+        f"{package!r} is not a package of {resolution.definition.name}",
+        hint=f"one of: {', '.join(p.import_name for p in resolution.lock.packages)}",
+    )
+
+
+def _manifest(directory: Path, package: str) -> dict[str, Any]:
+    try:
+        manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise OverlayError(
+            f"{directory} has no readable {MANIFEST}",
+            hint="make the directory with `servimg overlay edit` first",
+        ) from None
+    if manifest.get("package") != package:
+        raise OverlayError(f"{directory} holds package {manifest.get('package')!r}, not {package!r}")
+    return manifest
+
+
+def _changed(path: Path, sha: str) -> bool:
+    return path.is_file() and sha256_hex(path.read_bytes()) != sha
+
+
+def _before(
+    resolution: Resolution, stacked: dict[str, bytes | None], path: str, manifest: dict[str, Any]
+) -> bytes:
+    """The bytes the new patch applies to: after the overlays before it (the whole stack of this package,
+    when the tree was edited with it), else the base's."""
+    if manifest.get("stack") and path in stacked and stacked[path] is not None:
+        return stacked[path] or b""
+    return resolution.fs.read(path)
+
+
+def _diff(rel: str, old: bytes, new: bytes) -> bytes:
+    """One file's unified diff with a/ and b/ roots (diff(1): exact, with its no-newline markers)."""
+    with tempfile.TemporaryDirectory(prefix="servimg-diff-") as tmp:
+        a, b = Path(tmp, "a"), Path(tmp, "b")
+        a.write_bytes(old)
+        b.write_bytes(new)
+        done = subprocess.run(
+            ["diff", "-u", "--label", f"a/{rel}", "--label", f"b/{rel}", str(a), str(b)],
+            capture_output=True,
+            check=False,
+        )
+    if done.returncode == 0:
+        return b""  # the same bytes: nothing for this file
+    if done.returncode != 1:
+        raise OverlayError(f"diff of {rel} failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout
+
+
+def _proposals(
+    resolution: Resolution,
+    site: str,
+    old: dict[str, bytes],
+    directory: Path,
+    changed: list[str],
+    log: Log,
+) -> tuple[Sentinel, ...]:
+    """Names the changed functions gain, absent from the base's module (asked of the image's interpreter)."""
+    candidates: list[Sentinel] = []
+    sources: dict[str, bytes] = {}
+    for rel in changed:
+        module = module_name(f"/{site}/{rel}", f"/{site}")
+        if module is None:
+            continue
+        before, after = _names(old[rel]), _names((directory / rel).read_bytes())
+        for qualname, names in sorted(after.items()):
+            for name in sorted(names - before.get(qualname, set()) - set(dir(builtins))):
+                candidates.append(Sentinel(module, qualname, name=name, absent_in_base=True))
+        base = resolution.fs.read_or_none(f"{site}/{rel}")
+        if base is not None:
+            sources[module] = base
+    if not candidates:
+        return ()
+    verdicts = base_sentinel_verdicts_in_image(
+        resolution.runner, resolution.lock.interpreter.path, sources, candidates
+    )
+    absent = [c for c in candidates if not verdicts.get(sentinel_key(c), True)]
+    best = sorted(absent, key=lambda s: (not str(s.name).startswith("_servimg"), len(str(s.name))))
+    log(f"sentinels proposed: {', '.join(f'{s.qualname}:{s.name}' for s in best[:3]) or 'none'}")
+    return tuple(best[:1])
+
+
+def _names(source: bytes) -> dict[str, set[str]]:
+    """co_names per qualname (nested code included), compiled on the host for the proposal only; the
+    proposal is then checked in the image (a source the host cannot compile proposes nothing)."""
+    try:
+        code = compile(source, "<edited>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return {}
+    out: dict[str, set[str]] = {}
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        if current is not code:
+            out.setdefault(current.co_qualname, set()).update(current.co_names)
+        stack += [c for c in current.co_consts if hasattr(c, "co_code")]
+    return out
+
+
+def _add_overlay(
+    definition: Path, overlay_id: str, package: str, patch: Path, sha: str, sentinels: tuple[Sentinel, ...]
+) -> None:
+    """Add the overlay to the definition's text (its comments and order kept) and check it parses."""
+    text = definition.read_text()
+    entry = [
+        f"  - id: {overlay_id}",
+        f"    package: {package}",
+        f"    patch: {patch}",
+        f"    sha256: {sha}",
+        "    description: written by `servimg overlay save`; say what it fixes and why",
+    ]
+    if sentinels:
+        entry.append("    sentinels:")
+        for s in sentinels:
+            entry += [
+                f"      - module: {s.module}",
+                f"        qualname: {s.qualname}",
+                f"        name: {s.name}",
+                "        absent_in_base: true",
+            ]
+    block = "\n".join(entry) + "\n"
+    if re.search(r"^overlays: *\[\] *$", text, re.MULTILINE):
+        text = re.sub(
+            r"^overlays: *\[\] *$", "overlays:\n" + block.rstrip("\n"), text, count=1, flags=re.MULTILINE
+        )
+    elif re.search(r"^overlays:", text, re.MULTILINE):
+        lines = text.splitlines(keepends=True)
+        start = next(i for i, line in enumerate(lines) if line.startswith("overlays:"))
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i][:1] not in (" ", "\n", "#", "-")),
+            len(lines),
+        )
+        while end > start + 1 and lines[end - 1].strip().startswith("#"):
+            end -= 1  # comments before the next key belong to it
+        text = "".join([*lines[:end], block, *lines[end:]])
+    else:
+        text = text.rstrip("\n") + "\noverlays:\n" + block
+    parsed = ImageDefinition.parse(text, origin=str(definition))
+    if not any(o.id == overlay_id for o in parsed.overlays):
+        raise OverlayError(
+            f"{definition}: could not add overlay {overlay_id} to its `overlays:`",
+            hint="add the entry by hand; the patch and its sha256 are in the output",
+        )
+    atomic_write(definition, text.encode(), 0o644)

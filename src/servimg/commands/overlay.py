@@ -1,0 +1,52 @@
+"""`servimg overlay edit|save`: author an overlay from an edited tree (build.authoring)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from servimg.build import authoring
+from servimg.commands import params
+from servimg.commands.context import Context
+from servimg.commands.outcome import Outcome, attempt
+
+
+def edit(p: params.OverlayEdit, ctx: Context) -> Iterator[Outcome]:
+    """Write the package's installed files (the base's bytes, or after its overlays) into --dir."""
+
+    def run() -> Outcome:
+        done = authoring.edit(
+            p.definition, p.package, p.dir, ctx.store, ctx.log, with_stack=p.with_stack, seams=ctx.seams
+        )
+        return Outcome(
+            str(done.directory),
+            {
+                "package": f"{done.package} ({done.site})",
+                "files": done.files,
+                "stack": ", ".join(done.stack) or "none (the base's bytes)",
+                "next": f"edit files there, then: servimg overlay save {p.definition} {p.package} --dir "
+                f"{p.dir} --id ID",
+            },
+        )
+
+    yield attempt(str(p.dir), run)
+
+
+def save(p: params.OverlaySave, ctx: Context) -> Iterator[Outcome]:
+    """Write overlays/PACKAGE/ID.patch from the edited tree, add it to the definition, lock again."""
+
+    def run() -> Outcome:
+        saved = authoring.save(p.definition, p.package, p.dir, p.id, ctx.store, ctx.log, seams=ctx.seams)
+        sentinels = [f"{s.module}:{s.qualname}:{s.name}" for s in saved.sentinels]
+        return Outcome(
+            str(saved.patch),
+            {
+                "sha256": saved.sha256,
+                "files": ", ".join(saved.files),
+                "sentinels": ", ".join(sentinels)
+                or "none proposed (add one by hand: docs/getting-started.md)",
+                "lock_digest": saved.lock_digest,
+                "next": f"servimg build {p.definition}",
+            },
+        )
+
+    yield attempt(p.id, run)
