@@ -125,6 +125,7 @@ def test_clean_image_has_zero_findings(tiny: Tiny, capsys: pytest.CaptureFixture
         "FORBIDDEN",
         "RECORD",
         "UNCHECKED_PYC",
+        "LAYER",
     }
     assert report.interpreter["version"] == tiny.lock.interpreter.version
     assert main(["verify", tiny.tag, "--json"]) == 0
@@ -136,7 +137,9 @@ def test_unchecked_hash_pyc_of_the_base(tiny: Tiny) -> None:
     pyc = tiny.pyc(tiny.core)
     image = plant(tiny, "unchecked", files({pyc: tiny.pycs["base-unchecked-0"]}))
     report = verify(image)
-    assert codes(report) == {"STALE_PYC", "SENTINEL", "FORBIDDEN"}
+    # The pyc replaces the one servimg's layer wrote there: LAYER names it too.
+    assert codes(report) == {"STALE_PYC", "SENTINEL", "FORBIDDEN", "LAYER"}
+    assert f"/{pyc.lstrip('/')} has sha256" in fails(report)["LAYER"][0].message
     assert codes(report, probe.WARN) == {"UNCHECKED_PYC"}
     stale = fails(report)["STALE_PYC"][0]
     assert pyc in stale.message and "unchecked-hash" in stale.message
@@ -150,11 +153,12 @@ def test_checked_hash_pyc_under_check_hash_based_pycs_never(tiny: Tiny) -> None:
     image = plant(tiny, "never", files({pyc: tiny.pycs["base-checked-0"]}), cmd=service)
     report = verify(image)  # the probe runs under the image command's flags
     assert report.interpreter["check_hash_based_pycs"] == "never"
-    assert codes(report) == {"STALE_PYC", "SENTINEL", "FORBIDDEN"}
+    assert codes(report) == {"STALE_PYC", "SENTINEL", "FORBIDDEN", "LAYER"}
     assert "checked-hash" in fails(report)["STALE_PYC"][0].message
     # Under the default mode the interpreter rejects it: only a latent risk, a warning.
     default = VerifyReport.from_json(run_probe_in_docker(image, python_args=[]))
-    assert codes(default) == set() and codes(default, probe.WARN) == {"STALE_PYC"}
+    # The file is not the one the layer wrote (LAYER, whatever the mode); as bytecode it is a latent risk.
+    assert codes(default) == {"LAYER"} and codes(default, probe.WARN) == {"STALE_PYC"}
     assert "never" in fails(default, probe.WARN)["STALE_PYC"][0].message
 
 
@@ -163,7 +167,7 @@ def test_timestamp_pyc_whose_mtime_and_size_match(tiny: Tiny) -> None:
     image = plant(tiny, "timestamp", files({pyc: tiny.pycs["revision-timestamp-0"]}))
     report = verify(image)
     # The earlier revision still calls the gate; only its constant differs: the const sentinel sees it.
-    assert codes(report) == {"STALE_PYC", "SENTINEL"}
+    assert codes(report) == {"STALE_PYC", "SENTINEL", "LAYER"}
     stale = fails(report)["STALE_PYC"][0]
     assert "(timestamp, " in stale.message and "loader's code differs" in stale.message
     assert [c.subject for c in fails(report)["SENTINEL"]] == ["tinypkg.core:_servimg_admit"]
