@@ -127,34 +127,14 @@ def rehash_all(blobs: list[tuple[Digest, Path]], runs: int) -> dict[str, Any]:
 
 
 def build_and_verify(repo: Path, runs: int) -> dict[str, Any]:
-    env = {**os.environ, "SERVIMG_SERVER": "0", "SERVIMG_NO_RESULT_CACHE": "1"}
-    servimg = [str(REPO / ".venv" / "bin" / "python"), "-m", "servimg"]
-    env["PYTHONPATH"] = str(repo / "src")
     builds, verifies, digests = [], [], set()
     for i in range(runs):
         out = Path(tempfile.mkdtemp(prefix="bench-layout-"))
         try:
-            start = time.perf_counter()
-            proc = subprocess.run(
-                [*servimg, "build", "images/demo.yaml", "--to", f"oci:{out / 'demo'}", "--json", "--quiet"],
-                cwd=repo,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            builds.append(time.perf_counter() - start)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-            digests.add(json.loads(proc.stdout.strip().splitlines()[-1])["digest"])
-            start = time.perf_counter()
-            proc = subprocess.run(
-                [*servimg, "verify", f"oci:{out / 'demo'}", "--json", "--quiet"],
-                cwd=repo,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            verifies.append(time.perf_counter() - start)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            seconds, built = _servimg(repo, "build", "images/demo.yaml", "--to", f"oci:{out / 'demo'}")
+            builds.append(seconds)
+            digests.add(built["digest"])
+            verifies.append(_servimg(repo, "verify", f"oci:{out / 'demo'}")[0])
         finally:
             shutil.rmtree(out, ignore_errors=True)
         print(f"  round {i + 1}: build {builds[-1]:.2f} s, verify {verifies[-1]:.2f} s", flush=True)
@@ -166,6 +146,29 @@ def build_and_verify(repo: Path, runs: int) -> dict[str, Any]:
         "verify_all_s": verifies,
         "digests": sorted(digests),
     }
+
+
+def _servimg(repo: Path, *argv: str) -> tuple[float, dict[str, Any]]:
+    """One command of the checkout `repo`, in-process (no resident server), every result cache off:
+    its wall time and its --json line."""
+    env = {
+        **os.environ,
+        "SERVIMG_SERVER": "0",
+        "SERVIMG_NO_RESULT_CACHE": "1",
+        "PYTHONPATH": str(repo / "src"),
+    }
+    python = str(REPO / ".venv" / "bin" / "python")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [python, "-m", "servimg", *argv, "--json", "--quiet"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return seconds, dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def main() -> int:
