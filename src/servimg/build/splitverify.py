@@ -76,6 +76,7 @@ BASE_SPEC = "/opt/servimg/.base-spec.json"
 BUILD_SPEC = "/opt/servimg/.build-spec.json"
 TOUCHED_DIST_INFO = ".servimg-touched-{n}.dist-info"
 RECORD, UNCHECKED = "RECORD", "UNCHECKED_PYC"
+AFTER_UNCHECKED = frozenset({"LAYER", "AUDIT"})  # the probe's steps after UNCHECKED_PYC
 
 
 class WarmRootUnavailable(VerifyError):
@@ -436,15 +437,17 @@ def _merged(
     unchecked: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """The per-build report with each cut-down RECORD check merged with the base's for that distribution,
-    and the UNCHECKED_PYC checks (the probe's last step at build time) in the spec's package order."""
-    checks = []
+    and the UNCHECKED_PYC checks in the spec's package order, where the whole probe reports them: before
+    the steps that follow it (LAYER)."""
+    kept = []
     for check in report["checks"]:
         subject = str(check["subject"])
         if check["code"] == RECORD and subject in cut:
             check = _merge_record(check, verdict.check(RECORD, subject), cut[subject])
         if check["code"] != UNCHECKED:
-            checks.append(check)
-    checks += unchecked
+            kept.append(check)
+    after = [c for c in kept if c["code"] in AFTER_UNCHECKED]
+    checks = [*(c for c in kept if c["code"] not in AFTER_UNCHECKED), *unchecked, *after]
     statuses = ("PASS", "WARN", "FAIL", "ERROR")
     summary = {s: sum(1 for c in checks if c["status"] == s) for s in statuses}
     return {
