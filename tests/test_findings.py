@@ -123,6 +123,10 @@ def test_the_cli_has_one_registry_of_commands() -> None:
             argv += ["ref", "--predicate-type", "vsa", "--file", "f"]
         elif name[0] == "promote":
             argv += ["ref", "--tag", "qualified"]
+        elif name[0] == "overlay":
+            argv += ["x.yaml", "vllm", "--dir", "d", *(["--id", "i"] if name[1] == "save" else [])]
+        elif name[0] == "init":
+            argv += ["--base", "ref", "--name", "n"]
         args = top.parse_args(argv)
         command = next(c for c in cli.COMMANDS if c.name == name)
         assert args.run is command.run
