@@ -80,10 +80,7 @@ def read_layout(
                 _prove_layer_blob(root, i, source, layer)
             continue
         if not source.is_file():
-            raise BackendError(
-                f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
-                hint="the layout is incomplete; copy it again from its source",
-            )
+            raise _missing(root, i, layer)
         try:
             _, size = store.put_file(source, layer.digest, link=link or _read_only(source))
         except StoreError as exc:
@@ -102,12 +99,16 @@ def _prove_layer_blob(root: Path, i: int, source: Path, layer: Descriptor) -> No
     try:
         actual, size = integrity.rehash(source)
     except FileNotFoundError:
-        raise BackendError(
-            f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
-            hint="the layout is incomplete; copy it again from its source",
-        ) from None
+        raise _missing(root, i, layer) from None
     if actual != layer.digest or size != layer.size:
         raise _corrupt(root, i, layer, f"its {size} bytes hash to {actual}")
+
+
+def _missing(root: Path, i: int, layer: Descriptor) -> BackendError:
+    return BackendError(
+        f"{root}: manifest.layers[{i}] names blob {layer.digest}, which is missing from the layout",
+        hint="the layout is incomplete; copy it again from its source",
+    )
 
 
 def _corrupt(root: Path, i: int, layer: Descriptor, why: str) -> BackendError:

@@ -251,9 +251,12 @@ def _fingerprint(path: Path, now: int) -> tuple[int, int, int] | tuple[None, Non
     The kernel stamps files from a coarse clock (a tick of milliseconds): a blob whose ctime is this very
     tick (`now`) could be written again within it without its ctime moving, so it gets no fingerprint and
     is re-hashed by the replay instead (git's "racily clean" entries)."""
+    fingerprint = _stat_fingerprint(path)
+    return (None, None, None) if fingerprint[2] >= now else fingerprint
+
+
+def _stat_fingerprint(path: Path) -> tuple[int, int, int]:
     st = path.stat()
-    if st.st_ctime_ns >= now:
-        return None, None, None
     return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -289,7 +292,7 @@ def _layout_holds(sink: Mapping[str, Any]) -> bool:
         if None in fingerprint:  # recorded within the tick it was written in: hashed instead
             if _sha256(path) != hex_digest:
                 return False
-        elif [*_fingerprint(path, 1 << 63)] != fingerprint:
+        elif [*_stat_fingerprint(path)] != fingerprint:
             return False  # written in place since (or replaced): the build runs and mends it
     return True
 

@@ -96,7 +96,7 @@ def edit(
         "stack": list(stack),
         "files": files,
     }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    _write_manifest(directory, manifest)
     return Edited(directory, package, "/" + site, len(files), stack)
 
 
@@ -155,10 +155,13 @@ def save(
     for rel in changed:
         manifest["files"][rel] = sha256_hex((directory / rel).read_bytes())
     manifest["stack"] = [*manifest.get("stack", []), overlay_id]
-    atomic_write(
-        directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(), 0o644
-    )
+    _write_manifest(directory, manifest)
     return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, str(locked.digest))
+
+
+def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(directory / MANIFEST, text.encode(), 0o644)
 
 
 def _site(resolution: Resolution, package: str) -> str:

@@ -358,7 +358,7 @@ def _interpreter(
     log: Log,
     store: BlobStore,
 ) -> InterpreterLock:
-    path = definition.python or guess_interpreter(fs, packages)
+    path = definition.python or guess_interpreter(fs, packages[0].site_packages if packages else None)
     node = fs.lstat(fs.resolve(path))
     if node is None or not (node.is_file or node.is_hardlink):
         raise BuildError(
@@ -411,12 +411,11 @@ def interpreter_facts(store: BlobStore, base: Image, path: str, runner: Runner, 
     return facts
 
 
-def guess_interpreter(fs: LayeredFS, packages: Sequence[PackageLock]) -> str:
+def guess_interpreter(fs: LayeredFS, site: str | None) -> str:
     """The interpreter that owns the packages' site dir: a venv's bin/python, else <prefix>/bin/pythonX.Y,
     else the system's pythonX.Y (the official vLLM image: /usr/bin/python3.12 with its packages in
     /usr/local/lib/python3.12/dist-packages), else /usr/bin/python3; the first that is in the image."""
-    site = packages[0].site_packages if packages else "/usr/lib/python3/dist-packages"
-    match = re.match(r"^(.*)/lib/(python3\.\d+)/(site|dist)-packages$", site)
+    match = re.match(r"^(.*)/lib/(python3\.\d+)/(site|dist)-packages$", site or "")
     candidates = []
     if match:
         prefix, version = match.group(1), match.group(2)

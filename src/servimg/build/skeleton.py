@@ -15,7 +15,6 @@ from pathlib import Path
 
 from servimg.backends import transport
 from servimg.build.definition import DEFAULT_TEMPLATE, ImageDefinition
-from servimg.build.lock import PackageLock
 from servimg.build.pipeline import base_fs, guess_interpreter, interpreter_facts, providers
 from servimg.build.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
@@ -96,8 +95,7 @@ def inspect(
             "site-packages and dist-packages directory)",
             hint="point --base at a serving image with vLLM installed",
         )
-    locks = [PackageLock(p.import_name, p.distribution, p.version, p.site, "", "") for p in packages]
-    python = guess_interpreter(fs, locks)
+    python = guess_interpreter(fs, packages[0].site)
     runner = seams.runners.choose("auto", base, fs, store)
     facts = interpreter_facts(store, base, python, runner, log)
     return Skeleton(
