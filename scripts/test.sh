@@ -10,4 +10,6 @@ eval "$(bash scripts/slurm.sh env)"  # the private Slurm cluster setup started (
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy
+# The suite needs tens of GB (several demo images, the Nix store, the registry): the log says what it had.
+df -h "${TMPDIR:-/tmp}" "${SERVIMG_CACHE:-$HOME/.cache/servimg}" /var/lib/docker 2>/dev/null || true
 exec .venv/bin/python -m pytest -q -m "" "$@"

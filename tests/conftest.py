@@ -27,6 +27,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name != "test_demo_job.py")  # stable: the rest keep their order
 
 
+# -- disk watermark --------------------------------------------------------------------------------
+# The suite writes several multi-GB images (layouts are their own files, the Nix store, the registry);
+# a CI machine's disk is not ours to size, so every run reports how close it came (stop 33 ran out).
+_least_free: dict[str, Any] = {"bytes": None, "after": ""}
+
+
+def _free_bytes() -> int:
+    stat = os.statvfs(os.environ.get("TMPDIR", "/tmp"))
+    return stat.f_bavail * stat.f_frsize
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    free = _free_bytes()
+    if _least_free["bytes"] is None or free < _least_free["bytes"]:
+        _least_free.update(bytes=free, after=nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _least_free["bytes"] is not None:
+        gib = _least_free["bytes"] / 2**30
+        after = _least_free["after"]
+        terminalreporter.write_line(f"disk: least free {gib:.1f} GiB under $TMPDIR, after {after}")
+
+
 def docker_available() -> bool:
     try:
         from servimg.backends.engine import engine_available
@@ -173,5 +197,9 @@ def demo_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         log = f"{proc.stdout}\n{proc.stderr}\nscripts/demo.sh: rc {proc.returncode}, {elapsed:.0f}s wall\n"
         Path(os.environ["SERVIMG_DEMO_LOG"]).write_text(log, encoding="utf-8")
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-8000:]
+    # The job's rebuild into oci:$DEMO_OUT/oci is a full copy of the image (4+ GB, its own files since
+    # the integrity work); the job itself compared its digest, and no test reads its blobs. Kept for the
+    # whole session it filled the CI disk (stop 33: ENOSPC in the Nix build).
+    shutil.rmtree(out / "oci", ignore_errors=True)
     receipt = json.loads((out / "ladder" / "receipt.json").read_text())
     return {"out": out, "stdout": proc.stdout, "receipt": receipt}

@@ -10,6 +10,7 @@ import json
 import shutil
 import struct
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[s
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> dict[str, Any]:
-    """Lock a fresh copy of the repo's demo definition and build it into an OCI layout (docker runner)."""
+def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Lock a fresh copy of the repo's demo definition and build it into an OCI layout (docker runner).
+    The layout (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("first") / "repo"
     copy_checkout(root)
     from servimg.build.pipeline import build, lock
@@ -46,7 +48,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     store = BlobStore()
     lock(root / DEMO, store, print, runner="docker")
     result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")
-    return {"root": root, "result": result, "store": store}
+    yield {"root": root, "result": result, "store": store}
+    shutil.rmtree(root / "out", ignore_errors=True)
 
 
 def test_demo_base_is_reproducible_and_matches_the_pin(demo_base: dict[str, Any]) -> None:

@@ -406,6 +406,7 @@ def nix_built_demo(
     servimg(["base", "demo", "--to", f"oci:{layout}"])
     blobs = sorted(str(p) for p in (layout / "blobs" / "sha256").iterdir())
     run_nix(nix, "nix-store", "--add-fixed", "sha256", *blobs)
+    shutil.rmtree(layout.parent)  # the store holds the blobs now; a second 4+ GB copy only fills the disk
     expr = f"(import ./nix/default.nix {{ toolchain = {toolchain}; }}).images.demo"
     proc = run_nix(nix, "unshare", "--net", "nix-build", "--no-out-link", "--expr", expr)
     return Path(proc.stdout.strip())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,8 +86,9 @@ def keyring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> dict[str, Any]:
-    """The demo image, built once into an OCI layout, and its verify report (probe run once)."""
+def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The demo image, built once into an OCI layout, and its verify report (probe run once). The layout
+    (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("tamper") / "repo"
     copy_checkout(root)
     from servimg.build.pipeline import build
@@ -97,7 +99,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")
     report = verify_image_value(result.image, store, print)
     assert report.ok
-    return {"root": root, "image": result.image, "store": store, "report": report, "tag": result.tag}
+    yield {"root": root, "image": result.image, "store": store, "report": report, "tag": result.tag}
+    shutil.rmtree(root / "out", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
