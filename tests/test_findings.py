@@ -76,6 +76,11 @@ def test_a_verify_report_round_trips_and_fails_with_its_findings() -> None:
     error = VerifyFailed(report)
     assert list(error.problems) == ["SENTINEL a:f: gone"] and error.hint == "rebuild"
     assert VerifyReport.from_json(report.as_dict()).findings == report.findings
+    # Wrapped with context on its way out, it is still a VerifyFailed that carries its report.
+    wrapped = error.context("building images/demo.yaml")
+    assert isinstance(wrapped, VerifyFailed) and wrapped.report is report
+    assert wrapped.message == "building images/demo.yaml: 1 check(s) failed" and wrapped.hint == "rebuild"
+    assert wrapped.as_dict()["report"] == report.as_dict() and wrapped.__cause__ is error
 
 
 def test_a_witness_without_records_fails_and_says_why() -> None:

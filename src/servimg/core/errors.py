@@ -28,8 +28,10 @@ class ServimgError(Exception):
         return self.hint
 
     def context(self, what: str) -> ServimgError:
-        """Return a copy of this error whose message is prefixed with `what` (same class, same hint)."""
+        """Return a copy of this error whose message is prefixed with `what`: same class, hint, problems
+        and every attribute a subclass carries (a wrapped VerifyFailed keeps its `.report`)."""
         wrapped = type(self).__new__(type(self))
+        wrapped.__dict__.update(self.__dict__)
         ServimgError.__init__(wrapped, f"{what}: {self.message}", hint=self.hint, problems=self.problems)
         wrapped.__cause__ = self
         return wrapped
