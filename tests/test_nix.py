@@ -361,7 +361,7 @@ def test_flake_outputs_are_wired(nix: dict[str, str], tmp_path: Path) -> None:
         "version": "0.1.0",
         "pyproject": True,
         "doCheck": False,
-        "dependencies": ["pydantic", "pyyaml", "docker", "requests", "rich", "cryptography"],
+        "dependencies": ["pyyaml", "docker", "requests", "rich", "cryptography"],
     }
     assert got["tests"]["doCheck"] is True
     assert (

@@ -213,6 +213,26 @@ def boolean(value: object, path: str, problems: list[str]) -> bool:
     raise Invalid(f"must be true or false, not {describe(value)}")
 
 
+def choice(*options: str) -> Reader[str]:
+    """One of `options`, spelt exactly."""
+
+    def reader(value: object, path: str, problems: list[str]) -> str:
+        if isinstance(value, str) and value in options:
+            return value
+        raise Invalid(f"must be one of {', '.join(options)} (got {value!r:.60})")
+
+    return reader
+
+
+def either(listed: Reader[T], mapped: Reader[K]) -> Reader[T | K]:
+    """`mapped` for a mapping, `listed` for anything else (a key that takes a list or a mapping)."""
+
+    def reader(value: object, path: str, problems: list[str]) -> T | K:
+        return mapped(value, path, problems) if isinstance(value, Mapping) else listed(value, path, problems)
+
+    return reader
+
+
 def optional(reader: Reader[T]) -> Reader[T | None]:
     def optional_reader(value: object, path: str, problems: list[str]) -> T | None:
         return None if value is None else reader(value, path, problems)

@@ -1,16 +1,13 @@
-"""Reading user-written YAML strictly: duplicate keys refused, pydantic problems as `yaml.path: message`.
+"""Reading user-written YAML strictly: duplicate keys refused (the values are then read, every problem as
+`yaml.path: message`, by servimg.core.fields and servimg.ladder.readers).
 
 Shared by every definition servimg reads (images/*.yaml, verify/ladders/*.yaml, policies)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
-
-if TYPE_CHECKING:  # only a type: the image definition reads YAML here without loading pydantic
-    from pydantic_core import ErrorDetails
-
 
 # libyaml's parser under the same safe constructor and resolver (the same values; ≈8× faster than the
 # pure-Python parser, a few hundredths of a second per build), where PyYAML was built with it.
@@ -46,23 +43,3 @@ def load_problem(exc: BaseException) -> str:
     if isinstance(exc, RecursionError) or "maximum nesting depth" in str(exc):
         return "nested too deeply"
     return str(exc)
-
-
-def describe_problem(err: ErrorDetails) -> str:
-    """One pydantic error as `yaml.path: message`, the form every definition reports its problems in."""
-    path = ""
-    for part in err["loc"]:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in ("int", "str", "constrained-int", "literal['base']") or str(part).startswith(
-            "function-"
-        ):
-            continue
-        else:
-            path += ("." if path else "") + str(part)
-    msg = err["msg"] or "invalid"
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key (check the spelling; see images/demo.yaml)"
-    elif err["type"] == "missing":
-        msg = "required key is missing"
-    return f"{path or '<root>'}: {msg}"

@@ -24,14 +24,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
 
+from servimg.core import fields
 from servimg.core.errors import ServimgError
-from servimg.core.strictyaml import StrictLoader, describe_problem
+from servimg.core.strictyaml import StrictLoader
 from servimg.provenance import attest
 from servimg.provenance import statements as provenance
 
@@ -51,8 +50,7 @@ class PolicyError(ServimgError):
     """A policy file that cannot be used (unreadable, not YAML/JSON, or with problems, all listed)."""
 
 
-def _problem(err: ErrorDetails) -> str:
-    return describe_problem(err).replace("see images/demo.yaml", "see docs/policy.md")
+UNKNOWN_KEY = "unknown key (check the spelling; see docs/policy.md)"
 
 
 def predicate_type(name: str) -> str:
@@ -60,23 +58,53 @@ def predicate_type(name: str) -> str:
     return KIND_NAMES.get(name, name)
 
 
-Verdict = Literal["PASS", "FAIL", "NOT_EXERCISED"]
+VERDICTS = ("PASS", "FAIL", "NOT_EXERCISED")
 
 
-class _PolicyFile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+@dataclass(frozen=True)
+class _PolicyFile:
+    """The file as written (servimg.core.fields readers: every problem with its YAML path)."""
 
     require: tuple[str, ...] = ("provenance", "verify")
-    ladders: tuple[str, ...] | dict[str, Verdict | tuple[Verdict, ...]] = ()
+    ladders: tuple[str, ...] | dict[str, str | tuple[str, ...]] = ()
     builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
     predicates: tuple[str, ...] = ("provenance", "test-result", "vsa", "rebuild", "sbom")
     keys: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
-    threshold: int = Field(default=1, ge=1)
+    threshold: int = 1
     allow_unsigned: bool = False
-    unsigned: Literal["ignore", "forbid"] = "ignore"
-    rebuilds: int = Field(default=0, ge=0)
-    tag_binding: Literal["warn", "require"] = "warn"
+    unsigned: str = "ignore"
+    rebuilds: int = 0
+    tag_binding: str = "warn"
     lock: str | None = None
+
+
+_STRINGS = fields.items(fields.text())
+_VERDICT = fields.choice(*VERDICTS)
+_VERDICTS = fields.items(_VERDICT)
+
+
+def _verdicts(value: object, path: str, problems: list[str]) -> str | tuple[str, ...]:
+    """A ladder's accepted verdict: one (`PASS`) or a list of them."""
+    return _VERDICT(value, path, problems) if isinstance(value, str) else _VERDICTS(value, path, problems)
+
+
+_READ_FILE = fields.record(
+    _PolicyFile,
+    {
+        "require": _STRINGS,
+        "ladders": fields.either(_STRINGS, fields.mapping(fields.text(), _verdicts)),
+        "builders": _STRINGS,
+        "predicates": _STRINGS,
+        "keys": fields.either(_STRINGS, fields.mapping(fields.text(), _STRINGS)),
+        "threshold": fields.integer(ge=1),
+        "allow_unsigned": fields.boolean,
+        "unsigned": fields.choice(*UNSIGNED_MODES),
+        "rebuilds": fields.integer(ge=0),
+        "tag_binding": fields.choice(*TAG_BINDINGS),
+        "lock": fields.optional(fields.text()),
+    },
+    unknown=UNKNOWN_KEY,
+)
 
 
 @dataclass(frozen=True)
@@ -115,13 +143,13 @@ class Policy:
             raise PolicyError(f"cannot read policy {path}: {exc.strerror}") from None
         except (yaml.YAMLError, ValueError, RecursionError) as exc:
             raise PolicyError(f"{path}: not valid YAML/JSON: {exc}") from None
-        try:
-            parsed = _PolicyFile.model_validate(doc if doc is not None else {})
-        except ValidationError as exc:
-            problems = [_problem(e) for e in exc.errors()]
-            raise PolicyError(
+        parsed = fields.read_all(
+            _READ_FILE,
+            doc if doc is not None else {},
+            lambda problems: PolicyError(
                 f"{path}: {len(problems)} problem(s) in the policy", problems=problems, hint=f"keys: {KEYS}"
-            ) from None
+            ),
+        )
         return cls._from_file(parsed, path)
 
     @classmethod
@@ -159,7 +187,7 @@ class Policy:
                 (name, (v,) if isinstance(v, str) else tuple(v)) for name, v in sorted(parsed.ladders.items())
             )
         else:
-            names, verdicts = parsed.ladders, ()
+            names, verdicts = tuple(parsed.ladders), ()
         return cls(
             require=parsed.require,
             ladders=names,
