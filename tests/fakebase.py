@@ -307,9 +307,11 @@ def read_json(path: Path) -> Any:
 # A `servimg` entry point for subprocess tests (concurrency, signals, secrets): the real CLI with the
 # fake runner installed. Usage: python tests/fakebase.py build DEF --to ... --cache ...
 def stall(marker: Path) -> None:
-    """Freeze the process (for SIGINT/SIGKILL tests): `marker` is created, then it sleeps until killed."""
+    """Freeze the process (for SIGINT/SIGKILL tests): `marker` is created, then it sleeps until killed,
+    or, with FAKEBASE_RESUME set, until that file exists (then the command goes on)."""
     marker.write_text(str(os.getpid()))
-    while True:
+    resume = os.environ.get("FAKEBASE_RESUME")
+    while not (resume and Path(resume).exists()):
         time.sleep(0.05)
 
 

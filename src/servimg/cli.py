@@ -46,6 +46,9 @@ class Bound:
     function: str  # "servimg.commands.MODULE:FUNCTION"
     # "servimg.commands.MODULE:FUNCTION" answering from the action cache, or None (the command runs).
     replay: str | None = None
+    # The command holds its cache while it runs (servimg.core.cachehold), so no prune removes what it
+    # uses; False only for the commands that inspect or prune the cache themselves.
+    holds_cache: bool = True
 
     def __call__(self, args: argparse.Namespace, ctx: Context) -> Iterator[Outcome]:
         given = self.params(args)
@@ -283,6 +286,22 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repair", action="store_true", help="remove them (the next read fetches them again)")
+
+
+def _prune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-size",
+        default=None,
+        help="keep the most recently used entries up to this size (20G; default: SERVIMG_CACHE_MAX_SIZE)",
+    )
+    p.add_argument("--all", action="store_true", help="remove every entry")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="seconds to wait for running servimg commands to release the cache (default: refuse at once)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
 
 
 def _server_flags(p: argparse.ArgumentParser) -> None:
@@ -554,6 +573,22 @@ COMMANDS: tuple[Command, ...] = (
         Bound(lambda a: params.CacheVerify(a.repair), "servimg.commands.cache:cache_verify"),
     ),
     Command(
+        ("cache", "status"),
+        "what the cache holds, per section; its size cap; the running commands that hold it",
+        lambda p: None,
+        Bound(lambda a: params.CacheStatus(), "servimg.commands.cache:cache_status", holds_cache=False),
+    ),
+    Command(
+        ("cache", "prune"),
+        "remove the least recently used entries until the cache fits --max-size (never while in use)",
+        _prune_flags,
+        Bound(
+            lambda a: params.CachePrune(a.max_size, a.all, a.wait, a.dry_run),
+            "servimg.commands.cache:cache_prune",
+            holds_cache=False,
+        ),
+    ),
+    Command(
         ("key", "generate"),
         "write an ed25519 pair: NAME.key (0600) and NAME.pub",
         _key_flags,
@@ -620,7 +655,7 @@ GROUPS = {
     "key": "signing keys",
     "server": "the resident server that runs servimg commands without a start-up (SERVIMG_SERVER=0: off)",
     "overlay": "author an overlay from an edited copy of an installed package (like patch-package)",
-    "cache": "the local blob cache (~/.cache/servimg, SERVIMG_CACHE): its health check",
+    "cache": "the local cache (~/.cache/servimg, SERVIMG_CACHE): its health, size and pruning",
 }
 
 

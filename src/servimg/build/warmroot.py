@@ -15,6 +15,7 @@ runner choice falls back to the docker runner or the extracting chroot runner wh
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -108,6 +109,8 @@ class WarmRoot:
                 shutil.rmtree(tmp, ignore_errors=True)
         if _unsafe(root):
             raise BytecodeError(f"the warm root {root} has a character overlayfs cannot take (,:\\)")
+        with contextlib.suppress(OSError):  # used now: `servimg cache prune` removes the least recently used
+            os.utime(root)
         return cls(root)
 
     def run(

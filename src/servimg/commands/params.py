@@ -230,6 +230,19 @@ class CacheVerify:
 
 
 @dataclass(frozen=True)
+class CacheStatus:
+    pass
+
+
+@dataclass(frozen=True)
+class CachePrune:
+    max_size: str | None = None  # keep at most this much (`20G`); None: SERVIMG_CACHE_MAX_SIZE
+    everything: bool = False  # --all: remove every entry
+    wait: float = 0.0  # seconds to wait for running commands to release the cache
+    dry_run: bool = False  # say what would go; remove nothing
+
+
+@dataclass(frozen=True)
 class Server:
     action: str  # start | status | stop
     wait: float = 30.0  # start: seconds to wait for it to answer; stop: for it to end

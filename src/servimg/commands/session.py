@@ -10,13 +10,17 @@ replayed). Anything else, or any miss, runs the command (`servimg.commands.conte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from servimg.commands.outcome import Outcome
+from servimg.core import cachehold, cachelayout, cachestate
+from servimg.core.cachedir import default_cache_dir
 from servimg.core.progress import Log
 from servimg.render import Reporter
 
@@ -33,16 +37,43 @@ def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
     """Run the parsed command (`args.run`): one OK/FAIL per outcome; 1 when any failed, 130 on Ctrl-C."""
     reporter = Reporter(quiet=args.quiet, as_json=args.json)
     failures = 0
+    root = getattr(args, "cache", None) or default_cache_dir()
+    holds = getattr(args.run, "holds_cache", True)
     try:
-        for outcome in _outcomes(args, seams, reporter):
-            failures += reporter.outcome(outcome)
+        with cachehold.held(root) if holds else contextlib.nullcontext():
+            for outcome in _outcomes(args, seams, reporter):
+                failures += reporter.outcome(outcome)
     except KeyboardInterrupt:
         reporter.settle()
         print("FAIL: interrupted; nothing was published", file=sys.stderr)
         return 130
     finally:
         reporter.settle()
+    if holds:
+        _keep_to_cap(root, reporter.log)
     return 1 if failures else 0
+
+
+def _keep_to_cap(root: Path, log: Log) -> None:
+    """With SERVIMG_CACHE_MAX_SIZE set: prune the cache to it (least recently used first) once this
+    command has let go, unless another command still holds it (the last one to end prunes)."""
+    text = os.environ.get(cachelayout.MAX_SIZE_ENV, "").strip()
+    if not text:
+        return
+    try:
+        cap = cachelayout.parse_size(text)
+        with cachehold.exclusive(root):
+            pruned = cachestate.prune(root, cap)
+    except ValueError as exc:
+        print(f"warning: {cachelayout.MAX_SIZE_ENV} ignored: {exc}", file=sys.stderr)
+        return
+    except (cachehold.CacheBusy, OSError):
+        return
+    if pruned.removed:
+        log(
+            f"cache: removed {len(pruned.removed)} least recently used entries "
+            f"({cachelayout.format_size(pruned.freed)}) to stay under {text} ({cachelayout.MAX_SIZE_ENV})"
+        )
 
 
 def _outcomes(args: argparse.Namespace, seams: Seams | None, reporter: Reporter) -> Iterable[Outcome]:

@@ -1,0 +1,94 @@
+"""What lies where in servimg's cache, in one table: each section, the glob of its entries (the unit
+`servimg cache prune` removes) and whether it can be made again. Pure: no I/O (servimg.core.cachestate
+measures and prunes by this table; servimg.core.cachehold keeps a running command's cache whole).
+
+Every entry of every section can be made again from its inputs (a blob fetched or rebuilt from its
+pins, a result computed again): pruning costs time, never correctness. Anything at the cache root that
+no section names (a file of a newer servimg, a user's own file) is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Section:
+    """One kind of cached thing: `entries` globs its removable units below the cache root."""
+
+    name: str
+    entries: str
+    what: str
+
+
+# Ordered as `servimg cache status` lists them. A base layout's blobs are hard links to blobs/ (the
+# cache's own layouts: servimg.backends.layout `store_owned`), so removing one name frees nothing while
+# the other stays: servimg.core.cachestate counts bytes per inode and frees what the last name held.
+SECTIONS: tuple[Section, ...] = (
+    Section("blobs", "blobs/*/*", "image blobs by digest (layers, configs, manifests)"),
+    Section("diffs", "diffs/*/*", "uncompressed copies of compressed layers, by diffID"),
+    Section("bases", "*-base/*", "the built bases' OCI layouts, one per recipe key (rebuilt from pins)"),
+    Section("rootfs", "rootfs/*/*", "warm root file systems of base layer chains"),
+    Section("results", "results/*/*/*/*", "cached results: bytecode, verdicts, whole builds"),
+    Section("verdicts", "verdicts/*", "split verification verdicts of base layers"),
+    Section("interpreters", "interpreters/*", "facts of a base's interpreter"),
+    Section("fs-index", "fs-index/*/*", "file indexes of layer chains"),
+    Section("layer-index", "layer-index/*/*/*", "file indexes of single layers"),
+    Section("engine", "engine/*", "which manifest an engine image ID was read as"),
+    Section("models", "models/*", "the ladder's tiny model copies"),
+    Section("debs", "debs/*", "pinned Debian packages, by sha256 (fetched again by pin)"),
+    Section("wheels", "*wheels/*", "pinned wheels (fetched again by pin)"),
+    Section("tmp", "tmp/*", "work in progress of running commands (stale once none runs)"),
+)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The paths of one cache root. `lock` is flocked shared by every running command and exclusively
+    by a prune; `holds/` names the running commands (one flocked file per process)."""
+
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    @property
+    def holds(self) -> Path:
+        return self.root / "holds"
+
+    def section(self, name: str) -> Section:
+        for section in SECTIONS:
+            if section.name == name:
+                return section
+        raise KeyError(name)
+
+
+# SERVIMG_CACHE_MAX_SIZE: after each command, the cache is pruned (least recently used first) to this
+# size when no other command holds it. Same syntax as `servimg cache prune --max-size`.
+MAX_SIZE_ENV = "SERVIMG_CACHE_MAX_SIZE"
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """`20G`, `512M`, `1.5T`, `20GiB`, `1048576`: bytes (binary units). ValueError says what is accepted."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = cleaned, ""
+    if cleaned and cleaned[-1] in _UNITS:
+        number, unit = cleaned[:-1], cleaned[-1]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size: write bytes or a number with K, M, G or T (20G)") from None
+    if value < 0:
+        raise ValueError(f"{text!r} is negative: a size is 0 or more")
+    return int(value * _UNITS[unit])
+
+
+def format_size(size: int) -> str:
+    for unit in ("T", "G", "M", "K"):
+        if size >= _UNITS[unit]:
+            return f"{size / _UNITS[unit]:.1f} {unit}iB"
+    return f"{size} B"
