@@ -306,6 +306,33 @@ def read_json(path: Path) -> Any:
 
 # A `servimg` entry point for subprocess tests (concurrency, signals, secrets): the real CLI with the
 # fake runner installed. Usage: python tests/fakebase.py build DEF --to ... --cache ...
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of the CLI run through this module (`cli_popen`): no FAKEBASE_ setting or size cap
+    of the caller's, this module importable, `extra` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEBASE_", "SERVIMG_CACHE_MAX"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *sys.path])
+    env.update(extra)
+    return env
+
+
+def cli_popen(*args: str, **env: str) -> subprocess.Popen[str]:
+    """`servimg ARGS` with the fake base seams (this module as the entry point), started, output piped."""
+    return subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(**env),
+    )
+
+
+def cli_run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`servimg ARGS` with the fake base seams, run to its end."""
+    return subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=cli_env(**env), timeout=600
+    )
+
+
 def stall(marker: Path) -> None:
     """Freeze the process (for SIGINT/SIGKILL tests): `marker` is created, then it sleeps until killed,
     or, with FAKEBASE_RESUME set, until that file exists (then the command goes on)."""

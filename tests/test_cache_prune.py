@@ -18,32 +18,19 @@ import pytest
 import fakebase as fb
 from servimg.core import cachehold, cachelayout, cachestate
 
-ENTRY = Path(fb.__file__)
 DAY = 86400.0
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEBASE_", "SERVIMG_CACHE_MAX"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ENTRY.parent), *sys.path])
-    env["SERVIMG_SERVER"] = "0"
-    env.update(extra)
-    return env
+    return fb.cli_env(SERVIMG_SERVER="0", **extra)
 
 
 def _popen(*args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(ENTRY), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(**env),
-    )
+    return fb.cli_popen(*args, SERVIMG_SERVER="0", **env)
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ENTRY), *args], capture_output=True, text=True, env=_env(**env), timeout=300
-    )
+    return fb.cli_run(*args, SERVIMG_SERVER="0", **env)
 
 
 def _last_json(text: str) -> dict[str, object]:

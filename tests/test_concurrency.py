@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import pytest
 import fakebase as fb
 from servimg.backends.layout import REF_NAME
 
-ENTRY = Path(fb.__file__)
 
 
 def _shared_layer() -> bytes:
@@ -45,25 +43,7 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKEBASE_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ENTRY.parent), *sys.path])
-    env.update(extra)
-    return env
-
-
-def _popen(*args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(ENTRY), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(**env),
-    )
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ENTRY), *args], capture_output=True, text=True, env=_env())
+_env, _popen, _cli = fb.cli_env, fb.cli_popen, fb.cli_run
 
 
 def _build(definition: Path, out: Path, cache: Path, **env: str) -> subprocess.Popen[str]:
