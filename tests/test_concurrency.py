@@ -22,7 +22,6 @@ import fakebase as fb
 from servimg.backends.layout import REF_NAME
 
 
-
 def _shared_layer() -> bytes:
     """A few MB that both bases carry (gzip'd): concurrent builds write the same blob and diff."""
     block = os.urandom(4096)
