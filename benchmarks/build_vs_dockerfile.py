@@ -17,7 +17,7 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
   per base (its indexes, warm root and base verdict), rounds interleaved.
 - changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
 - warm: the same definition built again with everything cached (indexes, warm root, the compiled
-  bytecode and the verdict: servimg.build.resultcache; the whole build: servimg.build.actioncache),
+  bytecode and the verdict: servimg.builder.resultcache; the whole build: servimg.builder.actioncache),
   into the same layout (the sink writes nothing new); interleaved with `servimg --help` (the CLI's
   start in-process), a served `servimg build --help` (a served command's floor) and a bare `python -c
   pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that does all its work, as
@@ -56,8 +56,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 from servimg.backends import transport  # noqa: E402
 from servimg.backends.target import Target  # noqa: E402
-from servimg.build.definition import ImageDefinition  # noqa: E402
-from servimg.build.pipeline import base_fs, resolve  # noqa: E402
+from servimg.builder.definition import ImageDefinition  # noqa: E402
+from servimg.builder.pipeline import base_fs, resolve  # noqa: E402
 from servimg.oci.image import Descriptor, Image, Layer  # noqa: E402
 from servimg.oci.layer import Entry, Kind, write_layer  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
@@ -66,7 +66,7 @@ BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark r
 DOCKER = ["docker"]
 SERVIMG = [sys.executable, "-m", "servimg"]
 # Every section but `warm` measures a build that does all its work: the result caches (compiled
-# bytecode, the verdict of an image that passed before; servimg.build.resultcache) are switched off, as
+# bytecode, the verdict of an image that passed before; servimg.builder.resultcache) are switched off, as
 # `docker build --no-cache` reuses nothing. `warm` measures exactly what they save.
 WARM_ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
 WARM_ENV.pop("SERVIMG_SERVER", None)

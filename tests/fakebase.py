@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Unpack
 
 from servimg.backends.target import Target, WriteOptions
-from servimg.build.bytecode import WORK_IN_IMAGE, InterpreterFacts, read_result
-from servimg.build.seams import ByReference, Seams, TargetSink
-from servimg.build.verify import VerifyReport
+from servimg.builder.bytecode import WORK_IN_IMAGE, InterpreterFacts, read_result
+from servimg.builder.seams import ByReference, Seams, TargetSink
+from servimg.builder.verify import VerifyReport
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer

@@ -1,4 +1,4 @@
-"""The action cache (servimg.build.actioncache): a build recorded with what it read and where it went is
+"""The action cache (servimg.builder.actioncache): a build recorded with what it read and where it went is
 replayed only while every one of those still holds, and never otherwise. Each test records one "build"
 (a function reading a definition, a patch and listing a directory, inside `recording`) into a real OCI
 layout written here, then changes exactly one thing and looks it up again. The last tests go through
@@ -19,7 +19,7 @@ import pytest
 
 import standin_engine
 from servimg import cli
-from servimg.build import actioncache, resultstore
+from servimg.builder import actioncache, resultstore
 from servimg.core.digest import Digest
 from servimg.oci.image import REF_NAME
 

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import _require
 from servimg.bases import catalog as bases
-from servimg.build import warmroot
-from servimg.build.pipeline import lock
+from servimg.builder import warmroot
+from servimg.builder.pipeline import lock
 from servimg.cli import main
 from servimg.oci.store import BlobStore
 from tinyimage import prepare_repo

@@ -2,12 +2,12 @@
 name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
 Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the four concerns
-(`ladder`, then `build`, `provenance`, `bases`) < `commands` / `render` < `cli`; `resident` (the console
+(`ladder`, then `builder`, `provenance`, `bases`) < `commands` / `render` < `cli`; `resident` (the console
 script's client and the resident server) imports only `core` and itself, and names the CLI by string. A
 module imports only from its own layer or lower ones, at module level and inside functions alike: a
 function-level import is still a dependency, only a later one. Among the concerns, `ladder` is the
-lowest (it runs and judges an image it is given); `build` may use `ladder` (it bundles and locks the
-ladder, and ships the witness hook); `provenance` may use `build` and `ladder`; `bases` may use `build`.
+lowest (it runs and judges an image it is given); `builder` may use `ladder` (it bundles and locks the
+ladder, and ships the witness hook); `provenance` may use `builder` and `ladder`; `bases` may use `builder`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ SRC = ROOT / "src"
 PACKAGE = SRC / "servimg"
 
 _BELOW_CONCERNS = {"core", "oci", "inimage", "backends"}
-_CONCERNS = {"build", "ladder", "provenance", "bases"}
+_CONCERNS = {"builder", "ladder", "provenance", "bases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "core": {"core"},
     "oci": {"core", "oci"},
     "inimage": {"core", "oci", "inimage"},
     "backends": _BELOW_CONCERNS,
     "ladder": _BELOW_CONCERNS | {"ladder"},
-    "build": _BELOW_CONCERNS | {"ladder", "build"},
-    "provenance": _BELOW_CONCERNS | {"build", "ladder", "provenance"},
-    "bases": _BELOW_CONCERNS | {"build", "bases"},
+    "builder": _BELOW_CONCERNS | {"ladder", "builder"},
+    "provenance": _BELOW_CONCERNS | {"builder", "ladder", "provenance"},
+    "bases": _BELOW_CONCERNS | {"builder", "bases"},
     "resident": {"core", "resident"},
     "commands": _BELOW_CONCERNS | _CONCERNS | {"commands", "resident"},
     "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli", "resident"},
@@ -63,9 +63,9 @@ HOISTED = (
     "servimg.core.",
     "servimg.oci.",
     "servimg.inimage.",
-    "servimg.build.definition",
-    "servimg.build.lock",
-    "servimg.build.overlay",
+    "servimg.builder.definition",
+    "servimg.builder.lock",
+    "servimg.builder.overlay",
     "servimg.ladder.definition",
 )
 
@@ -433,7 +433,7 @@ def test_a_command_loads_only_what_it_needs() -> None:
     ]
     assert _heavy(loaded) == ["yaml"], "no docker, requests, urllib3, pydantic, cryptography or rich"
     keys = _loaded_after("import servimg.commands.keys")
-    assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
+    assert not [m for m in keys if m.startswith(("servimg.builder.pipeline", "servimg.ladder.runner"))]
 
 
 def test_a_build_reads_its_definition_lock_and_ladder_without_a_schema_library() -> None:
@@ -441,7 +441,7 @@ def test_a_build_reads_its_definition_lock_and_ladder_without_a_schema_library()
     constructors are plain code (servimg.core.fields, servimg.ladder.readers), so reading them costs no
     pydantic import and no schema build (≈0.25 s each, a fifth of a cold build: docs/benchmarks.md)."""
     loaded = _loaded_after(
-        "import servimg.build.definition, servimg.build.lock, servimg.core.strictyaml, "
+        "import servimg.builder.definition, servimg.builder.lock, servimg.core.strictyaml, "
         "servimg.ladder.definition"
     )
     assert [m for m in loaded if m.split(".")[0] in ("pydantic", "pydantic_core")] == []
@@ -452,7 +452,12 @@ def test_a_replayed_build_loads_nothing_a_build_needs() -> None:
     """The session and the action cache's replay (servimg.commands.replay) answer a warm rebuild before
     the command's module is loaded: they import no pipeline, no seams, no third-party package."""
     loaded = _loaded_after("import servimg.cli, servimg.commands.session, servimg.commands.replay")
-    heavy = ("servimg.build.pipeline", "servimg.build.seams", "servimg.build.definition", "servimg.oci.store")
+    heavy = (
+        "servimg.builder.pipeline",
+        "servimg.builder.seams",
+        "servimg.builder.definition",
+        "servimg.oci.store",
+    )
     assert [m for m in loaded if m.startswith(heavy)] == []
     assert _heavy(loaded) == []
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import copy_checkout, docker
-from servimg.build.definition import ImageDefinition
+from servimg.builder.definition import ImageDefinition
 from servimg.cli import main
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]

@@ -1,4 +1,4 @@
-"""Facts of a base alone are derived once and kept (servimg.build.basefacts): reread for the same key,
+"""Facts of a base alone are derived once and kept (servimg.builder.basefacts): reread for the same key,
 derived again for another base, another input or another version of the code that derives them, and
 never trusted when damaged. SERVIMG_NO_RESULT_CACHE does not switch them off; `bypassed` does."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import fakebase as fb
-from servimg.build import basefacts, resultstore, splitverify
+from servimg.builder import basefacts, resultstore, splitverify
 from servimg.core.digest import Digest
 from servimg.oci.filesystem import LayeredFS
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servimg.build.definition import ImageDefinition
-from servimg.build.lock import Lock, lock_to_definition
+from servimg.builder.definition import ImageDefinition
+from servimg.builder.lock import Lock, lock_to_definition
 from servimg.core.errors import DefinitionError
 
 GOOD = """

@@ -12,7 +12,7 @@ import pytest
 
 from servimg import cli
 from servimg.bases import catalog
-from servimg.build.verify import VerifyFailed, VerifyReport
+from servimg.builder.verify import VerifyFailed, VerifyReport
 from servimg.commands import ladder, params
 from servimg.commands.context import Context
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status

@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 import fakebase as fb
 from conftest import REPO
 from servimg.backends.layout import read_layout
-from servimg.build import pipeline as build
-from servimg.build.definition import ImageDefinition
-from servimg.build.lock import Lock, PackageLock
-from servimg.build.overlay import Patch, apply_patch
+from servimg.builder import pipeline as build
+from servimg.builder.definition import ImageDefinition
+from servimg.builder.lock import Lock, PackageLock
+from servimg.builder.overlay import Patch, apply_patch
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ImageError, LayerError, LockError, ServimgError

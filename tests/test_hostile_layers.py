@@ -26,7 +26,7 @@ import fakebase as fb
 from fakebase import D, F, H, M, S
 from servimg.backends.archive import read_archive
 from servimg.backends.layout import read_layout
-from servimg.build.bytecode import ChrootRunner, extract_runtime
+from servimg.builder.bytecode import ChrootRunner, extract_runtime
 from servimg.core.digest import Digest
 from servimg.core.errors import BytecodeError, LayerError, ServimgError
 from servimg.oci.filesystem import LayeredFS

@@ -39,8 +39,8 @@ from servimg.backends import registry as registry_module
 from servimg.backends import transport
 from servimg.backends.registry import RegistryClient
 from servimg.bases import catalog as bases
-from servimg.build.seams import Seams
-from servimg.build.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
+from servimg.builder.seams import Seams
+from servimg.builder.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
 from servimg.core.digest import Digest
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, keys, referrers, sbom

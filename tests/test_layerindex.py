@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import fakebase as fb
 from fakebase import D, F, H, M, S
-from servimg.build import splitverify
-from servimg.build.splitverify import ResolutionTrace
+from servimg.builder import splitverify
+from servimg.builder.splitverify import ResolutionTrace
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
 from servimg.inimage import probe

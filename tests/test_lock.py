@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servimg.build.lock import (
+from servimg.builder.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, _require, docker
-from servimg.build.lock import (
+from servimg.builder.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from servimg.build.overlay import (
+from servimg.builder.overlay import (
     APPLY_HINT,
     AppliedFile,
     FilePatch,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
-from servimg.build.verify import (
+from servimg.builder.verify import (
     VerifyReport,
     base_sentinel_verdicts,
     probe_spec,
@@ -264,7 +264,7 @@ def test_sentinel_adopted_upstream(tiny: Tiny) -> None:
     verdicts = base_sentinel_verdicts({"tinypkg.core": ADOPTED_CORE.encode()}, wanted)
     assert list(verdicts.values()) == [True]
     spec = probe_spec(tiny.lock, tiny.definition, base_has=verdicts)
-    from servimg.build.verify import SPEC_IN_IMAGE
+    from servimg.builder.verify import SPEC_IN_IMAGE
     from servimg.core import canonical
 
     report = verify(plant(tiny, "adopted", files({SPEC_IN_IMAGE: canonical.dumps(spec)})))
@@ -274,7 +274,7 @@ def test_sentinel_adopted_upstream(tiny: Tiny) -> None:
 
 
 def test_lock_refuses_a_sentinel_the_base_already_has(tiny: Tiny, tmp_path: Path) -> None:
-    from servimg.build.pipeline import lock
+    from servimg.builder.pipeline import lock
     from tinyimage import prepare_repo
 
     base = {"oci_ref": tiny.definition.base.ref, "digest": tiny.definition.base.digest}

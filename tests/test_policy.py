@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servimg.build.definition import template_regex
+from servimg.builder.definition import template_regex
 from servimg.core.digest import Digest
 from servimg.oci.image import Image
 from servimg.provenance import attest, binding, dsse

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from servimg.build import verify
-from servimg.build.definition import ImageDefinition, Sentinel
-from servimg.build.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
+from servimg.builder import verify
+from servimg.builder.definition import ImageDefinition, Sentinel
+from servimg.builder.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
 from servimg.inimage import probe
 from servimg.render import findings_table
 

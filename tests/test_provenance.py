@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from servimg.build.definition import ImageDefinition
-from servimg.build.lock import Lock
+from servimg.builder.definition import ImageDefinition
+from servimg.builder.lock import Lock
 from servimg.core.digest import Digest, sha256_hex
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
@@ -198,10 +198,62 @@ def test_changes_are_re_derived_from_the_layer(tmp_path: Path) -> None:
     ]
     write_layer(entries, tmp_path / "layer.tar", mtime=0)
     assert provenance.layer_changes(tmp_path / "layer.tar") == (
-        ChangedFile("/opt/venv/__pycache__/x.cpython-311.pyc", None, 0o644),
-        ChangedFile("/opt/venv/x.py", sha256_hex(b"x = 1\n"), 0o644),
-        ChangedFile("/var/lib/servimg/witness", None, 0o1777),
+        ChangedFile("/opt/venv/__pycache__/x.cpython-311.pyc", None, 0o644, provenance.DELETED),
+        ChangedFile("/opt/venv/x.py", sha256_hex(b"x = 1\n"), 0o644, provenance.FILE),
+        ChangedFile("/var/lib/servimg/witness", None, 0o1777, provenance.DIRECTORY),
     )
+
+
+def test_a_created_directory_is_no_deletion_and_old_attestations_still_read() -> None:
+    """The manifest names each entry's kind: the witness dir the layer creates is a directory in the
+    card, the check rows and the attestation (only a deletion is annotated `deleted`); an attestation
+    made before kinds were recorded (a directory annotated `deleted`, no kind) still reads and agrees."""
+    manifest = [
+        {"path": "/opt/venv/x.py", "kind": "file", "mode": 0o644, "sha256": "a" * 64},
+        {"path": "/opt/venv/y.pyc", "kind": "whiteout", "mode": 0o644, "sha256": None},
+        {"path": "/var/lib/servimg/witness", "kind": "dir", "mode": 0o1777, "sha256": None},
+    ]
+    changes = provenance.parse_changes(manifest)
+    assert [c.kind for c in changes] == [provenance.FILE, provenance.DELETED, provenance.DIRECTORY]
+    assert [c.describe() for c in changes[1:]] == ["deleted", "directory"]
+    assert [ChangedFile.from_json(c.to_json(), "x") for c in changes] == list(changes)
+    entries = [attest.changed_file(c.path, c.sha256, c.mode, c.kind) for c in changes]
+    assert entries[2]["annotations"] == {"mode": "1777", "kind": "directory"}, "a directory is not deleted"
+    assert entries[1]["annotations"] == {"mode": "0644", "kind": "deleted", "deleted": True}
+    predicate = {
+        "runDetails": {
+            "byproducts": [
+                {**e, "annotations": {**e["annotations"], "role": "changed-file"}} for e in entries
+            ]
+        }
+    }
+    assert provenance.provenance_byproducts(predicate) == changes
+    # Before kinds: the directory was written as a deletion. It reads back without a kind, and a
+    # comparison with the image's manifest sees no difference (the key has no kind; kinds are compared
+    # only where both sides recorded one).
+    legacy = [attest.changed_file(c.path, c.sha256, c.mode) for c in changes]
+    assert legacy[2]["annotations"] == {"mode": "1777", "deleted": True}
+    old = provenance.provenance_byproducts(
+        {
+            "runDetails": {
+                "byproducts": [
+                    {**e, "annotations": {**e["annotations"], "role": "changed-file"}} for e in legacy
+                ]
+            }
+        }
+    )
+    assert [c.kind for c in old] == [None, None, None]
+    assert [c.key() for c in old] == [c.key() for c in changes]
+    assert not any(a.kind_differs(b) for a, b in zip(old, changes, strict=True))
+    assert changes[1].kind_differs(changes[2]) is True
+
+
+def test_a_changes_manifest_of_another_format_is_named_and_refused() -> None:
+    with pytest.raises(ProvenanceError, match="format 2; this servimg reads format 1") as caught:
+        provenance.parse_changes({"format": 2, "changes": []})
+    assert "newer servimg" in caught.value.hint
+    with pytest.raises(ProvenanceError, match=r"changes.json\[0\] is malformed"):
+        provenance.parse_changes([{"path": "/x", "kind": "teleport", "mode": 0, "sha256": None}])
 
 
 # ------------------------------------------------------------------------------------------------ policy

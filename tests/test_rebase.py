@@ -24,11 +24,11 @@ import pytest
 
 import wheelbase
 from servimg import cli
-from servimg.build import pipeline
-from servimg.build.definition import ImageDefinition, OverlaySpec, Sentinel
-from servimg.build.lock import Lock
-from servimg.build.overlay import Patch
-from servimg.build.rebase import (
+from servimg.builder import pipeline
+from servimg.builder.definition import ImageDefinition, OverlaySpec, Sentinel
+from servimg.builder.lock import Lock
+from servimg.builder.overlay import Patch
+from servimg.builder.rebase import (
     NewBase,
     RebaseRequest,
     Verdict,
@@ -37,8 +37,8 @@ from servimg.build.rebase import (
     proposed_definition,
     rebase,
 )
-from servimg.build.seams import Seams
-from servimg.build.verify import VerifyReport, run_probe_in_chroot
+from servimg.builder.seams import Seams
+from servimg.builder.verify import VerifyReport, run_probe_in_chroot
 from servimg.core.digest import Digest
 from servimg.core.errors import RebaseError
 from servimg.oci.filesystem import LayeredFS

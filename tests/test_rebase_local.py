@@ -26,10 +26,10 @@ from servimg.bases import catalog, wheelpins
 from servimg.bases.demo import DEMO_WHEELS, parse_pins
 from servimg.bases.localrebase import LocalRebase, parse_packages, rebase_packages
 from servimg.bases.recipe import Kind, Recipe, WheelSource
-from servimg.build import pipeline
-from servimg.build.definition import ImageDefinition
-from servimg.build.lock import Lock
-from servimg.build.rebase import RebaseRequest
+from servimg.builder import pipeline
+from servimg.builder.definition import ImageDefinition
+from servimg.builder.lock import Lock
+from servimg.builder.rebase import RebaseRequest
 from servimg.core.errors import BaseBuildError, RebaseError, ServimgError
 from servimg.oci.store import BlobStore
 

@@ -1,5 +1,5 @@
 """A rebuild of an unchanged definition reuses the compiled bytecode and the verification verdict
-(servimg.build.resultcache): each entry is keyed by every input that can change it, checked on read
+(servimg.builder.resultcache): each entry is keyed by every input that can change it, checked on read
 (a corrupt, edited or foreign entry is ignored and written again), and the built digest never moves.
 
 On the fake base (tests/fakebase.py): the host's Python compiles (a runner that counts its runs), and
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 import fakebase as fb
-from servimg.build import pipeline, resultcache
-from servimg.build.bytecode import CompileJob, InterpreterFacts
-from servimg.build.seams import ProbeVerifier, Seams, verdict_key
-from servimg.build.verify import VerifyReport
+from servimg.builder import pipeline, resultcache
+from servimg.builder.bytecode import CompileJob, InterpreterFacts
+from servimg.builder.seams import ProbeVerifier, Seams, verdict_key
+from servimg.builder.verify import VerifyReport
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.findings import Finding, Status

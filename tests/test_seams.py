@@ -15,9 +15,9 @@ import pytest
 
 import fakebase as fb
 from conftest import _require, docker_available
-from servimg.build import seams
-from servimg.build.lock import Lock
-from servimg.build.verify import VerifyReport
+from servimg.builder import seams
+from servimg.builder.lock import Lock
+from servimg.builder.verify import VerifyFailed, VerifyReport
 from servimg.cli import parser
 from servimg.commands.context import seams_from
 
@@ -87,7 +87,7 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     import dataclasses
 
     from servimg.backends.transport import Target
-    from servimg.build.pipeline import build, lock
+    from servimg.builder.pipeline import build, lock
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
@@ -148,8 +148,7 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
     """`--to docker` loads the image UNTAGGED while it is verified (a second CPU does the daemon's part);
     only a verified image is tagged, and a build that fails verification removes what it loaded."""
     from servimg.backends import engine
-    from servimg.build.pipeline import build, lock
-    from servimg.core.errors import BuildError
+    from servimg.builder.pipeline import build, lock
     from servimg.oci.store import BlobStore
 
     _require(docker_available(), "needs a running Docker Engine")
@@ -172,8 +171,9 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
         )
 
     refusing = _WaitsThenRules(ok=False)
-    with pytest.raises(BuildError, match="failed verification; nothing was tagged"):
+    with pytest.raises(VerifyFailed, match="failed verification; nothing was tagged") as refused:
         to_docker(refusing)
+    assert not refused.value.report.ok, "the refusal carries the report that refused"
     assert refusing.saw_it_loaded, "the load ran while the image was verified"
     assert not engine.has_image(refusing.image_id), "the failed build removed what it loaded"
     image_id = None
@@ -186,3 +186,13 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
     finally:
         if image_id is not None:
             subprocess.run(["docker", "rmi", "-f", str(image_id)], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize(
+    "text", ["docker", "oci:out/demo", "oci:out/demo:v1", "docker-archive:/tmp/x.tar", "127.0.0.1:5000/a/b:t"]
+)
+def test_a_target_is_written_back_as_it_is_read(text: str) -> None:
+    from servimg.backends.target import Target
+
+    target = Target.parse(text)
+    assert target.text() == text and Target.parse(target.text()) == target

@@ -1,4 +1,4 @@
-"""Split build verification (build.splitverify) must not weaken anything the whole probe catches.
+"""Split build verification (builder.splitverify) must not weaken anything the whole probe catches.
 
 On the tiny test image (bookworm, python3.11; built once for the module): the split verdicts equal the
 whole probe's (`verify_image_value`, what `servimg verify` runs) check by check, for the clean image and
@@ -22,9 +22,9 @@ import pytest
 
 from conftest import _require, docker_available
 from servimg.backends import engine
-from servimg.build import warmroot
-from servimg.build.splitverify import Setting, base_key, verify_split
-from servimg.build.verify import VerifyReport, verify_image_value
+from servimg.builder import warmroot
+from servimg.builder.splitverify import Setting, base_key, verify_split
+from servimg.builder.verify import VerifyReport, verify_image_value
 from servimg.oci.image import Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.oci.layerindex import OPAQUE, LayerIndex

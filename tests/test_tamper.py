@@ -91,8 +91,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("tamper") / "repo"
     copy_checkout(root)
-    from servimg.build.pipeline import build
-    from servimg.build.verify import verify_image_value
+    from servimg.builder.pipeline import build
+    from servimg.builder.verify import verify_image_value
     from servimg.oci.store import BlobStore
 
     store = BlobStore()

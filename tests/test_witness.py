@@ -395,7 +395,7 @@ def _remove(container: str) -> None:
 def test_witness_image_records_the_patched_code(
     witnessed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from servimg.build.verify import verify_ref
+    from servimg.builder.verify import verify_ref
     from servimg.oci.store import BlobStore
 
     report = verify_ref(witnessed.tag, BlobStore(), lambda _: None)

@@ -61,6 +61,16 @@ class Target:
             )
         return cls("registry", text)
 
+    def text(self) -> str:
+        """The place as `parse` reads it (`Target.parse(t.text()) == t`)."""
+        if self.kind == "engine":
+            return "docker"
+        if self.kind == "oci":
+            return f"oci:{self.location}" + (f":{self.tag}" if self.tag else "")
+        if self.kind == "archive":
+            return f"docker-archive:{self.location}"
+        return self.location
+
 
 class WriteOptions(TypedDict, total=False):
     """How to write an image; each backend uses what applies to it.
@@ -68,7 +78,7 @@ class WriteOptions(TypedDict, total=False):
     tag: the name published last (engine tag, layout ref name, archive RepoTag, registry tag) unless the
     target names its own; base_config: the base's image ID (the engine loads thin over it); mount_from: a
     repository on the same registry to cross-mount blobs from; progress: transfer progress; staged: how
-    the engine's load went when it ran while the image was verified (`build.seams.Staging`)."""
+    the engine's load went when it ran while the image was verified (`builder.seams.Staging`)."""
 
     tag: str | None
     base_config: Digest | None

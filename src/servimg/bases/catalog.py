@@ -28,9 +28,9 @@ from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
-from servimg.build.definition import BaseSpec, ImageDefinition, PackageSpec
-from servimg.build.pipeline import lock as lock_definition
-from servimg.build.rebase import definition_text
+from servimg.builder.definition import BaseSpec, ImageDefinition, PackageSpec
+from servimg.builder.pipeline import lock as lock_definition
+from servimg.builder.rebase import definition_text
 from servimg.core.atomic import atomic_write
 from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
-from servimg.build import actioncache, pipeline
-from servimg.build.lock import lock_path_for
-from servimg.build.seams import Seams
+from servimg.builder import actioncache, pipeline
+from servimg.builder.lock import lock_path_for
+from servimg.builder.seams import Seams
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

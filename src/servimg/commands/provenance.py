@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from servimg.backends import transport
-from servimg.build.verify import VerifyReport
+from servimg.builder.verify import VerifyReport
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from servimg.bases import localrebase
-from servimg.build import rebase as rebasing
+from servimg.builder import rebase as rebasing
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

@@ -1,4 +1,4 @@
-"""`servimg build` answered from the action cache (servimg.build.actioncache): the very same build run
+"""`servimg build` answered from the action cache (servimg.builder.actioncache): the very same build run
 before, with nothing it read changed and its destination still holding the result, prints the same
 OK line (and --json) without importing the pipeline. Asked by the session before the command runs
 (servimg.commands.session); None makes the command run. Standard library, servimg.core and the action
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servimg.build import actioncache
+from servimg.builder import actioncache
 from servimg.commands import params
 from servimg.commands.outcome import Outcome
 from servimg.core.cachedir import default_cache_dir

@@ -25,7 +25,7 @@ from servimg.core.progress import Log
 from servimg.render import Reporter
 
 if TYPE_CHECKING:
-    from servimg.build.seams import Seams
+    from servimg.builder.seams import Seams
 
 # The context (seams, store) and the run of a command: loaded only when the command really runs.
 CONTEXT = "servimg.commands.context"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from servimg.build.verify import VerifyFailed, verify_ref
+from servimg.builder.verify import VerifyFailed, verify_ref
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

@@ -1,7 +1,7 @@
 """Reading parsed YAML or JSON into typed values, every problem collected as `yaml.path: message`.
 
-The validating constructors of the definitions servimg reads on every build (build/definition.py,
-build/lock.py) are written with these readers rather than a schema library: they are plain code
+The validating constructors of the definitions servimg reads on every build (builder/definition.py,
+builder/lock.py) are written with these readers rather than a schema library: they are plain code
 that imports in microseconds, and each says in its own words what to write instead.
 
 A reader is `(value, path, problems) -> typed value`. It raises `Invalid(message)` when the value itself

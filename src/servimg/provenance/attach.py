@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 from servimg.backends import registry, transport
-from servimg.backends.target import Target
-from servimg.build.pipeline import build
-from servimg.build.seams import DEFAULT, Seams, StoreOnly
-from servimg.build.verify import VerifyReport, verify_image_value
+from servimg.backends.target import Target, WriteOptions
+from servimg.builder.pipeline import build
+from servimg.builder.seams import DEFAULT, ProbeVerifier, Seams, verify_or_refuse
+from servimg.builder.verify import VerifyFailed, VerifyReport
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
@@ -196,14 +196,12 @@ def push_image(
         )
     facts = image_facts(image, store, log)
     binding.refuse_rebinding(binding.tag_of(dest) or tag, facts.definition, facts.lock_digest, "push under")
-    if report is None:
-        report = verify_image_value(image, store, log)
-    if not report.ok:
-        raise AttachError(
-            f"{image.digest.short} failed verification; nothing was pushed",
-            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
-            hint="run `servimg verify` on it for the full table",
+    if report is None:  # the same verifier a build runs (cached verdicts, split where it can)
+        report = verify_or_refuse(
+            ProbeVerifier(), image, store, log, base_config=None, consequence="nothing was pushed"
         )
+    elif not report.ok:
+        raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")
     invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
     envelopes = build_statements(image, facts, report, key, store, invocation=invocation, builder=builder)
     note = None
@@ -366,6 +364,58 @@ def _attach_layout(root: Path, image: Image, env: Envelope) -> Attached:
 # ---------------------------------------------------------------------------------------- build --sign
 
 
+@dataclass(frozen=True)
+class AttestingSink:
+    """The signed route as a sink of the one pipeline (`builder.pipeline.build`): the verified image is
+    pushed with the signed provenance of this very build (its invocation: id, start, end, command) and
+    its verify result (`push_image`). `attached` collects what was attached, for the command's result."""
+
+    key: dsse.SigningKey | None
+    command: tuple[str, ...]
+    builder: str | None = None
+    started: str = dataclasses.field(default_factory=provenance.now)
+    attached: list[Attached] = dataclasses.field(default_factory=list)
+
+    def check(self, target: Target) -> None:
+        if target.kind not in ("registry", "oci"):
+            raise BuildError(
+                f"--sign needs a registry or an OCI layout target, not {target.kind}",
+                hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
+            )
+        transport.check_reachable(target)
+
+    def publish(
+        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
+    ) -> str:
+        raise BuildError("a signed build publishes only a verified image", hint="build without verify=False")
+
+    def publish_verified(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        report: VerifyReport,
+        **options: Unpack[WriteOptions],
+    ) -> str:
+        store.put_bytes(image.config_bytes)  # push_image reads every blob from the store
+        invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
+        pushed = push_image(
+            image,
+            target.text(),
+            store,
+            log,
+            key=self.key,
+            report=report,
+            builder=self.builder,
+            invocation=invocation,
+            tag=options.get("tag"),
+            progress=options.get("progress") or NULL,
+        )
+        self.attached.extend(pushed.attached)
+        return pushed.destination
+
+
 def build_and_push(
     definition_path: Path,
     store: BlobStore,
@@ -379,19 +429,11 @@ def build_and_push(
     progress: Progress = NULL,
     seams: Seams = DEFAULT,
 ) -> dict[str, Any]:
-    """`servimg build DEF --to REPO|oci:DIR --sign KEY`: build, verify once, then push with the signed
-    provenance of this very build (its invocation times and id) and the verify result."""
+    """`servimg build DEF --to REPO|oci:DIR --sign KEY`: the one build pipeline, verified once, published
+    by an `AttestingSink` (the image with the signed provenance of this very build and its verify result)."""
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
-    target = Target.parse(to)
-    if target.kind not in ("registry", "oci"):
-        raise BuildError(
-            f"--sign needs a registry or an OCI layout target, not {target.kind}",
-            hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
-        )
-    transport.check_reachable(target)
-    started = provenance.now()
-    # Build the image value only (StoreOnly sink): it is published below, with its attestations.
+    sink = AttestingSink(key, ("servimg", "build", definition_path.name, "--to", to, "--sign"), builder)
     result = build(
         definition_path,
         store,
@@ -399,39 +441,10 @@ def build_and_push(
         to=to,
         runner=runner,
         tag=tag,
-        verify=False,
-        seams=dataclasses.replace(seams, sink=StoreOnly()),
-    )
-    report = seams.verifier.report(result.image, store, log, base_config=None)
-    if not report.ok:
-        raise BuildError(
-            f"the built image {result.image.digest.short} failed verification; nothing was published",
-            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
-            hint="run `servimg verify` on it for the full table; fix the overlay or the base",
-        )
-    invocation = Invocation(
-        f"urn:uuid:{uuid.uuid4()}",
-        started,
-        provenance.now(),
-        ("servimg", "build", definition_path.name, "--to", to, "--sign"),
-    )
-    pushed = push_image(
-        result.image,
-        to,
-        store,
-        log,
-        key=key,
-        report=report,
-        builder=builder,
-        invocation=invocation,
-        tag=result.tag,
         progress=progress,
+        seams=dataclasses.replace(seams, sink=sink),
     )
-    return {
-        **result.as_dict(),
-        "destination": pushed.destination,
-        "attestations": [a.as_dict() for a in pushed.attached],
-    }
+    return {**result.as_dict(), "attestations": [a.as_dict() for a in sink.attached]}
 
 
 # ------------------------------------------------------------------------------------------------ attest

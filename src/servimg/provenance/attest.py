@@ -131,14 +131,19 @@ def resource(
     return out
 
 
-def changed_file(path: str, sha256: str | None, mode: int) -> dict[str, Any]:
-    """A changed-files manifest entry as a ResourceDescriptor: name = path, digest, mode (octal string).
+def changed_file(path: str, sha256: str | None, mode: int, kind: str | None = None) -> dict[str, Any]:
+    """A changed-files manifest entry as a ResourceDescriptor: name = path, digest, mode (octal string),
+    kind (file, symlink, directory, deleted; servimg.provenance.statements.ChangedFile).
 
-    A deleted file (`sha256` None: a whiteout) has no digest; its `file:` URI keeps the descriptor valid.
-    """
+    An entry without a sha256 (a deletion: a whiteout; a directory the layer creates) has no digest; its
+    `file:` URI keeps the descriptor valid. Only a deletion is annotated `deleted` (readers from before
+    kinds were recorded read that annotation alone)."""
     annotations: dict[str, Any] = {"mode": f"{mode & 0o7777:04o}"}
+    if kind is not None:
+        annotations["kind"] = kind
     if sha256 is None:
-        annotations["deleted"] = True
+        if kind in (None, "deleted"):
+            annotations["deleted"] = True
         return resource(name=path, uri="file:///" + path.lstrip("/"), annotations=annotations)
     return resource(name=path, digest=Digest.parse(f"sha256:{sha256}"), annotations=annotations)
 

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from servimg.backends.target import Target
-from servimg.build.definition import DEFAULT_TEMPLATE, named_lock
-from servimg.build.lock import Lock, drift
+from servimg.builder.definition import DEFAULT_TEMPLATE, named_lock
+from servimg.builder.lock import Lock, drift
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status

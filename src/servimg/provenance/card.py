@@ -148,7 +148,7 @@ class Card:
             "|---|---|---|",
         ]
         out += [
-            f"| `{c.path}` | {'deleted' if c.sha256 is None else f'`{c.sha256[:16]}…`'} | {c.mode:04o} |"
+            f"| `{c.path}` | {c.describe() if c.sha256 is None else f'`{c.sha256[:16]}…`'} | {c.mode:04o} |"
             for c in self.changed_files
         ]
         out += ["", "## Results", "", "| what | result | detail |", "|---|---|---|"]
@@ -163,7 +163,7 @@ class Card:
 
 
 def _change(c: ChangedFile) -> str:
-    return f"{'deleted' if c.sha256 is None else c.sha256[:12]:<12} {c.mode:04o}"
+    return f"{c.describe() if c.sha256 is None else c.sha256[:12]:<12} {c.mode:04o}"
 
 
 def _status(f: Found) -> str:

@@ -24,9 +24,9 @@ from typing import Any
 from servimg.backends import engine, registry, transport
 from servimg.backends.registry import RegistryClient
 from servimg.backends.target import Target
-from servimg.build.lock import Lock
-from servimg.build.seams import DEFAULT, Seams
-from servimg.build.verify import VerifyReport, run_probe_in_docker, verify_image_value
+from servimg.builder.lock import Lock
+from servimg.builder.seams import DEFAULT, Seams
+from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, RegistryError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
@@ -879,14 +879,13 @@ def _changes_diff(
             problems.append(f"{path} is in {left_name}, not in {right_name}")
         elif path not in a:
             problems.append(f"{path} is in {right_name}, not in {left_name}")
-        elif a[path].key() != b[path].key():
+        elif a[path].key() != b[path].key() or a[path].kind_differs(b[path]):
             problems.append(f"{path}: {right_name} has {_file(b[path])}, {left_name} says {_file(a[path])}")
     return _listed(problems)
 
 
 def _file(c: ChangedFile) -> str:
-    what = "deleted" if c.sha256 is None else f"sha256:{c.sha256[:16]}…"
-    return f"{what} mode {c.mode:04o}"
+    return f"{c.describe()} mode {c.mode:04o}"
 
 
 def _listed(problems: Sequence[str]) -> str:

@@ -27,11 +27,11 @@ from typing import Any
 import yaml
 
 from servimg import __version__
-from servimg.build import resultcache
-from servimg.build.definition import ImageDefinition, repo_root_for
-from servimg.build.lock import Lock, lock_path_for
-from servimg.build.pipeline import build
-from servimg.build.seams import DEFAULT, Seams, StoreOnly
+from servimg.builder import resultcache
+from servimg.builder.definition import ImageDefinition, repo_root_for
+from servimg.builder.lock import Lock, lock_path_for
+from servimg.builder.pipeline import build
+from servimg.builder.seams import DEFAULT, Seams, StoreOnly
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, Finding

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from servimg import __version__
-from servimg.build.lock import Lock
-from servimg.build.verify import VerifyReport
+from servimg.builder.lock import Lock
+from servimg.builder.verify import VerifyReport
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
@@ -75,16 +75,62 @@ class ProvenanceError(ServimgError):
 # ------------------------------------------------------------------------------------------ image facts
 
 
+# What a changed file is (ChangedFile.kind). The image's manifest names the layer entry's kind
+# (servimg.oci.layer.Kind: file, dir, symlink, whiteout); attestations made before kinds were recorded
+# carry none (kind None: "deleted" there meant no digest, which a created directory has too).
+FILE, SYMLINK, DIRECTORY, DELETED, OTHER = "file", "symlink", "directory", "deleted", "other"
+KINDS = (FILE, SYMLINK, DIRECTORY, DELETED, OTHER)
+_LAYER_KINDS = {"file": FILE, "symlink": SYMLINK, "dir": DIRECTORY, "whiteout": DELETED, "opaque": DELETED}
+# The changes manifest's format: 1 is a bare JSON list of {path, kind, mode, sha256} (every image built
+# so far); a later format is an object with a "format" key, which this reader names and refuses.
+CHANGES_FORMAT = 1
+
+
 @dataclass(frozen=True)
 class ChangedFile:
-    """One line of the changed-files manifest: sha256 None = deleted (a whiteout)."""
+    """One line of the changed-files manifest: a file (its sha256), a symlink, a directory the layer
+    creates, or a deletion (a whiteout: no sha256). `kind` None: not recorded (an older attestation)."""
 
     path: str
     sha256: str | None
     mode: int
+    kind: str | None = None
 
     def key(self) -> tuple[str, str | None, int]:
+        """What two listings must agree on; kinds are compared apart (`kind_differs`), since an older
+        attestation has none."""
         return (self.path, self.sha256, self.mode & 0o7777)
+
+    def kind_differs(self, other: ChangedFile) -> bool:
+        return self.kind is not None and other.kind is not None and self.kind != other.kind
+
+    def describe(self) -> str:
+        """`deleted`, `directory`, `symlink …` or the sha256's first 16 hex digits, for cards and rows."""
+        if self.kind == DIRECTORY:
+            return "directory"
+        if self.sha256 is None:
+            return "deleted" if self.kind in (DELETED, None) else str(self.kind)
+        return f"sha256:{self.sha256[:16]}…" if self.kind in (FILE, None) else self.sha256
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "mode": self.mode, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> ChangedFile:
+        """One manifest entry; its `kind` as the layer writer names it (file, dir, whiteout, …) or as
+        ChangedFile does. ProvenanceError naming `where` when malformed."""
+        path, sha, mode, kind = (
+            (doc.get(k) for k in ("path", "sha256", "mode", "kind")) if isinstance(doc, dict) else (None,) * 4
+        )
+        named = _LAYER_KINDS.get(kind, kind) if isinstance(kind, str) else kind
+        if (
+            not isinstance(path, str)
+            or not isinstance(mode, int)
+            or not (sha is None or isinstance(sha, str))
+            or not (named is None or named in KINDS)
+        ):
+            raise ProvenanceError(f"{where} is malformed")
+        return cls(path, sha, mode, named)
 
 
 @dataclass(frozen=True)
@@ -137,21 +183,15 @@ def read_facts(top_layer: Path) -> ImageFacts:
 
 
 def parse_changes(doc: object) -> tuple[ChangedFile, ...]:
-    """The changes manifest (`[{path, kind, mode, sha256}]`) as ChangedFiles, sorted by path."""
+    """The changes manifest (format 1: `[{path, kind, mode, sha256}]`) as ChangedFiles, sorted by path."""
+    if isinstance(doc, dict) and "format" in doc:
+        raise ProvenanceError(
+            f"/{CHANGES_FILE} is format {doc['format']!r}; this servimg reads format {CHANGES_FORMAT}",
+            hint="the image was built by a newer servimg: check it with that version",
+        )
     if not isinstance(doc, list):
         raise ProvenanceError(f"/{CHANGES_FILE} is not a list")
-    out = []
-    for i, entry in enumerate(doc):
-        path, sha, mode = (
-            (entry.get(k) for k in ("path", "sha256", "mode")) if isinstance(entry, dict) else (None,) * 3
-        )
-        if (
-            not isinstance(path, str)
-            or not isinstance(mode, int)
-            or not (sha is None or isinstance(sha, str))
-        ):
-            raise ProvenanceError(f"/{CHANGES_FILE}[{i}] is malformed")
-        out.append(ChangedFile(path, sha, mode))
+    out = [ChangedFile.from_json(entry, f"/{CHANGES_FILE}[{i}]") for i, entry in enumerate(doc)]
     return tuple(sorted(out, key=ChangedFile.key))
 
 
@@ -173,16 +213,17 @@ def layer_changes(layer: Path) -> tuple[ChangedFile, ...]:
                 if info.isdir() or path in SERVIMG_FILES or not path:
                     continue
                 if base == OPAQUE_MARKER:
-                    out[path] = ChangedFile("/" + path, None, 0o644)
+                    out[path] = ChangedFile("/" + path, None, 0o644, DELETED)
                 elif base.startswith(WHITEOUT_PREFIX):
                     target = posixpath.join(parent, base[len(WHITEOUT_PREFIX) :])
-                    out[target] = ChangedFile("/" + target, None, info.mode & 0o7777)
+                    out[target] = ChangedFile("/" + target, None, info.mode & 0o7777, DELETED)
                 elif info.isfile():
                     handle = tar.extractfile(info)
                     content = handle.read() if handle is not None else b""
-                    out[path] = ChangedFile("/" + path, sha256_hex(content), info.mode & 0o7777)
+                    out[path] = ChangedFile("/" + path, sha256_hex(content), info.mode & 0o7777, FILE)
                 else:  # links and devices have no digest; name them so a comparison sees them
-                    out[path] = ChangedFile("/" + path, f"{info.type.decode()}:{info.linkname}", 0)
+                    kind = SYMLINK if info.issym() else OTHER
+                    out[path] = ChangedFile("/" + path, f"{info.type.decode()}:{info.linkname}", 0, kind)
             members = [normalize_path(info.name) for info in tar.getmembers()]
     except (tarfile.TarError, OSError) as exc:
         raise ProvenanceError(f"the overlay layer is not a readable tar: {exc}") from None
@@ -190,7 +231,7 @@ def layer_changes(layer: Path) -> tuple[ChangedFile, ...]:
     parents = {a for p in parents for a in _ancestors(p)}
     for path, mode in dirs.items():
         if path not in parents:
-            out[path] = ChangedFile("/" + path, None, mode)
+            out[path] = ChangedFile("/" + path, None, mode, DIRECTORY)
     return tuple(sorted(out.values(), key=ChangedFile.key))
 
 
@@ -293,7 +334,7 @@ def byproducts(facts: ImageFacts) -> list[dict[str, Any]]:
         )
     ]
     for change in facts.changes:
-        entry = attest.changed_file(change.path, change.sha256, change.mode)
+        entry = attest.changed_file(change.path, change.sha256, change.mode, change.kind)
         entry["annotations"] = {**entry["annotations"], "role": ROLE_CHANGED_FILE}
         out.append(entry)
     return out
@@ -523,8 +564,9 @@ def provenance_byproducts(predicate: Mapping[str, Any]) -> tuple[ChangedFile, ..
             mode = int(str(annotations.get("mode", "0")), 8)
         except ValueError:
             mode = -1
-        sha = None if annotations.get("deleted") else sha256_of(rd)
-        out.append(ChangedFile(str(rd.get("name", "")), sha, mode))
+        sha = None if annotations.get("deleted") or annotations.get("kind") == DIRECTORY else sha256_of(rd)
+        kind = annotations.get("kind")  # none in an attestation made before kinds were recorded
+        out.append(ChangedFile(str(rd.get("name", "")), sha, mode, kind if kind in KINDS else None))
     return tuple(sorted(out, key=ChangedFile.key))
 
 

@@ -1,5 +1,5 @@
-"""Where servimg keeps the results it may reuse (servimg.build.resultcache: compiled bytecode and
-verdicts; servimg.build.actioncache: whole builds): `<cache>/results/<kind>/v1/sha256/<key>.json`, one
+"""Where servimg keeps the results it may reuse (servimg.builder.resultcache: compiled bytecode and
+verdicts; servimg.builder.actioncache: whole builds): `<cache>/results/<kind>/v1/sha256/<key>.json`, one
 file per key, named by the sha256 of the key's canonical JSON. Standard library and servimg.core only.
 
 An entry holds its full key document and the sha256 of its value; `read` checks both, so a corrupt,
@@ -53,7 +53,7 @@ def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
 
 def read(root: Path, kind: str, key: Mapping[str, Any], *, per_base: bool = False) -> Any | None:
     """The cached value for `key`; None when there is none, it does not check out, inside `bypassed`,
-    or when `OFF` is set (`per_base`: a fact of the base alone, servimg.build.basefacts, which `OFF`
+    or when `OFF` is set (`per_base`: a fact of the base alone, servimg.builder.basefacts, which `OFF`
     does not switch off: a build that does all its work still starts from its base)."""
     if _bypassed.get() or (os.environ.get(OFF) and not per_base):
         return None

@@ -4,7 +4,7 @@ costs the CLI's start and a few file reads, not the ≈0.5 s import of what a bu
 
 Standard library and servimg.core only (plus the engine's plain socket question), so that the session
 can ask it before loading anything else. An entry lives in `<cache>/results/action/v1/sha256/<key>.json`
-(servimg.build.resultstore: self-checking, written atomically).
+(servimg.builder.resultstore: self-checking, written atomically).
 
 The key (`Action.key`) is everything that can steer a build and is known before it runs: the sha256 of
 servimg's own code (every file of the package, probe and compile script included), the interpreter
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from servimg.backends.enginesocket import socket_image_id
-from servimg.build import resultstore
+from servimg.builder import resultstore
 from servimg.core.digest import Digest
 from servimg.oci.image import REF_NAME
 

@@ -7,7 +7,7 @@ Each overlay, in declared order, gets one verdict with its evidence (docs/rebase
   listed). An offset is not fuzz: no context line is ever dropped or loosened, hunks stay in order and never
   overlap, a hunk whose context stops at the file's start or end stays anchored there, and of several exact
   places the nearest to the declared line wins (the number of places is reported when it is more than one).
-  These are the overlay engine's own rules (`servimg.build.overlay`); the rebase reuses them, it has none.
+  These are the overlay engine's own rules (`servimg.builder.overlay`); the rebase reuses them, it has none.
 - ABSORBED: the new base already carries the change. Evidence is either the reverse patch applying to the
   new base under the same rules (the patched text is there), or every discriminating sentinel of the
   overlay (`absent_in_base: true`) being present in the new base's code for its qualname (upstream adopted
@@ -39,8 +39,8 @@ from typing import Any
 import yaml
 
 from servimg.backends import transport
-from servimg.build import pipeline
-from servimg.build.definition import (
+from servimg.builder import pipeline
+from servimg.builder.definition import (
     BaseSpec,
     ImageDefinition,
     OverlaySpec,
@@ -48,8 +48,8 @@ from servimg.build.definition import (
     Sentinel,
     repo_root_for,
 )
-from servimg.build.lock import Lock, lock_path_for
-from servimg.build.overlay import (
+from servimg.builder.lock import Lock, lock_path_for
+from servimg.builder.overlay import (
     AppliedFile,
     FilePatch,
     Patch,
@@ -60,8 +60,8 @@ from servimg.build.overlay import (
     place_hunks,
     split_lines,
 )
-from servimg.build.seams import DEFAULT, Seams
-from servimg.build.verify import base_sentinel_lookups, module_sources, sentinel_key
+from servimg.builder.seams import DEFAULT, Seams
+from servimg.builder.verify import base_sentinel_lookups, module_sources, sentinel_key
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import OverlayError, RebaseError, ServimgError

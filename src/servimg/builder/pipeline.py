@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from servimg.backends import engine
-from servimg.backends.target import Target
-from servimg.build import actioncache, basefacts, bytecode, resultcache, verify
-from servimg.build.bytecode import (
+from servimg.backends.target import Target, WriteOptions
+from servimg.builder import actioncache, basefacts, bytecode, resultcache, verify
+from servimg.builder.bytecode import (
     CompileJob,
     InterpreterFacts,
     Runner,
@@ -30,7 +30,7 @@ from servimg.build.bytecode import (
     pyc_path,
     stale_pycs,
 )
-from servimg.build.definition import (
+from servimg.builder.definition import (
     DEFAULT_TEMPLATE,
     ImageDefinition,
     OverlaySpec,
@@ -38,7 +38,7 @@ from servimg.build.definition import (
     named_lock,
     repo_root_for,
 )
-from servimg.build.lock import (
+from servimg.builder.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,
@@ -49,9 +49,15 @@ from servimg.build.lock import (
     check_drift,
     lock_path_for,
 )
-from servimg.build.overlay import Patch, apply_patch
-from servimg.build.seams import DEFAULT, BaseSource, Seams, Staging, Verifier
-from servimg.build.verify import base_sentinel_verdicts_in_image, base_sources, probe_files, probe_spec
+from servimg.builder.overlay import Patch, apply_patch
+from servimg.builder.seams import DEFAULT, BaseSource, Seams, Staging, VerifiedSink, verify_or_refuse
+from servimg.builder.verify import (
+    VerifyReport,
+    base_sentinel_verdicts_in_image,
+    base_sources,
+    probe_files,
+    probe_spec,
+)
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
@@ -117,7 +123,7 @@ class BuildResult:
         }
 
     def published(self) -> actioncache.Published | None:
-        """What the action cache checks before it replays this build (servimg.build.actioncache): the
+        """What the action cache checks before it replays this build (servimg.builder.actioncache): the
         destination, an engine base, and the OK line a rerun prints. None when this build is not
         replayable: another sink kind (an archive is rewritten by every build; a registry's tag needs
         the network), or a registry base."""
@@ -246,7 +252,7 @@ def _sentinel_verdicts(
 ) -> dict[str, bool]:
     """Whether the base's code already holds each sentinel, answered by the image's own interpreter
     (`verify.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
-    sources' sha256 and that interpreter (servimg.build.basefacts): a module's bytes, the sentinel and
+    sources' sha256 and that interpreter (servimg.builder.basefacts): a module's bytes, the sentinel and
     the compiler decide it, and asking the image costs a run of it."""
     if not wanted:
         return {}
@@ -382,7 +388,7 @@ def _interpreter(
 def _base_opt_levels(
     store: BlobStore, base: Image, fs: LayeredFS, dirs: list[str], cache_tag: str
 ) -> tuple[int, ...]:
-    """`base_opt_levels`, once per base (servimg.build.basefacts): it lists every path under the packages."""
+    """`base_opt_levels`, once per base (servimg.builder.basefacts): it lists every path in the packages."""
     key = {"diff_ids": [str(d) for d in base.diff_ids], "dirs": dirs, "cache_tag": cache_tag}
     return basefacts.remembered(
         store.root,
@@ -577,19 +583,25 @@ def build(
     check_drift(locked, resolution.lock, definition_path)
     _refuse_tag_of_another_lock(resolution.definition, locked, [tag, target.tag, _registry_tag(target)])
     image, layer = assemble(resolution, locked, store, log)
-    staged = _verified(image, target, store, log, resolution.base.config_digest, seams) if verify else None
+    base_config = resolution.base.config_digest
+    report, staged = _verified(image, target, store, log, base_config, seams) if verify else (None, None)
     chosen_tag = tag or derive_tag(resolution.definition, locked)
     full_tag = _full_tag(resolution.definition, target, chosen_tag)
-    destination = seams.sink.publish(
-        image,
-        target,
-        store,
-        log,
-        tag=full_tag,
-        base_config=resolution.base.config_digest,
-        progress=progress,
-        staged=staged,
-    )
+    options: WriteOptions = {
+        "tag": full_tag,
+        "base_config": base_config,
+        "progress": progress,
+        "staged": staged,
+    }
+    sink = seams.sink
+    if isinstance(sink, VerifiedSink):
+        if report is None:
+            raise BuildError(
+                "this destination publishes only verified images", hint="build without verify=False"
+            )
+        destination = sink.publish_verified(image, target, store, log, report, **options)
+    else:
+        destination = sink.publish(image, target, store, log, **options)
     published_tag = target.tag if target.kind == "oci" and target.tag else full_tag
     return BuildResult(
         image,
@@ -607,33 +619,21 @@ def build(
 
 def _verified(
     image: Image, target: Target, store: BlobStore, log: Log, base_config: Digest, seams: Seams
-) -> str | None:
+) -> tuple[VerifyReport, str | None]:
     """Verify the image while a staging sink begins its part (the engine's untagged load: a second CPU
-    does the daemon's work meanwhile); on any failure the staged work is undone. Returns how it went."""
+    does the daemon's work meanwhile); on any failure the staged work is undone. Returns the report and
+    how the staged work went."""
     sink = seams.sink
     staged = sink.stage(image, target, store, base_config) if isinstance(sink, Staging) else None
     try:
-        _verify_or_refuse(image, store, log, base_config, seams.verifier)
+        report = verify_or_refuse(
+            seams.verifier, image, store, log, base_config=base_config, consequence="nothing was tagged"
+        )
     except BaseException:
         if staged is not None:
             staged.discard()
         raise
-    return staged.result() if staged is not None else None
-
-
-def _verify_or_refuse(
-    image: Image, store: BlobStore, log: Log, base_config: Digest, verifier: Verifier
-) -> None:
-    """Stage 3: verify the image just built (the probe, by default); an image that fails is never tagged."""
-    report = verifier.report(image, store, log, base_config=base_config)
-    if not report.ok:
-        raise BuildError(
-            f"the built image {image.digest.short} failed verification; nothing was tagged",
-            problems=[f"{c.code} {c.subject}: {c.message}" for c in report.failures()],
-            hint="run `servimg verify` on it for the full table; fix the overlay or the base",
-        )
-    counts = report.counts()
-    log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
+    return report, staged.result() if staged is not None else None
 
 
 def _registry_tag(target: Target) -> str | None:

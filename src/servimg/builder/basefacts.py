@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from servimg.build import resultstore
+from servimg.builder import resultstore
 
 T = TypeVar("T")
 KIND = "base-facts"

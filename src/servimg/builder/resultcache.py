@@ -11,9 +11,9 @@ EVERY input that can change it (the key), in `<cache>/results/<kind>/v1/sha256/<
 - verdict: the image digest (its config and every layer: the probe, its spec and everything judged),
   the sha256 of the probe and of the spec the image carries (named apart, so a verdict can be traced to
   them), the base config digest the report is compared against, and the sha256 of the servimg code that
-  runs the probe and merges its answers (servimg/build/verify.py, splitverify.py, warmroot.py).
+  runs the probe and merges its answers (servimg/builder/verify.py, splitverify.py, warmroot.py).
 
-An entry (servimg.build.resultstore) holds its full key document and the sha256 of its value; on
+An entry (servimg.builder.resultstore) holds its full key document and the sha256 of its value; on
 read both are checked (and each pyc's own sha256), so a corrupt, truncated or foreign entry (another
 key's file under this name) is ignored and the result computed and written again. Entries are written
 atomically (temp + rename): a reader sees a whole entry or none. Only a passing verdict is cached: a
@@ -28,13 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servimg.build.bytecode import COMPILE_ARGS, COMPILE_SCRIPT, CompileJob, InterpreterFacts
-from servimg.build.resultstore import FORMAT as FORMAT
-from servimg.build.resultstore import OFF as OFF
-from servimg.build.resultstore import bypassed as bypassed
-from servimg.build.resultstore import entry_path as entry_path
-from servimg.build.resultstore import read as read
-from servimg.build.resultstore import write as write
+from servimg.builder.bytecode import COMPILE_ARGS, COMPILE_SCRIPT, CompileJob, InterpreterFacts
+from servimg.builder.resultstore import FORMAT as FORMAT
+from servimg.builder.resultstore import OFF as OFF
+from servimg.builder.resultstore import bypassed as bypassed
+from servimg.builder.resultstore import entry_path as entry_path
+from servimg.builder.resultstore import read as read
+from servimg.builder.resultstore import write as write
 from servimg.core.digest import Digest, sha256_hex
 
 COMPILED = "compiled"

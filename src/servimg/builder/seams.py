@@ -23,11 +23,17 @@ from typing import Any, Protocol, Unpack, runtime_checkable
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.target import Target, WriteOptions
-from servimg.build import resultcache, warmroot
-from servimg.build.bytecode import ChrootRunner, DockerRunner, Runner
-from servimg.build.splitverify import WarmRootUnavailable, verify_split
-from servimg.build.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport, verify_image_value
-from servimg.build.warmroot import WarmRoot, WarmRunner
+from servimg.builder import resultcache, warmroot
+from servimg.builder.bytecode import ChrootRunner, DockerRunner, Runner
+from servimg.builder.splitverify import WarmRootUnavailable, verify_split
+from servimg.builder.verify import (
+    PROBE_IN_IMAGE,
+    SPEC_IN_IMAGE,
+    VerifyFailed,
+    VerifyReport,
+    verify_image_value,
+)
+from servimg.builder.warmroot import WarmRoot, WarmRunner
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
@@ -112,16 +118,35 @@ class Verifier(Protocol):
     ) -> VerifyReport: ...
 
 
+def verify_or_refuse(
+    verifier: Verifier,
+    image: Image,
+    store: BlobStore,
+    log: Log,
+    *,
+    base_config: Digest | None,
+    consequence: str,
+) -> VerifyReport:
+    """Stage 3, the one way every command runs it: the verifier's report, or VerifyFailed (carrying the
+    report) saying what did not happen because the image failed (`consequence`: "nothing was tagged")."""
+    report = verifier.report(image, store, log, base_config=base_config)
+    if not report.ok:
+        raise VerifyFailed(report, subject=f"the built image {image.digest.short}", consequence=consequence)
+    counts = report.counts()
+    log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
+    return report
+
+
 @dataclass(frozen=True)
 class ProbeVerifier:
-    """The in-image probe. Where this host can mount overlays: split (`build.splitverify`: the base's
+    """The in-image probe. Where this host can mount overlays: split (`builder.splitverify`: the base's
     RECORD verdict cached, the rest run over base + new layer in the warm root, no engine involved);
     otherwise the whole probe as `servimg verify` runs it (in a container when an engine runs, else in
     a chroot of the extracted image)."""
 
     def report(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
         """The verdict, from the cache when this very image (digest, probe, spec) passed it before with this
-        servimg's verifier (`build.resultcache`); else run, and cached when it passes."""
+        servimg's verifier (`builder.resultcache`); else run, and cached when it passes."""
         key = verdict_key(image, store, base_config)
         if key is not None:
             cached = resultcache.read(store.root, resultcache.VERDICT, key)
@@ -205,6 +230,22 @@ class Staging(Protocol):
     def stage(self, image: Image, target: Target, store: BlobStore, base_config: Digest) -> Staged | None:
         """Start the work in the background, or None when this target has none to start."""
         ...
+
+
+@runtime_checkable
+class VerifiedSink(Protocol):
+    """A sink that publishes an image together with the report that verified it (the signed route:
+    `provenance.attach.AttestingSink` pushes the image with its signed provenance and verify result)."""
+
+    def publish_verified(
+        self,
+        image: Image,
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        report: VerifyReport,
+        **options: Unpack[WriteOptions],
+    ) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import Any
 
 from servimg.backends import engine, transport
 from servimg.backends.engine import ContainerSpec
-from servimg.build.bytecode import Runner, chroot_run, extract_runtime, lookup_in_image
-from servimg.build.definition import ImageDefinition, Sentinel
-from servimg.build.lock import Lock
+from servimg.builder.bytecode import Runner, chroot_run, extract_runtime, lookup_in_image
+from servimg.builder.definition import ImageDefinition, Sentinel
+from servimg.builder.lock import Lock
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
@@ -545,11 +545,21 @@ class VerifyReport(Findings):
 
 
 class VerifyFailed(VerifyError):
-    """The probe ran and the image failed it; carries the report."""
+    """The probe ran and the image failed it; carries the report. `subject` and `consequence` make the
+    refusal of a command that needed a verified image ("the built image sha256:… failed verification;
+    nothing was tagged"): the one message `seams.verify_or_refuse` raises wherever it runs."""
 
-    def __init__(self, report: VerifyReport) -> None:
+    def __init__(self, report: VerifyReport, *, subject: str = "", consequence: str = "") -> None:
         problems = report.problems()
-        super().__init__(f"{len(problems)} check(s) failed", problems=problems, hint=report.first_hint())
+        if subject:
+            message = f"{subject} failed verification" + (f"; {consequence}" if consequence else "")
+            hint = (
+                report.first_hint()
+                or "run `servimg verify` on it for the full table; fix the overlay or the base"
+            )
+        else:
+            message, hint = f"{len(problems)} check(s) failed", report.first_hint()
+        super().__init__(message, problems=problems, hint=hint)
         self.report = report
 
     def as_dict(self) -> dict[str, object]:

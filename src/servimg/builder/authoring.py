@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg.build.definition import ImageDefinition, Sentinel
-from servimg.build.pipeline import Resolution, lock, resolve
-from servimg.build.seams import DEFAULT, Seams
-from servimg.build.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
+from servimg.builder.definition import ImageDefinition, Sentinel
+from servimg.builder.pipeline import Resolution, lock, resolve
+from servimg.builder.seams import DEFAULT, Seams
+from servimg.builder.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import OverlayError

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.build.bytecode import (
+from servimg.builder.bytecode import (
     COMPILE_ARGS,
     WORK_IN_IMAGE,
     InterpreterFacts,

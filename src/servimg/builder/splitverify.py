@@ -50,15 +50,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg.build import basefacts
-from servimg.build.verify import (
+from servimg.builder import basefacts
+from servimg.builder.verify import (
     PROBE_IN_IMAGE,
     SPEC_IN_IMAGE,
     VerifyError,
     VerifyReport,
     service_command,
 )
-from servimg.build.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
+from servimg.builder.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
@@ -289,7 +289,7 @@ def _any_affected(trace: Sequence[str], touched: frozenset[str]) -> bool:
 
 @dataclass(frozen=True)
 class BaseChain:
-    """Which base a per-base fact is of (servimg.build.basefacts): its ordered diffIDs, and the cache."""
+    """Which base a per-base fact is of (servimg.builder.basefacts): its ordered diffIDs, and the cache."""
 
     diff_ids: tuple[Digest, ...]
     cache_root: Path
