@@ -531,7 +531,7 @@ def test_a_lock_with_a_ladder_keeps_its_exact_bytes_and_one_without_round_trips(
 
 def test_completions_are_parsed_with_or_without_token_ids() -> None:
     from servimg.backends.engine import device_requests
-    from servimg.ladder.runner import parse_completion
+    from servimg.ladder.vllm import parse_completion
 
     logprobs = {"tokens": ["token_id:7", "token_id:9"], "token_logprobs": [-0.5, None]}
     with_ids = parse_completion({"choices": [{"text": " a b", "token_ids": [7, 9], "logprobs": logprobs}]})
@@ -560,7 +560,7 @@ def test_text_probes_are_judged_on_text_and_checked_on_characters() -> None:
 
 
 def test_pre_registration_sees_an_input_changed_mid_run(tmp_path: Path) -> None:
-    from servimg.ladder.runner import capture_inputs
+    from servimg.ladder.prereg import capture_inputs
 
     (tmp_path / "verify" / "ladders").mkdir(parents=True)
     (tmp_path / "verify" / "probes").mkdir()

@@ -33,7 +33,8 @@ from servimg import cli
 from servimg.ladder import k8s, receipt, remote
 from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.plan import chains
-from servimg.ladder.runner import RunConfig, image_facts
+from servimg.ladder.runner import image_facts
+from servimg.ladder.server import RunConfig
 
 TOY = REPO / "tests" / "fixtures" / "ladder"
 DIGEST = "sha256:" + "ab" * 32
@@ -443,12 +444,12 @@ def test_on_k8s_without_emit_says_what_to_give(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_servers_in_the_pod_get_the_images_environment_not_the_harness() -> None:
-    from servimg.ladder import runner
+    from servimg.ladder import server
 
-    harness = str(Path(runner.__file__).resolve().parents[2])
+    harness = str(Path(server.__file__).resolve().parents[2])
     job = {"PYTHONPATH": f"{harness}:/img/lib", "SERVIMG_NODE": "n1", "SERVIMG_JOB_ID": "j", "HOME": "/root"}
-    assert runner.image_env(job) == {"PYTHONPATH": "/img/lib", "HOME": "/root"}
-    assert runner.image_env({"PYTHONPATH": harness, "PYTHONDONTWRITEBYTECODE": "1"}) == {}
+    assert server.image_env(job) == {"PYTHONPATH": "/img/lib", "HOME": "/root"}
+    assert server.image_env({"PYTHONPATH": harness, "PYTHONDONTWRITEBYTECODE": "1"}) == {}
 
 
 def _docker_run_job(job: dict[str, Any], image_id: str, results: Path) -> subprocess.CompletedProcess[str]:

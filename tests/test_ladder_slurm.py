@@ -28,7 +28,8 @@ from servimg.ladder import receipt, remote, slurm
 from servimg.ladder.definition import load
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.plan import chains
-from servimg.ladder.runner import ArmRecord, RunConfig
+from servimg.ladder.receipt import ArmRecord
+from servimg.ladder.server import RunConfig
 
 TOY = REPO / "tests" / "fixtures" / "ladder"
 CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"
@@ -428,7 +429,7 @@ def test_the_overlay_modules_are_read_from_the_witness_spec_stream() -> None:
     import io
     import tarfile
 
-    from servimg.ladder.runner import overlay_modules
+    from servimg.ladder.server import overlay_modules
 
     data = json.dumps({"modules": [{"module": "b.m"}, {"module": "a.m"}, {"module": "a.m"}]}).encode()
     buffer = io.BytesIO()

@@ -14,7 +14,7 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.signed import signing_key
 from servimg.core.errors import UsageError
-from servimg.ladder import k8s, receipt, runner, slurm
+from servimg.ladder import k8s, receipt, runner, server, slurm
 from servimg.ladder.definition import LadderError, LoadedLadder, load
 from servimg.provenance import attach
 from servimg.provenance.attest import TEST_RESULT_V01
@@ -59,7 +59,7 @@ def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
             path = runner.bundled_ladder(image, out / "ladder")
         loaded = load(path)
         out = out or Path("ladder-out") / loaded.definition.name
-        config = runner.RunConfig(
+        config = server.RunConfig(
             None if p.endpoint else image, out, variables, p.gpus, p.endpoint, store=ctx.store
         )
         if p.on == "k8s":
@@ -73,7 +73,7 @@ def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
     yield attempt(p.image, run)
 
 
-def _emit_k8s(p: params.Ladder, loaded: LoadedLadder, config: runner.RunConfig, ctx: Context) -> Outcome:
+def _emit_k8s(p: params.Ladder, loaded: LoadedLadder, config: server.RunConfig, ctx: Context) -> Outcome:
     if p.emit is None or p.k8s is None or p.out is None:
         raise UsageError(
             "--on k8s writes manifests: give --emit DIR and --out RESULTS (the results volume's path)",

@@ -41,6 +41,10 @@ class LadderError(ServimgError):
     """A ladder definition or probe set is malformed, or does not match its pin."""
 
 
+class LadderRunError(ServimgError):
+    """The ladder could not run (no image, a bad variable, a server that never came up …)."""
+
+
 def as_json(value: object) -> Any:
     """A parsed value as JSON-ready data: dataclasses as mappings (fields in declaration order), tuples
     as lists; what the receipt records of an arm, the thresholds and the sampling."""

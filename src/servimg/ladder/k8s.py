@@ -34,9 +34,10 @@ from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder import remote
-from servimg.ladder.definition import LadderError, LoadedLadder, load, substitute
+from servimg.ladder.definition import LadderError, LadderRunError, LoadedLadder, load, substitute
 from servimg.ladder.plan import Chain, chains
-from servimg.ladder.runner import LadderRunError, RunConfig, finish, prepare
+from servimg.ladder.runner import finish, prepare
+from servimg.ladder.server import RunConfig
 
 INDEX = "k8s.json"  # in the results directory: what `--collect` reads (job names, namespace)
 HARNESS = "harness"  # in the results directory: servimg's source, on the pod's PYTHONPATH

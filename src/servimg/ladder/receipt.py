@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,18 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Status
-from servimg.ladder.evaluation import LadderVerdict, arm_finding, ladder_verdict
+from servimg.ladder.definition import ArmSpec, LoadedLadder, as_json
+from servimg.ladder.evaluation import (
+    ArmOutcome,
+    ArmVerdict,
+    Comparison,
+    LadderVerdict,
+    RequestOutcome,
+    Verdict,
+    arm_finding,
+    ladder_verdict,
+)
+from servimg.ladder.prereg import Inputs, now
 
 
 class ReceiptError(ServimgError):
@@ -241,3 +253,131 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
             d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")
         ]
     return [] if a == b else [f"{path or '.'}: {json.dumps(a)[:160]} != {json.dumps(b)[:160]}"]
+
+
+# ------------------------------------------------------------------------------------------ assembly
+
+
+@dataclass
+class ArmRecord:
+    """One arm as the harness saw it: its outcome (judged later) and the facts for the receipt."""
+
+    spec: ArmSpec
+    outcome: ArmOutcome
+    facts: dict[str, Any]
+
+
+def build_receipt(
+    loaded: LoadedLadder,
+    image: Mapping[str, Any],
+    inputs: Inputs,
+    prereg: Mapping[str, Any],
+    records: Sequence[ArmRecord],
+    verdict: Verdict,
+    started_at: str,
+    run_id: str,
+) -> dict[str, Any]:
+    """The receipt (before sealing): the ladder, image, pre-registered inputs, verdict, every arm."""
+    ladder = loaded.definition
+    by_arm = {a.arm: a for a in verdict.arms}
+    arms = [_arm_json(record, by_arm[record.spec.id]) for record in records]
+    timings = [a["timing"] for a in arms if "timing" in a]
+    wall = sum(t["wall_s"] for t in timings)
+    harness = sum(t["harness_s"] for t in timings)
+    return {
+        "receipt_version": RECEIPT_VERSION,
+        "run_id": run_id,
+        "ladder": {
+            "name": ladder.name,
+            "engine": ladder.engine,
+            "sha256": inputs.ladder_sha256,
+            "thresholds": as_json(ladder.thresholds),
+            "sampling": as_json(ladder.sampling),
+        },
+        "image": dict(image),
+        "inputs": inputs.as_json(),
+        "preregistration": {"sha256": prereg["sha256"], "registered_at": prereg["registered_at"]},
+        "valid": verdict.valid,
+        "verdict": verdict.result,
+        "verdict_reasons": list(verdict.reasons),
+        "deviations": list(verdict.deviations),
+        "noise_floor": {
+            "measured": verdict.noise.measured,
+            "divergent": verdict.noise.divergent,
+            "max_logprob_delta": verdict.noise.max_logprob_delta,
+        },
+        "gates": [{"arm": a["id"], **g} for a in arms for g in a["gates"]],
+        "arms": arms,
+        "timing": {
+            "arms_wall_s": round(wall, 3),
+            "harness_s": round(harness, 3),
+            "harness_fraction": round(harness / wall, 4) if wall else None,
+        },
+        "started_at": started_at,
+        "finished_at": now(),
+    }
+
+
+def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, Any]:
+    """One arm of the receipt: its verdict and reasons, gates, comparison, requests and facts."""
+    facts = dict(record.facts)
+    request_facts = facts.pop("request_facts", {})
+    return {
+        "id": record.spec.id,
+        "role": record.spec.role,
+        "verdict": v.result,
+        "reasons": list(v.reasons),
+        "error": record.outcome.error,
+        "spec": as_json(record.spec),
+        "corrupted": v.corrupted,
+        "metrics_delta": dict(record.outcome.metrics_delta),
+        "gates": [
+            {"metric": g.metric, "op": g.op, "value": g.value, "observed": g.observed, "ok": g.ok}
+            for g in v.gates
+        ],
+        "comparison": _comparison_json(v.comparison) if v.comparison is not None else None,
+        "requests": [_request_json(r, request_facts.get(r.prompt_id, {})) for r in record.outcome.requests],
+        **facts,
+    }
+
+
+def _request_json(r: RequestOutcome, extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt_id": r.prompt_id,
+        "family": r.family_id,
+        "ok": r.judgement.ok,
+        "reasons": list(r.judgement.reasons),
+        "expected_ok": r.judgement.expected_ok,
+        "error": r.error,
+        "output": None
+        if r.output is None
+        else {
+            "text": r.output.text,
+            "token_ids": list(r.output.token_ids),
+            "logprobs": [round(x, 6) for x in r.output.logprobs],
+            "finish_reason": r.output.finish_reason,
+        },
+        "detectors": {d.name: d.value for d in r.judgement.detectors},
+        **extra,
+    }
+
+
+def _comparison_json(c: Comparison) -> dict[str, Any]:
+    return {
+        "baseline": c.baseline,
+        "compared": c.compared,
+        "divergent": c.divergent,
+        "forward_flips": c.forward_flips,
+        "reverse_flips": c.reverse_flips,
+        "max_logprob_delta": c.max_logprob_delta,
+        "requests": [
+            {
+                "prompt_id": r.prompt_id,
+                "divergent": r.divergent,
+                "first_divergence": r.first_divergence,
+                "flip": r.flip,
+                "max_logprob_delta": r.max_logprob_delta,
+            }
+            for r in c.requests
+        ],
+    }

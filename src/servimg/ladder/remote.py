@@ -39,10 +39,13 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
-from servimg.ladder.definition import LoadedLadder, load
+from servimg.ladder.definition import LadderRunError, LoadedLadder, load
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.plan import Chain
-from servimg.ladder.runner import ArmRecord, LadderRunError, Prepared, RunConfig, capture_inputs, run_arms
+from servimg.ladder.prereg import capture_inputs
+from servimg.ladder.receipt import ArmRecord
+from servimg.ladder.runner import Prepared, run_arms
+from servimg.ladder.server import RunConfig
 
 PLAN = "plan.json"
 PLAN_VERSION = 1

@@ -33,9 +33,11 @@ from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder import remote
-from servimg.ladder.definition import LoadedLadder
+from servimg.ladder.definition import LadderRunError, LoadedLadder
 from servimg.ladder.plan import Chain, chains
-from servimg.ladder.runner import ArmRecord, LadderRunError, RunConfig, finish, image_facts, prepare
+from servimg.ladder.receipt import ArmRecord
+from servimg.ladder.runner import finish, image_facts, prepare
+from servimg.ladder.server import RunConfig
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING")
 
