@@ -49,6 +49,25 @@ def test_good_definition_parses_into_frozen_models() -> None:
     assert d.digest == ImageDefinition.parse(GOOD + "\n# a comment changes nothing\n").digest
 
 
+@pytest.mark.parametrize(
+    ("ref", "kind", "location"),
+    [
+        ("docker-daemon:servimg/demo-base:bookworm", "engine", "servimg/demo-base:bookworm"),
+        ("oci:/srv/bases/demo:bookworm", "oci", "/srv/bases/demo"),
+        ("docker-archive:/srv/demo.tar", "archive", "/srv/demo.tar"),
+        ("127.0.0.1:5000/bases/demo:bookworm", "registry", "127.0.0.1:5000/bases/demo:bookworm"),
+        ("docker://127.0.0.1:5000/bases/demo:bookworm", "registry", "127.0.0.1:5000/bases/demo:bookworm"),
+    ],
+)
+def test_the_base_ref_is_read_by_the_one_parser_of_places(ref: str, kind: str, location: str) -> None:
+    """`docker://` is a registry ref like any other (the definition's own prefix table did not know it
+    and kept the prefix in the location); a ref no backend reads is refused when the definition is."""
+    base = ImageDefinition.parse(GOOD.replace("docker-daemon:servimg/demo-base:bookworm", ref)).base
+    assert (base.transport, base.location, base.target.kind) == (kind, location, kind)
+    with pytest.raises(DefinitionError, match=r"base\.ref: not a target: 'python'"):
+        ImageDefinition.parse(GOOD.replace("docker-daemon:servimg/demo-base:bookworm", "python"))
+
+
 def test_every_problem_is_reported_with_its_yaml_path() -> None:
     bad = (
         GOOD.replace("name: demo", "name: Demo!")

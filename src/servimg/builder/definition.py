@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
+from servimg.backends.target import Target
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ServimgError
@@ -65,16 +66,20 @@ class BaseSpec:
         return Digest.parse(self.digest)
 
     @property
+    def target(self) -> Target:
+        """Where the base is, parsed once by the one parser of places (`backends.target.Target`): it
+        knows every prefix, `docker://` included (a registry ref without its prefix)."""
+        return Target.parse(self.ref)
+
+    @property
     def transport(self) -> str:
-        """engine | oci | archive | registry, from the ref's prefix."""
-        for prefix, name in (("docker-daemon:", "engine"), ("oci:", "oci"), ("docker-archive:", "archive")):
-            if self.ref.startswith(prefix):
-                return name
-        return "registry"
+        """engine | oci | archive | registry."""
+        return self.target.kind
 
     @property
     def location(self) -> str:
-        return self.ref.split(":", 1)[1] if self.transport != "registry" else self.ref
+        """The place without its prefix (an engine name or ID, a layout dir, a file, a registry ref)."""
+        return self.target.location
 
 
 @dataclass(frozen=True)
@@ -263,9 +268,20 @@ def _epoch(value: object, path: str, problems: list[str]) -> Literal["base"] | i
 _seconds = integer(ge=0)
 
 
+def _place(value: object, path: str, problems: list[str]) -> str:
+    """A base ref the one parser of places reads (`Target.parse`): refused here, with its hint, rather
+    than when the build first asks where the base is."""
+    ref = _nonempty(value, path, problems)
+    try:
+        Target.parse(ref)
+    except ServimgError as exc:
+        raise Invalid(f"{exc.message} ({exc.hint})") from None
+    return ref
+
+
 _base = record(
     BaseSpec,
-    {"ref": _nonempty, "digest": _digest, "platform": text(pattern=r"^[a-z0-9]+/[a-z0-9_]+$")},
+    {"ref": _place, "digest": _digest, "platform": text(pattern=r"^[a-z0-9]+/[a-z0-9_]+$")},
     unknown=_UNKNOWN,
 )
 _package = record(
