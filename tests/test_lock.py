@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+from servimg.builder.definition import ImageDefinition
 from servimg.builder.lock import (
     BaseLock,
     FileLock,
@@ -18,6 +20,10 @@ from servimg.builder.lock import (
     check_drift,
     lock_path_for,
 )
+from servimg.builder.probespec import ProbeSpec
+from servimg.builder.verify import build_probe_spec
+from servimg.core import canonical
+from servimg.core.digest import sha256_hex
 from servimg.core.errors import LockError
 
 
@@ -127,3 +133,18 @@ def test_drift_names_the_field() -> None:
 
 def test_lock_path() -> None:
     assert lock_path_for(Path("images/demo.yaml")) == Path("images/demo.lock.json")
+
+
+def test_the_probe_spec_is_typed_and_its_json_is_the_one_images_carry() -> None:
+    """`ProbeSpec` is the spec as values; its `to_json` is what the demo image carries, byte for byte (the
+    sha256 of its canonical JSON is pinned: a change here would change every image digest), and reads back."""
+    definition = ImageDefinition.load(REPO / "images" / "demo.yaml")
+    locked = Lock.load(REPO / "images" / "demo.lock.json")
+    carried = build_probe_spec(locked, definition, layer=True)
+    assert sha256_hex(canonical.dumps(carried.to_json())) == (
+        "8c8798e44d54f9b35f9b46d1d176b8740c70dbd0b56267d448eb1f10b90758d9"
+    )
+    assert ProbeSpec.from_json(carried.to_json()) == carried
+    plain = build_probe_spec(locked, definition)
+    assert plain.layer is None and ProbeSpec.from_json(plain.to_json()) == plain
+    assert [m.module for m in plain.modules] and all(s.overlay for s in plain.sentinels)

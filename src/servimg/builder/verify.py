@@ -24,6 +24,17 @@ from servimg.backends.engine import ContainerSpec
 from servimg.builder.bytecode import Runner, chroot_run, extract_runtime, lookup_in_image
 from servimg.builder.definition import ImageDefinition, Sentinel
 from servimg.builder.lock import Lock
+from servimg.builder.probespec import (
+    SPEC_VERSION,
+    ProbeSpec,
+    SpecDistribution,
+    SpecForbidden,
+    SpecInterpreter,
+    SpecLayer,
+    SpecModule,
+    SpecPackage,
+    SpecSentinel,
+)
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
@@ -35,7 +46,6 @@ from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
-SPEC_VERSION = 1
 PROBE_SOURCE = Path(probe.__file__)
 PROBE_IN_IMAGE = "/opt/servimg/probe.py"
 SPEC_IN_IMAGE = "/opt/servimg/probe-spec.json"
@@ -80,7 +90,19 @@ def probe_spec(
     entry: str = "module",
     layer: bool = False,
 ) -> dict[str, Any]:
-    """The canonical, JSON-able probe spec for an image built from `lock` and `definition`.
+    """The canonical, JSON-able probe spec (`build_probe_spec(...).to_json()`): what the image carries."""
+    return build_probe_spec(lock, definition, base_has, entry=entry, layer=layer).to_json()
+
+
+def build_probe_spec(
+    lock: Lock,
+    definition: ImageDefinition,
+    base_has: Mapping[str, bool] | None = None,
+    *,
+    entry: str = "module",
+    layer: bool = False,
+) -> ProbeSpec:
+    """The probe spec for an image built from `lock` and `definition`.
 
     `layer` is for the spec a build carries in its image: the probe then also checks every file the
     overlay layer adds against the changes manifest, and the in-image lock and definition against their
@@ -96,36 +118,97 @@ def probe_spec(
             f"this one {definition.digest.hex[:12]}…)",
             hint=f"run `servimg lock` for {definition.name}",
         )
-    packages = {p.import_name: p for p in lock.packages}
-    specs = {o.id: o for o in definition.overlays}
-    final: dict[str, tuple[str | None, str, list[str]]] = {}  # path → (post sha, package, overlay ids)
+    final = _final_files(lock)
+    sentinels, forbidden = _spec_sentinels(lock, definition, base_has)
+    overlay_packages = {o.package for o in lock.overlays}
+    interp = lock.interpreter
+    carried = SpecLayer(
+        CHANGES_IN_IMAGE,
+        (
+            (LOCK_IN_IMAGE, lock.digest.hex),
+            (DEFINITION_IN_IMAGE, sha256_hex(definition.canonical_bytes())),
+        ),
+    )
+    return ProbeSpec(
+        image=lock.name,
+        lock_digest=str(lock.digest),
+        entry=entry,
+        interpreter=SpecInterpreter(
+            interp.path,
+            interp.resolved,
+            interp.version,
+            interp.magic,
+            interp.cache_tag,
+            tuple(interp.opt_levels),
+            interp.pycache_prefix,
+        ),
+        modules=_spec_modules(lock, final),
+        sentinels=sentinels,
+        forbidden=forbidden,
+        distributions=tuple(
+            SpecDistribution(
+                pkg.distribution,
+                pkg.version,
+                pkg.import_name,
+                pkg.dist_info,
+                pkg.record_sha256,
+                tuple(
+                    (path, post)
+                    for path, (post, package, _) in sorted(final.items())
+                    if package == pkg.import_name
+                ),
+            )
+            for pkg in lock.packages
+        ),
+        packages=tuple(
+            SpecPackage(
+                pkg.import_name,
+                posixpath.join(pkg.site_packages, pkg.import_name),
+                pkg.import_name in overlay_packages,
+            )
+            for pkg in lock.packages
+        ),
+        layer=carried if layer else None,
+        spec_version=SPEC_VERSION,
+    )
+
+
+def _final_files(lock: Lock) -> dict[str, tuple[str | None, str, list[str]]]:
+    """Every file the overlays touch: path → (its final sha256, its package, the overlays, in order)."""
+    final: dict[str, tuple[str | None, str, list[str]]] = {}
     for overlay in lock.overlays:
         for file in overlay.files:
             previous = final.get(file.path)
             ids = [*(previous[2] if previous else []), overlay.id]
             final[file.path] = (file.post_sha256, overlay.package, ids)
+    return final
+
+
+def _spec_modules(
+    lock: Lock, final: Mapping[str, tuple[str | None, str, list[str]]]
+) -> tuple[SpecModule, ...]:
+    """The importable modules among the patched files (a file outside its package's site dir refused)."""
+    packages = {p.import_name: p for p in lock.packages}
     modules = []
     for path, (post, package, ids) in sorted(final.items()):
         site = packages[package].site_packages
         name = module_name(path, site)
         if name is not None:
-            modules.append(
-                {
-                    "module": name,
-                    "path": path,
-                    "sha256": post,
-                    "site_packages": site,
-                    "package": package,
-                    "overlays": ids,
-                }
-            )
+            modules.append(SpecModule(name, path, post, site, package, tuple(ids)))
         elif posixpath.relpath(path, site).startswith("../"):
             raise VerifyError(
                 f"overlay file {path} is outside its package's site-packages {site}",
                 hint="regenerate the lock with `servimg lock`",
             )
-    sentinels = []
-    forbidden = []
+    return tuple(modules)
+
+
+def _spec_sentinels(
+    lock: Lock, definition: ImageDefinition, base_has: Mapping[str, bool] | None
+) -> tuple[tuple[SpecSentinel, ...], tuple[SpecForbidden, ...]]:
+    """Each locked overlay's sentinels (with the base's verdict where known) and forbidden names."""
+    specs = {o.id: o for o in definition.overlays}
+    sentinels, forbidden = [], []
     for overlay in lock.overlays:
         spec = specs.get(overlay.id)
         if spec is None:
@@ -141,73 +224,19 @@ def probe_spec(
             elif key in overlay.sentinels_absent_in_base:
                 verdict = False
             sentinels.append(
-                {
-                    "key": key,
-                    "module": sentinel.module,
-                    "qualname": sentinel.qualname,
-                    "name": sentinel.name,
-                    "const": sentinel.const,
-                    "absent_in_base": sentinel.absent_in_base,
-                    "base_has_sentinel": verdict,
-                    "overlay": overlay.id,
-                }
+                SpecSentinel(
+                    key,
+                    sentinel.module,
+                    sentinel.qualname,
+                    sentinel.name,
+                    sentinel.const,
+                    sentinel.absent_in_base,
+                    verdict,
+                    overlay.id,
+                )
             )
-        for item in spec.forbidden:
-            forbidden.append(
-                {"module": item.module, "qualname": item.qualname, "name": item.name, "overlay": overlay.id}
-            )
-    overlay_packages = {o.package for o in lock.overlays}
-    distributions = [
-        {
-            "distribution": pkg.distribution,
-            "version": pkg.version,
-            "import_name": pkg.import_name,
-            "dist_info": pkg.dist_info,
-            "record_sha256": pkg.record_sha256,
-            "overlay_files": [
-                {"path": path, "post_sha256": post}
-                for path, (post, package, _) in sorted(final.items())
-                if package == pkg.import_name
-            ],
-        }
-        for pkg in lock.packages
-    ]
-    interp = lock.interpreter
-    carried = {
-        "changes": CHANGES_IN_IMAGE,
-        "files": [
-            {"path": LOCK_IN_IMAGE, "sha256": lock.digest.hex},
-            {"path": DEFINITION_IN_IMAGE, "sha256": sha256_hex(definition.canonical_bytes())},
-        ],
-    }
-    return {
-        **({"layer": carried} if layer else {}),
-        "spec_version": SPEC_VERSION,
-        "image": lock.name,
-        "lock_digest": str(lock.digest),
-        "entry": entry,
-        "interpreter": {
-            "path": interp.path,
-            "resolved": interp.resolved,
-            "version": interp.version,
-            "magic": interp.magic,
-            "cache_tag": interp.cache_tag,
-            "opt_levels": list(interp.opt_levels),
-            "pycache_prefix": interp.pycache_prefix,
-        },
-        "modules": modules,
-        "sentinels": sentinels,
-        "forbidden": forbidden,
-        "distributions": distributions,
-        "packages": [
-            {
-                "import_name": pkg.import_name,
-                "path": posixpath.join(pkg.site_packages, pkg.import_name),
-                "overlay": pkg.import_name in overlay_packages,
-            }
-            for pkg in lock.packages
-        ],
-    }
+        forbidden += [SpecForbidden(f.module, f.qualname, f.name, overlay.id) for f in spec.forbidden]
+    return tuple(sentinels), tuple(forbidden)
 
 
 def probe_files(spec: Mapping[str, Any]) -> dict[str, bytes]:
