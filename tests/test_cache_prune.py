@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -292,3 +293,18 @@ def test_a_prune_never_removes_what_a_running_build_holds(repo: Path, tmp_path: 
 
     again = _cli("build", str(repo), "--to", f"oci:{tmp_path / 'again'}", "--cache", str(cache), "--json")
     assert again.returncode == 0 and _last_json(again.stdout)["digest"] == digest, again.stdout + again.stderr
+
+
+def test_only_the_cache_layout_names_where_a_section_lies() -> None:
+    """Every path into the cache comes from core.cachelayout (`BlobStore.layout`): a module that spells
+    `store.root / "…"` defines the cache's layout on its own, which `servimg cache prune` would not know."""
+    spelled = re.compile(r"\b(store\.root|cache_root|self\.root)\s*/\s*[\"']")
+    src = Path(cachelayout.__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(src)}:{number}"
+        for path in sorted(src.rglob("*.py"))
+        if path.name != "cachelayout.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if spelled.search(line)
+    ]
+    assert offenders == []

@@ -20,7 +20,8 @@ from servimg.ladder import receipt
 from servimg.ladder.witness import WitnessCollection
 from servimg.oci.store import BlobStore
 from servimg.provenance import keys
-from servimg.provenance.check import CheckReport, row
+from servimg.provenance.check import CheckReport
+from servimg.provenance.evidence import row
 from servimg.render import findings_table
 
 

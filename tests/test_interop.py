@@ -44,7 +44,7 @@ from servimg.builder.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
 from servimg.core.digest import Digest
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, keys, referrers, sbom
-from servimg.provenance.check import top_layer
+from servimg.provenance.evidence import top_layer
 from servimg.provenance.statements import read_facts
 from tinyimage import prepare_repo
 

@@ -20,10 +20,11 @@ from servimg.builder.lock import Lock
 from servimg.core.digest import Digest, sha256_hex
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
-from servimg.provenance import attest, check, dsse, keys
+from servimg.provenance import attest, check, dsse, evidence, keys
 from servimg.provenance import statements as provenance
 from servimg.provenance.card import card, diff
-from servimg.provenance.check import FAIL, PASS, WARN, Evidence, Located, Policy, evaluate, found_from
+from servimg.provenance.check import FAIL, PASS, WARN, Policy, evaluate
+from servimg.provenance.evidence import Evidence, Located, found_from
 from servimg.provenance.policy import PolicyError
 from servimg.provenance.statements import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
 
@@ -90,17 +91,17 @@ def _envelope(statement: bytes, key: dsse.SigningKey | None) -> bytes:
     return attest.sign_statement(statement, key).to_bytes()
 
 
-def _found(envelope: bytes, kind: str, trusted: list[dsse.VerifyKey], n: int = 0) -> check.Found:
+def _found(envelope: bytes, kind: str, trusted: list[dsse.VerifyKey], n: int = 0) -> evidence.Found:
     descriptor = {"digest": f"sha256:{n:064x}", "artifactType": attest.artifact_type(kind)}
     return found_from(descriptor, "fallback tag", lambda _: envelope, trusted, 1)
 
 
-def _evidence(image: Image, facts: ImageFacts, found: list[check.Found], **more: Any) -> Evidence:
+def _evidence(image: Image, facts: ImageFacts, found: list[evidence.Found], **more: Any) -> Evidence:
     located = Located("reg.invalid/servimg/vllm:t", "registry", image, "reg.invalid", "servimg/vllm")
     return Evidence(located, tuple(found), "fallback tag", facts, None, facts.changes, (), 1, **more)
 
 
-def _clean(image: Image, facts: ImageFacts, key: dsse.SigningKey) -> list[check.Found]:
+def _clean(image: Image, facts: ImageFacts, key: dsse.SigningKey) -> list[evidence.Found]:
     trusted = [key.public_key]
     prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
     verify = provenance.verify_predicate(_Report(facts), facts)
@@ -302,7 +303,7 @@ def test_each_tamper_is_reported_with_its_reason(
     prov = provenance.provenance_predicate(facts, Invocation("id"), provenance.DEFAULT_BUILDER_ID)
     verify = provenance.verify_predicate(_Report(facts), facts)
     other = Image.create({"config": {}, "rootfs": {"type": "layers", "diff_ids": []}}, [])
-    builders: dict[str, Callable[[], check.Found]] = {
+    builders: dict[str, Callable[[], evidence.Found]] = {
         "forged": lambda: _found(
             _forge(_envelope(_statement(image, attest.PROVENANCE_V1, prov), key)), "provenance", trusted
         ),
@@ -467,7 +468,7 @@ def test_label_and_lock_are_compared_without_attestations(facts: ImageFacts, ima
 
 
 def test_required_ladders(facts: ImageFacts, image: Image, key: dsse.SigningKey) -> None:
-    def ladder(verdict: str, when: str, n: int) -> check.Found:
+    def ladder(verdict: str, when: str, n: int) -> evidence.Found:
         data = json.dumps({"ladder": "smoke", "verdict": verdict, "finished_at": when}).encode()
         p = provenance.ladder_predicate(LadderReceipt.parse(data), image.digest, image.config_digest)
         return _found(
@@ -568,8 +569,8 @@ def test_threshold_needs_distinct_trusted_signers(
     assert found.signature == "threshold" and found.statement is None
     twice = dsse.countersign(once, second).to_bytes()
     assert found_from(descriptor, "api", lambda _: twice, trusted, 2).signature == "verified"
-    with pytest.raises(check.CheckError, match="threshold 3 exceeds"):
-        check.collect(_evidence(image, facts, []).located, None, print, trusted=trusted, threshold=3)  # type: ignore[arg-type]
+    with pytest.raises(evidence.CheckError, match="threshold 3 exceeds"):
+        evidence.collect(_evidence(image, facts, []).located, None, print, trusted=trusted, threshold=3)  # type: ignore[arg-type]
 
 
 def _vsa(image: Image) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from servimg.backends import transport
 from servimg.core.digest import Digest
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, keys, referrers, sbom
-from servimg.provenance.check import top_layer
+from servimg.provenance.evidence import top_layer
 from servimg.provenance.statements import read_facts
 
 DPKG_STATUS = b"""Package: libc6

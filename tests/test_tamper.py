@@ -29,7 +29,7 @@ from servimg.core.errors import ServimgError
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Descriptor, Image, Layer
 from servimg.oci.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
-from servimg.provenance import attest, check, dsse, keys, referrers
+from servimg.provenance import attest, check, dsse, evidence, keys, referrers
 from servimg.provenance.attach import build_statements, image_facts, push_image
 from servimg.provenance.statements import Invocation
 
@@ -777,11 +777,11 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     assert sorted(d["artifactType"] for d in listed) == sorted(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"
-    evidence = check.collect(
-        check.locate(dest, built["store"], print, remote=True),
+    found = evidence.collect(
+        evidence.locate(dest, built["store"], print, remote=True),
         built["store"],
         print,
         trusted=keys.load_trusted([keyring["pub"]]),
     )
-    report = check.evaluate(check.Policy(), evidence)
+    report = check.evaluate(check.Policy(), found)
     assert report.ok, [f"{r.subject}: {r.message}" for r in report.failures()]

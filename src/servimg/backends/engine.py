@@ -109,7 +109,7 @@ def read_engine(ref: str, store: BlobStore) -> Image:
 
 
 def _index_path(config_digest: Digest, store: BlobStore) -> Path:
-    return store.root / "engine" / config_digest.hex
+    return store.layout.engine / config_digest.hex
 
 
 def cached(config_digest: Digest, store: BlobStore) -> Image | None:
@@ -203,7 +203,7 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
     skip: frozenset[Digest] = frozenset()
     if thin:
         skip = frozenset(Digest.parse(d) for d in inspect(str(base_config))["RootFS"]["Layers"])
-    spool = store.root / "tmp"
+    spool = store.layout.tmp
     spool.mkdir(exist_ok=True)  # a store made for one image (a layout's) may never have spooled before
     with tempfile.TemporaryFile(dir=spool) as fh:
         write_archive(image, fh, store, skip_layers=skip)

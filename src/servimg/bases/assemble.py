@@ -92,7 +92,7 @@ def image_from_trees(
     layers = []
     for name, tree in trees:
         log(f"{prefix}: writing the {name} layer")
-        dest = store.root / "tmp" / f"{prefix}-{name}"
+        dest = store.layout.tmp / f"{prefix}-{name}"
         dest.parent.mkdir(exist_ok=True)
         blob = write_layer(entries_from_dir(tree), dest, mtime=mtime)
         store.adopt(dest, blob.digest)
@@ -150,7 +150,7 @@ def publish_base(
 
 def layout_path(recipe: Recipe, store: BlobStore) -> Path:
     """Where the base of `recipe` is cached: one OCI layout per recipe key, tagged with its suite."""
-    return store.root / recipe.kind.layout_dir / recipe.cache_key()
+    return store.layout.bases(recipe.kind.name) / recipe.cache_key()
 
 
 def base_image(
@@ -174,9 +174,9 @@ def base_image(
         debian_dir, venv_dir = build_rootfs(
             recipe,
             work,
-            store.root / recipe.kind.wheel_cache,
+            store.layout.wheels(recipe.kind.wheel_cache),
             log,
-            deb_cache=store.root / "debs",
+            deb_cache=store.layout.debs,
             clock=clock,
         )
         python = python_version(debian_dir)

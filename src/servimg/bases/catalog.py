@@ -142,7 +142,7 @@ def repin(
     work = Path(tempfile.mkdtemp(prefix="servimg-repin-", dir=workdir))
     try:
         log(f"{name}: resolving {' '.join(request.include)} on {request.suite} from {MIRROR}")
-        pins = debian.resolve_pins(request.debian_pins, work, store.root / "debs", log)
+        pins = debian.resolve_pins(request.debian_pins, work, store.layout.debs, log)
         recipe = dataclasses.replace(request, debian_pins=pins)
         image, files = rebuilt_base(recipe, store, log, work, pin_dir)
         files[debian.pin_path(name, pin_dir)] = pins.render().encode()
@@ -192,7 +192,7 @@ def base_ref(old_ref: str, recipe: Recipe, store: BlobStore) -> str:
 def names_base(ref: str, recipe: Recipe, store: BlobStore) -> bool:
     """Whether a definition's base ref is a base of this recipe's kind: an engine tag of its repository,
     or an OCI layout of its directory in the cache."""
-    layouts = f"oci:{store.root / recipe.kind.layout_dir}/"
+    layouts = f"oci:{store.layout.bases(recipe.kind.name)}/"
     return ref.startswith((f"docker-daemon:{recipe.kind.engine_name}:", layouts))
 
 

@@ -155,7 +155,7 @@ def rebase_packages(
     work = Path(tempfile.mkdtemp(prefix="servimg-rebase-", dir=workdir))
     try:
         resolved, wheels = wheelpins.resolve(source, requirements, work / "wheels", log)
-        _cache(work / "wheels", wheels, store.root / recipe.kind.wheel_cache)
+        _cache(work / "wheels", wheels, store.layout.wheels(recipe.kind.wheel_cache))
         new = dataclasses.replace(recipe, wheels=wheels, wheel_source=resolved)
         suffix = "" if request.write else BESIDE
         image, files = catalog.rebuilt_base(new, store, log, work, repo / "verify" / "bases", suffix)

@@ -79,11 +79,6 @@ class Kind:
         """The engine repository its bases are tagged in."""
         return f"servimg/{self.name}-base"
 
-    @property
-    def layout_dir(self) -> str:
-        """The directory of the blob cache holding one OCI layout per recipe key."""
-        return f"{self.name}-base"
-
 
 @dataclass(frozen=True)
 class WheelSource:

@@ -7,9 +7,9 @@ written lock, then plans one deterministic overlay layer and publishes the image
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
-import json
 import os
 import posixpath
 import re
@@ -20,7 +20,7 @@ from typing import Any
 
 from servimg.backends import engine
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import actioncache, basefacts, bytecode, resultcache, verify
+from servimg.builder import actioncache, basefacts, bytecode, resultcache, resultstore, verify
 from servimg.builder.bytecode import (
     CompileJob,
     InterpreterFacts,
@@ -59,7 +59,6 @@ from servimg.builder.verify import (
     probe_spec,
 )
 from servimg.core import canonical
-from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
@@ -401,19 +400,21 @@ def _base_opt_levels(
     )
 
 
+# The interpreter's facts (version, magic, cache tag) per (base diffIDs, path): a fact of the base alone.
+INTERPRETER_FACTS = "interpreter"
+
+
 def interpreter_facts(store: BlobStore, base: Image, path: str, runner: Runner, log: Log) -> InterpreterFacts:
     """Ask the image's interpreter for its version/magic/cache tag, once per (base layers, path): the
     layers are content-addressed, so the same diffIDs cannot hold a different interpreter."""
-    key = Digest.of_bytes(canonical.dumps({"diff_ids": [str(d) for d in base.diff_ids], "path": path}))
-    cached = store.root / "interpreters" / f"{key.hex}.json"
-    try:
-        return InterpreterFacts(**json.loads(cached.read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
+    key = {"diff_ids": [str(d) for d in base.diff_ids], "path": path}
+    cached = resultstore.read(store.root, INTERPRETER_FACTS, key, per_base=True)
+    with contextlib.suppress(TypeError):
+        if isinstance(cached, dict):
+            return InterpreterFacts(**cached)
     log(f"asking {path} for its version ({runner.name} runner)")
     facts, _ = compile_sources(runner, path, [])
-    cached.parent.mkdir(exist_ok=True)
-    atomic_write(cached, json.dumps(dataclasses.asdict(facts)).encode(), 0o644)
+    resultstore.write(store.root, INTERPRETER_FACTS, key, dataclasses.asdict(facts))
     return facts
 
 
@@ -696,7 +697,7 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
     new image (a value: the base is unchanged)."""
     entries = plan_layer(resolution, locked, log, store.root)
-    tmp = store.root / "tmp"
+    tmp = store.layout.tmp
     tmp.mkdir(exist_ok=True)
     # One name per process: concurrent builds of the same lock must not move each other's layer file.
     written = tmp / f"layer-{locked.digest.hex}-{os.getpid()}"

@@ -1,6 +1,8 @@
-"""Where servimg keeps the results it may reuse (servimg.builder.resultcache: compiled bytecode and
-verdicts; servimg.builder.actioncache: whole builds): `<cache>/results/<kind>/v1/sha256/<key>.json`, one
-file per key, named by the sha256 of the key's canonical JSON. Standard library and servimg.core only.
+"""Where servimg keeps the results it may reuse, every kind of them (servimg.builder.resultcache: compiled
+bytecode and verdicts; servimg.builder.actioncache: whole builds; servimg.builder.basefacts: facts of a
+base; the interpreter's facts and the base's RECORD verdict): `<cache>/results/<kind>/v1/sha256/<key>.json`
+(core.cachelayout), one file per key, named by the sha256 of the key's canonical JSON. Standard library
+and servimg.core only.
 
 An entry holds its full key document and the sha256 of its value; `read` checks both, so a corrupt,
 truncated or foreign entry (another key's file under this name) reads as none. `write` is atomic (temp
@@ -19,6 +21,7 @@ from typing import Any
 
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
+from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest, sha256_hex
 
 FORMAT = 1
@@ -42,8 +45,7 @@ def bypassed() -> Iterator[None]:
 
 def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
     return (
-        root
-        / "results"
+        CacheLayout(root).results
         / kind
         / f"v{FORMAT}"
         / "sha256"

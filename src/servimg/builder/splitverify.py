@@ -37,6 +37,7 @@ whole probe would count.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import io
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg.builder import basefacts
+from servimg.builder import basefacts, resultstore
 from servimg.builder.verify import (
     PROBE_IN_IMAGE,
     SPEC_IN_IMAGE,
@@ -60,7 +61,6 @@ from servimg.builder.verify import (
 )
 from servimg.builder.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
 from servimg.core import canonical
-from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
@@ -208,6 +208,10 @@ def base_key(
     )
 
 
+# The base's RECORD verdict per base_key (diffIDs, probe, spec part, command): a fact of the base alone.
+BASE_VERDICT = "base-verdict"
+
+
 def _base_part(
     root: WarmRoot,
     spec: Mapping[str, Any],
@@ -219,14 +223,13 @@ def _base_part(
     log: Log,
 ) -> BaseVerdict:
     key = base_key(diff_ids, probe_bytes, spec, setting)
-    cached = store.root / "verdicts" / f"{key.hex}.json"
-    try:
-        verdict = BaseVerdict.from_json(json.loads(cached.read_bytes()))
-        records = sum(1 for c in verdict.checks if c["code"] == RECORD)
-        log(f"base verdict: cached ({key.short}: RECORD of {records} distribution(s))")
-        return verdict
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    cached = resultstore.read(store.root, BASE_VERDICT, {"base_key": str(key)}, per_base=True)
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+        if cached is not None:
+            verdict = BaseVerdict.from_json(cached)
+            records = sum(1 for c in verdict.checks if c["code"] == RECORD)
+            log(f"base verdict: cached ({key.short}: RECORD of {records} distribution(s))")
+            return verdict
     log("base verdict: running the probe over the base (once per base, probe and spec)")
     files = {PROBE_IN_IMAGE: probe_bytes, BASE_SPEC: canonical.dumps(base_spec(spec))}
     report = _run(root, files, None, setting, BASE_SPEC)
@@ -236,8 +239,7 @@ def _base_part(
         prefix,
         _linked_roots(base_fs, spec, prefix),
     )
-    cached.parent.mkdir(exist_ok=True)
-    atomic_write(cached, canonical.dumps(verdict.to_json()), 0o644)
+    resultstore.write(store.root, BASE_VERDICT, {"base_key": str(key)}, verdict.to_json())
     return verdict
 
 

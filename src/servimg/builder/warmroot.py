@@ -37,6 +37,7 @@ from servimg.builder.bytecode import (
     read_result,
     tool,
 )
+from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
 from servimg.core.errors import BytecodeError
 from servimg.oci import fsindex
@@ -94,7 +95,7 @@ class WarmRoot:
 
     @classmethod
     def of(cls, fs: LayeredFS, diff_ids: Sequence[Digest], cache_root: Path) -> WarmRoot:
-        root = cache_root / "rootfs" / ROOTFS_FORMAT / fsindex.chain_key(diff_ids).hex
+        root = CacheLayout(cache_root).rootfs / ROOTFS_FORMAT / fsindex.chain_key(diff_ids).hex
         if not root.is_dir():
             root.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root.parent))

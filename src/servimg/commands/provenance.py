@@ -15,17 +15,9 @@ from servimg.commands.signed import signing_key
 from servimg.core.errors import ServimgError, UsageError
 from servimg.oci import treediff
 from servimg.provenance import attach, card, keys
-from servimg.provenance.check import (
-    CheckFailed,
-    Evidence,
-    Policy,
-    Rebuild,
-    check,
-    collect,
-    locate,
-    predicate_type,
-)
+from servimg.provenance.check import CheckFailed, Policy, Rebuild, check, predicate_type
 from servimg.provenance.dsse import SigningKey
+from servimg.provenance.evidence import Evidence, collect, locate
 
 
 def policy_of(flags: params.PolicyFlags, trusted: Sequence[Path]) -> Policy:

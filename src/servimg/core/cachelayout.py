@@ -31,8 +31,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("bases", "*-base/*", "the built bases' OCI layouts, one per recipe key (rebuilt from pins)"),
     Section("rootfs", "rootfs/*/*", "warm root file systems of base layer chains"),
     Section("results", "results/*/*/*/*", "cached results: bytecode, verdicts, whole builds"),
-    Section("verdicts", "verdicts/*", "split verification verdicts of base layers"),
-    Section("interpreters", "interpreters/*", "facts of a base's interpreter"),
+    Section("verdicts", "verdicts/*", "split verification verdicts of base layers (before results/)"),
+    Section("interpreters", "interpreters/*", "facts of a base's interpreter (before results/)"),
     Section("fs-index", "fs-index/*/*", "file indexes of layer chains"),
     Section("layer-index", "layer-index/*/*/*", "file indexes of single layers"),
     Section("engine", "engine/*", "which manifest an engine image ID was read as"),
@@ -53,6 +53,55 @@ class CacheLayout:
     @property
     def lock(self) -> Path:
         return self.root / "lock"
+
+    # Where each section lives (SECTIONS above globs their entries): every module asks here.
+    @property
+    def blobs(self) -> Path:
+        return self.root / "blobs"
+
+    @property
+    def diffs(self) -> Path:
+        return self.root / "diffs"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.root / "rootfs"
+
+    @property
+    def fs_index(self) -> Path:
+        return self.root / "fs-index"
+
+    @property
+    def layer_index(self) -> Path:
+        return self.root / "layer-index"
+
+    @property
+    def engine(self) -> Path:
+        return self.root / "engine"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def debs(self) -> Path:
+        return self.root / "debs"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def bases(self, kind: str) -> Path:
+        """One base kind's layouts (`demo` → demo-base/, one layout per recipe key)."""
+        return self.root / f"{kind}-base"
+
+    def wheels(self, name: str = "wheels") -> Path:
+        """A pinned-wheel directory (`Kind.wheel_cache`)."""
+        return self.root / name
 
     @property
     def holds(self) -> Path:

@@ -191,7 +191,7 @@ def _remove(root: Path, path: Path) -> None:
     if not stat.S_ISDIR(path.lstat().st_mode):
         path.unlink(missing_ok=True)
         return
-    graveyard = CacheLayout(root).root / "tmp" / f".pruning-{uuid.uuid4().hex}"
+    graveyard = CacheLayout(root).tmp / f".pruning-{uuid.uuid4().hex}"
     graveyard.parent.mkdir(parents=True, exist_ok=True)
     target = path
     with contextlib.suppress(OSError):

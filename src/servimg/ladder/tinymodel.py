@@ -98,7 +98,7 @@ def ensure_model(
     except BackendError as exc:
         raise ModelError(exc.message, hint=exc.hint) from exc
     key = recipe.cache_key(config_digest)
-    final = store.root / "models" / f"tiny-copy-{key[:16]}"
+    final = store.layout.models / f"tiny-copy-{key[:16]}"
     if (final / "servimg-model.json").is_file():
         log(f"tiny model: cached at {final}")
         return final

@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from servimg.core.atomic import sync_dir
+from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
 from servimg.oci.layerindex import INDEX_FORMAT, Node
 
@@ -43,7 +44,7 @@ def chain_key(diff_ids: Sequence[Digest]) -> Digest:
 
 
 def table_path(cache_root: Path, diff_ids: Sequence[Digest]) -> Path:
-    return cache_root / "fs-index" / INDEX_FORMAT / f"{chain_key(diff_ids).hex}.sqlite"
+    return CacheLayout(cache_root).fs_index / INDEX_FORMAT / f"{chain_key(diff_ids).hex}.sqlite"
 
 
 def _b(text: str) -> bytes:

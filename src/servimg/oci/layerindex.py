@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.core.atomic import atomic_write
+from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
 from servimg.oci.layer import OPAQUE_MARKER, WHITEOUT_PREFIX, normalize_path
@@ -147,7 +148,7 @@ class IndexCache:
     root: Path
 
     def path(self, diff_id: Digest) -> Path:
-        return self.root / "layer-index" / INDEX_FORMAT / diff_id.algorithm / f"{diff_id.hex}.json"
+        return CacheLayout(self.root).layer_index / INDEX_FORMAT / diff_id.algorithm / f"{diff_id.hex}.json"
 
     def index(self, layer: Path, diff_id: Digest, position: int) -> LayerIndex:
         cached = self.path(diff_id)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, BinaryIO
 
 from servimg.core.cachedir import default_cache_dir
+from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, StoreError
 from servimg.oci import integrity
@@ -65,16 +66,17 @@ class StoreAudit:
 class BlobStore:
     def __init__(self, root: Path | None = None, *, tap: Tap = no_tap) -> None:
         self.root = root or default_cache_dir()
+        self.layout = CacheLayout(self.root)  # where every section of the cache lies
         self.tap = tap
-        (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-        (self.root / "diffs" / "sha256").mkdir(parents=True, exist_ok=True)
+        (self.layout.blobs / "sha256").mkdir(parents=True, exist_ok=True)
+        (self.layout.diffs / "sha256").mkdir(parents=True, exist_ok=True)
 
     def tapped(self, tap: Tap) -> BlobStore:
         """The same store (same root, same blobs) with every write passing through `tap`."""
         return BlobStore(self.root, tap=tap)
 
     def path(self, digest: Digest) -> Path:
-        return self.root / "blobs" / digest.algorithm / digest.hex
+        return self.layout.blobs / digest.algorithm / digest.hex
 
     def has(self, digest: Digest, size: int | None = None) -> bool:
         """Whether the blob is cached. With `size`, a cached file of another size (truncated by a crash
@@ -213,7 +215,7 @@ class BlobStore:
                         hint="the layer does not match the image config; the image is corrupt or tampered",
                     )
                 return blob
-        target = self.root / "diffs" / diff_id.algorithm / diff_id.hex
+        target = self.layout.diffs / diff_id.algorithm / diff_id.hex
         if target.is_file():
             return target
         sha = hashlib.sha256()

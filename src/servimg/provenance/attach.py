@@ -35,16 +35,8 @@ from servimg.oci.store import BlobStore
 from servimg.provenance import attest, binding, dsse, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
-from servimg.provenance.check import (
-    CheckFailed,
-    CheckReport,
-    Located,
-    Policy,
-    evaluate,
-    gather,
-    locate,
-    top_layer,
-)
+from servimg.provenance.check import CheckFailed, CheckReport, Policy, evaluate, gather
+from servimg.provenance.evidence import Located, locate, top_layer
 from servimg.provenance.policy import REBUILD_V1
 from servimg.provenance.statements import ImageFacts, Invocation
 

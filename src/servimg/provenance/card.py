@@ -1,6 +1,6 @@
 """`servimg show REF` (the provenance card) and `servimg diff A B` (what differs between two images).
 
-A card is a value made from `check.Evidence`: base, overlays with their upstream refs and sentinels,
+A card is a value made from `evidence.Evidence`: base, overlays with their upstream refs and sentinels,
 dists, changed files, the verify and ladder results, promotions, and how each attestation is signed.
 Content comes from the attestations `check` parsed (verified ones, or unsigned ones, which the card marks);
 without any provenance it falls back to what the image says about itself, and says so.
@@ -14,7 +14,8 @@ from typing import Any
 
 from servimg.provenance import attest, sbom
 from servimg.provenance import statements as provenance
-from servimg.provenance.check import BASE_LABEL, Evidence, Found
+from servimg.provenance.check import BASE_LABEL
+from servimg.provenance.evidence import Evidence, Found
 from servimg.provenance.statements import ChangedFile
 
 

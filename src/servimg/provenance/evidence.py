@@ -1,0 +1,474 @@
+"""Where an image is and what is said about it: the first two stages of `servimg check` (I/O only here;
+`provenance.check` judges what this module found, by a policy).
+
+1. `locate` resolves REF (registry tag or digest, a local engine image — e.g. after `docker pull` —, or an
+   OCI layout) to exact manifest + config bytes, fetched with explicit Accept headers and re-hashed.
+2. `collect` gathers evidence: the attestations (referrers API, else the `sha256-<hex>` fallback tag;
+   in a layout, its index), each fetched by digest, bound to the image, its DSSE signatures tried against
+   the trusted keys; the image's own statements about itself (`/opt/servimg/*` from its overlay layer,
+   diffID-verified) and the changed files re-derived from that layer; with `deep`, a fresh probe run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from servimg.backends import engine, registry, transport
+from servimg.backends.registry import RegistryClient
+from servimg.backends.target import Target
+from servimg.builder.lock import Lock
+from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
+from servimg.core.digest import Digest
+from servimg.core.errors import BackendError, RegistryError, ServimgError
+from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
+from servimg.core.progress import Log
+from servimg.core.reference import Reference
+from servimg.oci import integrity
+from servimg.oci.image import Image
+from servimg.oci.layer import diff_id_of
+from servimg.oci.store import BlobStore
+from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import rebuild as rebuilds
+from servimg.provenance import statements as provenance
+from servimg.provenance.statements import ChangedFile, ImageFacts
+
+
+class CheckError(ServimgError):
+    """REF cannot be resolved, or the policy or keys are unusable (nothing could be evaluated)."""
+
+
+# ------------------------------------------------------------------------------------------------ rows
+
+# A row's code names the requirement it judges; the subject (`what`) may add which one.
+_CODE_PREFIXES = {"attestation ": "ATTESTATION", "ladder ": "LADDER", "requires ": "REQUIRES"}
+
+
+def row(what: str, verdict: Status, why: str) -> Finding:
+    """One row of a check (what, verdict, why) as a finding: `what` is its subject, and its code the
+    requirement (`base label` → BASE_LABEL, `attestation KIND DIGEST` → ATTESTATION)."""
+    code = next((c for prefix, c in _CODE_PREFIXES.items() if what.startswith(prefix)), None)
+    return Finding(code or re.sub(r"\W+", "_", what).strip("_").upper(), verdict, what, why)
+
+
+def row_dict(finding: Finding) -> dict[str, str]:
+    """The JSON shape of a check row, as `servimg check --json` has always printed it."""
+    return {"what": finding.subject, "verdict": str(finding.status), "why": finding.message}
+
+
+# ------------------------------------------------------------------------------------------------ locate
+
+
+@dataclass(frozen=True)
+class Located:
+    """REF resolved to exact, re-hashed manifest and config bytes, and where its attestations live."""
+
+    ref: str
+    source: str  # registry | engine | oci | archive (the kinds of `backends.transport`)
+    image: Image
+    registry: str | None = None
+    repository: str | None = None
+    layout: Path | None = None
+    notes: tuple[Finding, ...] = ()
+
+    @property
+    def digest(self) -> Digest:
+        return self.image.digest
+
+    @property
+    def config_digest(self) -> Digest:
+        return self.image.config_digest
+
+    @property
+    def name(self) -> str:
+        if self.registry and self.repository:
+            return f"{self.registry}/{self.repository}"
+        return str(self.layout or self.ref)
+
+    def client(self) -> RegistryClient:
+        if self.registry is None or self.repository is None:
+            raise CheckError(f"{self.ref} has no registry location", hint="push it with `servimg push`")
+        # Looked up on the module when called (here and below), so a caller's configured client class
+        # (tests' fast retries) is the one used.
+        return registry.RegistryClient(self.registry)
+
+
+def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
+    """Resolve REF as docker would (`transport.resolve`): a name or (short) ID the local engine holds
+    (`docker pull`ed) is checked as the local image, unless `remote`; `repo` says where to look for a
+    local image without RepoDigests."""
+    if remote and not transport.is_explicit(ref):
+        return _locate_registry(ref, log)
+    found = transport.resolve(ref, log)
+    kind = found.kind
+    if kind == "engine":
+        name = found.target.location
+        located = _locate_engine(name, name, repo, store, log)
+        if located is None:
+            raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
+        return located
+    if kind == "registry":
+        return _locate_registry(found.target.location, log)
+    ref = found.ref
+    target = found.target
+    if kind == "oci":
+        return _locate_layout(ref, target, store, log)
+    # Any other kind holds the image but no attestations: read it, so every row can say what is missing.
+    image = transport.fetch(ref, store, log)
+    note = row("image", WARN, f"{ref}: {image.digest} ({kind}: attestations cannot live there)")
+    return Located(ref, kind, image, notes=(note,))
+
+
+def _locate_registry(ref_text: str, log: Log) -> Located:
+    ref = Reference.parse(ref_text)
+    with registry.RegistryClient(ref.registry) as client:
+        image, media_type = registry.read_image(client, ref.repository, ref.reference)
+    log(f"{ref_text} → {image.digest}")
+    note = row(
+        "image",
+        PASS,
+        f"{ref} is {image.digest} ({media_type}; manifest and config re-hashed); "
+        f"config {image.config_digest}",
+    )
+    return Located(ref_text, "registry", image, ref.registry, ref.repository, notes=(note,))
+
+
+def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore, log: Log) -> Located | None:
+    try:
+        attrs = engine.inspect(name)
+    except BackendError:  # no engine, or it lacks the image
+        return None
+    image_id = Digest.parse(attrs["Id"])
+    wanted = _name_of(ref)
+    hint_name = _name_of(repo_hint) if repo_hint else None
+    candidates = sorted(
+        (Reference.parse(text) for text in attrs.get("RepoDigests") or []),
+        key=lambda r: (r.name != wanted, r.name != hint_name, str(r)),
+    )
+    notes: list[Finding] = []
+    for candidate in candidates:
+        assert candidate.digest is not None
+        try:
+            # One retry: a RepoDigest can name a registry long gone; that is a note, not a wait.
+            with registry.RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
+                image, _ = registry.read_image(client, candidate.repository, str(candidate.digest))
+        except ServimgError as exc:
+            notes.append(row("image", WARN, f"{candidate}: not usable: {exc.message}"))
+            continue
+        if image.config_digest != image_id:
+            notes.append(row("image", FAIL, f"{candidate} has config {image.config_digest}, not {image_id}"))
+            continue
+        log(f"local image {image_id.short} = {candidate}")
+        notes.append(
+            row(
+                "image",
+                PASS,
+                f"local image {image_id} is {candidate.name}@{image.digest} (from its RepoDigests; "
+                "the registry's manifest re-hashed, its config is the local image ID)",
+            )
+        )
+        notes += _tag_drift(ref, candidate, image.digest)
+        return Located(ref, "engine", image, candidate.registry, candidate.repository, notes=tuple(notes))
+    if repo_hint:
+        found = _scan_by_config(repo_hint, image_id, log)
+        if found is not None:
+            image, tag, hinted = found
+            note = row(
+                "image",
+                PASS,
+                f"local image {image_id} has no RepoDigests; matched by config digest to "
+                f"{hinted.name}:{tag} = {image.digest}",
+            )
+            return Located(ref, "engine", image, hinted.registry, hinted.repository, notes=(*notes, note))
+    # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
+    # every row can say what is missing and why.
+    log(f"local image {image_id.short} has no registry location; reading it from the engine")
+    image = transport.fetch(f"docker-daemon:{image_id}", store, log)
+    searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
+    notes.append(
+        row(
+            "image",
+            WARN,
+            f"local image {image_id} (manifest {image.digest} as re-created from `docker save`) has no "
+            f"usable registry location (RepoDigests){searched}: attestations cannot be looked up; "
+            "pass --repo HOST/REPO where it was pushed, it is then matched by config digest",
+        )
+    )
+    return Located(ref, "engine", image, notes=tuple(notes))
+
+
+def _name_of(ref: str | None) -> str | None:
+    if not ref:
+        return None
+    try:
+        return Reference.parse(ref).name
+    except ServimgError:
+        return None
+
+
+def _tag_drift(ref: str, candidate: Reference, digest: Digest) -> list[Finding]:
+    """A pulled tag may have moved since: say so (the check is about the local image)."""
+    try:
+        parsed = Reference.parse(ref)
+    except ServimgError:
+        return []
+    if parsed.tag is None or parsed.name != candidate.name:
+        return []
+    try:
+        with registry.RegistryClient(parsed.registry) as client:
+            head = client.head_manifest(parsed.repository, parsed.tag)
+    except ServimgError:
+        return []
+    if head is None:
+        return [row("tag", WARN, f"{ref} no longer exists in the registry; checked the local image")]
+    if head[0] != digest:
+        return [row("tag", WARN, f"{ref} now points at {head[0]}; checked the local image {digest}")]
+    return [row("tag", PASS, f"{ref} still points at {digest}")]
+
+
+def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Reference] | None:
+    hinted = Reference.parse(repo_text)
+    with registry.RegistryClient(hinted.registry) as client:
+        for tag in sorted(client.list_tags(hinted.repository)):
+            if tag.startswith("sha256-"):
+                continue  # referrers fallback indexes
+            try:
+                image, _ = registry.read_image(client, hinted.repository, tag)
+            except ServimgError:
+                continue
+            if image.config_digest == image_id:
+                log(f"local image {image_id.short} matches {hinted.name}:{tag} by config digest")
+                return image, tag, hinted
+    return None
+
+
+def _locate_layout(ref: str, target: Target, store: BlobStore, log: Log) -> Located:
+    root = Path(target.location)
+    digest = None
+    if target.tag is None:  # attestations share index.json with the image: pick the one image entry
+        try:
+            index = json.loads((root / "index.json").read_bytes())
+        except (OSError, ValueError):
+            raise CheckError(f"{root} is not a readable OCI image layout") from None
+        images = [
+            m for m in index.get("manifests") or [] if isinstance(m, dict) and not m.get("artifactType")
+        ]
+        if len(images) != 1:
+            raise CheckError(
+                f"{root} holds {len(images)} images", hint="name one with oci:DIR:TAG or oci:DIR@sha256:…"
+            )
+        digest = Digest.parse(str(images[0].get("digest")))
+    image = transport.fetch(ref, store, log, expected=digest, rehash=True)
+    note = row(
+        "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
+    )
+    return Located(ref, "oci", image, layout=root, notes=(note,))
+
+
+# ------------------------------------------------------------------------------------------------ collect
+
+
+@dataclass(frozen=True)
+class Found:
+    """One attestation as discovered, fetched and signature-checked (facts; the policy judges)."""
+
+    artifact: str
+    artifact_type: str
+    via: str
+    envelope: dsse.Envelope | None = None
+    problem: str | None = None
+    signature: str = "unchecked"  # verified | unsigned | no-keys | untrusted | forged | threshold
+    keyids: tuple[str, ...] = ()
+    hints: tuple[str, ...] = ()
+    statement: attest.Statement | None = None
+    statement_problem: str | None = None
+    created: str | None = None
+
+    @property
+    def short(self) -> str:
+        return self.artifact.removeprefix("sha256:")[:12]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    located: Located
+    found: tuple[Found, ...]
+    discovery: str
+    facts: ImageFacts | None
+    facts_problem: str | None
+    layer_changes: tuple[ChangedFile, ...] | None
+    trusted: tuple[str, ...]  # keyids of the trusted keys
+    threshold: int
+    deep: VerifyReport | None = None  # a fresh probe run
+    deep_problem: str | None = None
+    typed_trust: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (predicate type, keyids trusted for it)
+    lock_file: tuple[str, Lock] | None = None  # `--lock FILE`: the lock the image must be built from
+    rebuild: rebuilds.Rebuilt | None = None  # `--rebuild`: this machine's rebuild
+
+
+def collect(
+    located: Located,
+    store: BlobStore,
+    log: Log,
+    *,
+    trusted: Sequence[dsse.VerifyKey] = (),
+    threshold: int = 1,
+    deep: bool = False,
+) -> Evidence:
+    """Every fact `evaluate` needs, fetched and verified; nothing here decides PASS or FAIL."""
+    if trusted and threshold > len(set(trusted)):
+        raise CheckError(
+            f"threshold {threshold} exceeds the {len(set(trusted))} distinct trusted key(s)",
+            hint="pass more --key files or lower --threshold",
+        )
+    found, discovery = _attestations(located, trusted, threshold)
+    facts: ImageFacts | None = None
+    facts_problem = None
+    changes = None
+    try:
+        top = top_layer(located.image, store, log, located)
+        facts = provenance.read_facts(top)
+        changes = provenance.layer_changes(top)
+    except ServimgError as exc:
+        facts_problem = exc.message
+    report, deep_problem = _deep(located, store, log) if deep else (None, None)
+    return Evidence(
+        located,
+        tuple(found),
+        discovery,
+        facts,
+        facts_problem,
+        changes,
+        tuple(sorted(k.keyid for k in set(trusted))),
+        threshold,
+        report,
+        deep_problem,
+    )
+
+
+def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None = None) -> Path:
+    """The image's top (overlay) layer, uncompressed, verified against the config's diffID; fetched from
+    `source`'s registry when the store lacks it."""
+    layers = image.layers
+    if not layers:
+        raise CheckError("the image has no layers")
+    top = layers[-1]
+    blob = store.path(top.descriptor.digest)
+    if store.has(top.descriptor.digest) and not integrity.matches(blob, top.descriptor.digest):
+        log(f"the cached overlay layer {top.descriptor.digest.short} does not match its digest; removed")
+        store.evict(top.descriptor.digest)  # a store copy altered at rest: fetched again, never relied on
+    if not store.has(top.descriptor.digest):
+        if source is None or source.registry is None or source.repository is None:
+            raise CheckError(f"layer {top.descriptor.digest} is not available")
+        log(f"fetching the overlay layer {top.descriptor.digest.short}")
+        with source.client() as client:
+            client.download_blob(source.repository, top.descriptor.digest, blob)
+    path = store.uncompressed(top.descriptor.digest, top.diff_id)
+    if path == store.path(top.descriptor.digest) and top.descriptor.digest != top.diff_id:
+        actual = diff_id_of(path)
+        if actual != top.diff_id:
+            raise CheckError(f"the overlay layer is {actual}, the config says diffID {top.diff_id}")
+    return path
+
+
+def _attestations(
+    located: Located, trusted: Sequence[dsse.VerifyKey], threshold: int
+) -> tuple[list[Found], str]:
+    subject = located.digest
+    if located.layout is None and located.repository is None:
+        return [], "nowhere (no registry location, no layout)"
+    if located.layout is not None:
+        layout = located.layout
+        descriptors = referrers.layout_referrers(layout, subject)
+        fetch: Callable[[Digest], bytes] = lambda a: referrers.fetch_layout_envelope(layout, subject, a)  # noqa: E731
+        via = f"OCI layout {layout}"
+        return [found_from(d, via, fetch, trusted, threshold) for d in descriptors], via
+    with located.client() as client:
+        descriptors, via = referrers.discover(client, str(located.repository), subject)
+        return [
+            found_from(d, via, lambda a: _registry_envelope(client, located, a), trusted, threshold)
+            for d in descriptors
+        ], via
+
+
+def _registry_envelope(client: RegistryClient, located: Located, artifact: Digest) -> bytes:
+    try:
+        return referrers.fetch_envelope(client, str(located.repository), located.digest, artifact)
+    except RegistryError as exc:
+        if "MANIFEST_UNKNOWN" in " ".join(exc.problems) or " 404 " in exc.message:
+            raise referrers.ReferrersError(
+                f"the index lists {artifact}, which the registry does not have (stale fallback index)"
+            ) from None
+        raise
+
+
+def found_from(
+    descriptor: Mapping[str, Any],
+    via: str,
+    fetch: Callable[[Digest], bytes],
+    trusted: Sequence[dsse.VerifyKey],
+    threshold: int,
+) -> Found:
+    """Fetch one listed attestation (`fetch` re-hashes and checks its binding), classify its signatures,
+    and parse the statement only when it is signed by trusted keys or carries no signature at all."""
+    artifact = str(descriptor.get("digest"))
+    annotations = descriptor.get("annotations") if isinstance(descriptor.get("annotations"), dict) else {}
+    created = (annotations or {}).get(referrers.ANNOTATION_CREATED)
+    base = Found(artifact, str(descriptor.get("artifactType") or "?"), via, created=created)
+    try:
+        data = fetch(Digest.parse(artifact))
+        envelope = dsse.Envelope.parse(data)
+    except referrers.ReferrersError as exc:
+        problem = exc.message + (": " + "; ".join(exc.problems) if exc.problems else "")
+        if "is not an attestation of" in exc.message:
+            problem += " (a stale or swapped referrers index: the entry is bound to another image)"
+        return replace(base, problem=problem)
+    except ServimgError as exc:
+        return replace(base, problem=exc.message)
+    hints = tuple(sorted({s.keyid for s in envelope.signatures if s.keyid}))
+    status, keyids = _signature(envelope, trusted, threshold)
+    found = replace(base, envelope=envelope, signature=status, keyids=keyids, hints=hints)
+    if status not in ("verified", "unsigned", "no-keys"):
+        return found  # unauthenticated bytes are not interpreted
+    if envelope.payload_type != attest.PAYLOAD_TYPE:
+        return replace(found, statement_problem=f"payloadType {envelope.payload_type!r} is not in-toto")
+    try:
+        return replace(found, statement=attest.parse_statement(envelope.payload))
+    except attest.AttestationError as exc:
+        return replace(found, statement_problem="; ".join([exc.message, *exc.problems]))
+
+
+def _signature(
+    envelope: dsse.Envelope, trusted: Sequence[dsse.VerifyKey], threshold: int
+) -> tuple[str, tuple[str, ...]]:
+    if not envelope.signatures:
+        return "unsigned", ()
+    if not trusted:
+        return "no-keys", ()
+    result = dsse.verify(envelope, trusted, threshold)
+    if result.verified:
+        return "verified", result.keyids
+    if result.keyids:
+        return "threshold", result.keyids
+    claimed = {s.keyid for s in envelope.signatures if s.keyid}
+    # keyids are hints: they never decide trust, only which of two true explanations the message gives.
+    return ("forged" if claimed & {k.keyid for k in trusted} else "untrusted"), ()
+
+
+def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | None, str | None]:
+    """Pull the whole image and run the probe in it again. From a registry every blob is fetched from it
+    and hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
+    try:
+        if located.source == "engine":
+            log(f"running the probe in the local image {located.config_digest.short}")
+            return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
+        if located.source == "registry":
+            ref = f"{located.name}@{located.digest}"
+            registry.pull(ref, store, log, expected=located.digest, rehash=True)
+        return verify_image_value(located.image, store, log), None
+    except ServimgError as exc:
+        return None, exc.message
