@@ -1,16 +1,10 @@
 """`servimg check REF`: is this image what its attestations say it is, by a policy? With reasons.
 
-Three stages, I/O only in the first two (`provenance.evidence`: locating and collecting; this module
-judges what they found and runs the three as one call):
-
-1. `locate` resolves REF (registry tag or digest, a local engine image — e.g. after `docker pull` —, or an
-   OCI layout) to exact manifest + config bytes, fetched with explicit Accept headers and re-hashed.
-2. `collect` gathers evidence: the attestations (referrers API, else the `sha256-<hex>` fallback tag;
-   in a layout, its index), each fetched by digest, bound to the image, its DSSE signatures tried against
-   the trusted keys; the image's own statements about itself (`/opt/servimg/*` from its overlay layer,
-   diffID-verified) and the changed files re-derived from that layer; with `deep`, a fresh probe run.
-3. `evaluate` (pure) applies a `Policy` to the evidence and returns a `CheckReport`: rows of
-   (what, verdict, why), each a `Finding`. The report passes only when no row is FAIL.
+Three stages, I/O only in the first two, which `provenance.evidence` runs: `locate` (REF to exact,
+re-hashed manifest and config bytes) and `collect` (the attestations, their signatures tried, the image's
+own statements about itself, a fresh probe run with `deep`). This module is the third: `evaluate` (pure)
+applies a `Policy` to the evidence and returns a `CheckReport`: rows of (what, verdict, why), each a
+`Finding`. The report passes only when no row is FAIL. `check` runs the three as one call.
 """
 
 from __future__ import annotations
