@@ -473,38 +473,34 @@ def collect(
     unchanged = prepared.inputs.sha256 == plan.inputs_sha256
     names = {int(j["chain"]): str(j["name"]) for j in emitted.get("jobs") or []}
     states = job_states(jobs_json) if jobs_json is not None else {}
-    found: dict[str, Any] = {}
-    jobs, arm_place = [], {}
-    for chain in plan.chains:
-        name = names.get(chain.index, chain.name)
-        status = remote.read_json(remote.status_path(results, chain)) or {}
-        if status.get("inputs_unchanged") is False:
-            unchanged = False
-        failure = _failure(name, status, states.get(name))
-        node = str(status.get("node") or "")
-        jobs.append(
-            {
-                "chain": chain.index,
-                "arms": list(chain.arms),
-                "job_name": name,
-                "node": node,
-                "job_status": status.get("state"),
-                "kubernetes": states.get(name),
-                "started_at": status.get("started_at"),
-                "finished_at": status.get("finished_at"),
-                "error": failure,
-            }
-        )
-        arm_place.update({a: {"job_name": name, "node": node} for a in chain.arms})
-        found.update(remote.chain_records(loaded, results, chain, failure, f"k8s job {name}"))
-    records = [found[a.id] for a in loaded.definition.arms if a.id in found]
-    placement = {
-        "scheduler": "k8s",
-        "namespace": emitted.get("namespace"),
-        "jobs": jobs,
-        "arms": arm_place,
-    }
+    scheduler = K8sPlacement(names, states, emitted.get("namespace"))
+    records, all_unchanged, placement = remote.collect(loaded, results, plan.chains, scheduler)
+    unchanged = unchanged and all_unchanged
+    jobs = placement["jobs"]
     return finish(loaded, results, prepared, records, unchanged, placement, _span(plan, jobs), log)
+
+
+@dataclass(frozen=True)
+class K8sPlacement:
+    """The Jobs of an emitted run as `remote.collect` reads them: their names and, when given, what
+    `kubectl get jobs -o json` said of each (`job_states`)."""
+
+    names: Mapping[int, str]
+    states: Mapping[str, str]
+    namespace: str | None
+
+    def outcome(self, chain: Chain, status: Mapping[str, Any]) -> remote.ChainOutcome:
+        name = self.names.get(chain.index, chain.name)
+        node = str(status.get("node") or "")
+        return remote.ChainOutcome(
+            {"job_name": name, "node": node, "kubernetes": self.states.get(name)},
+            {"job_name": name, "node": node},
+            _failure(name, status, self.states.get(name)),
+            f"k8s job {name}",
+        )
+
+    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, Any]:
+        return {"scheduler": "k8s", "namespace": self.namespace, "jobs": list(jobs), "arms": dict(arms)}
 
 
 def _failure(name: str, status: Mapping[str, Any], kubernetes: str | None) -> str | None:

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from servimg.backends import engine
 from servimg.core.atomic import atomic_write
@@ -274,6 +274,62 @@ def failed_record(loaded: LoadedLadder, arm_id: str, record: ArmRecord | None, w
 
 def arm_path(results: Path, arm_id: str) -> Path:
     return results / "arms" / f"{arm_id}.json"
+
+
+Jobs = Sequence[Mapping[str, Any]]  # the placement's `jobs`: one row per chain
+ArmPlaces = Mapping[str, Mapping[str, str]]  # the placement's `arms`: arm id → where it ran
+
+
+@dataclass(frozen=True)
+class ChainOutcome:
+    """One chain as its scheduler saw it: the job's own fields for the placement, where its arms ran,
+    why they cannot pass (None: the job ran to the end), and the job's name for their errors."""
+
+    job: Mapping[str, Any]
+    where: Mapping[str, str]
+    failure: str | None
+    name: str
+
+
+class Scheduler(Protocol):
+    """How a scheduler (Slurm, Kubernetes) places a ladder's chains as jobs, as `collect` reads them
+    back: each chain's outcome from its job and the status the harness wrote, and the run's placement."""
+
+    def outcome(self, chain: Chain, status: Mapping[str, Any]) -> ChainOutcome: ...
+
+    def placement(self, jobs: Jobs, arms: ArmPlaces) -> dict[str, Any]: ...
+
+
+def collect(
+    loaded: LoadedLadder, results: Path, chains: Sequence[Chain], scheduler: Scheduler
+) -> tuple[list[ArmRecord], bool, dict[str, Any]]:
+    """Every arm's record in declared order, whatever the scheduler: the arms of a job that did not end
+    done carry the scheduler's reason as their error (so they FAIL), and an arm with no record fails the
+    same way. Returns the records, whether the inputs stayed unchanged in every job, and the placement."""
+    found: dict[str, ArmRecord] = {}
+    unchanged = True
+    jobs: list[dict[str, Any]] = []
+    arms: dict[str, Mapping[str, str]] = {}
+    for chain in chains:
+        status = read_json(status_path(results, chain)) or {}
+        if status.get("inputs_unchanged") is False:
+            unchanged = False
+        outcome = scheduler.outcome(chain, status)
+        jobs.append(
+            {
+                "chain": chain.index,
+                "arms": list(chain.arms),
+                **outcome.job,
+                "job_status": status.get("state"),
+                "started_at": status.get("started_at"),
+                "finished_at": status.get("finished_at"),
+                "error": outcome.failure,
+            }
+        )
+        arms.update({a: outcome.where for a in chain.arms})
+        found.update(chain_records(loaded, results, chain, outcome.failure, outcome.name))
+    records = [found[a.id] for a in loaded.definition.arms if a.id in found]
+    return records, unchanged, scheduler.placement(jobs, {a: dict(w) for a, w in arms.items()})
 
 
 def status_path(results: Path, chain: Chain) -> Path:

@@ -337,43 +337,40 @@ def wait(
         time.sleep(poll_s)
 
 
-def collect(
-    loaded: LoadedLadder, results: Path, planned: Sequence[Chain], states: Sequence[TaskState], array_id: str
-) -> tuple[list[ArmRecord], bool, dict[str, Any]]:
-    """Every arm's record in declared order; the arms of a job that did not complete carry Slurm's state
-    and reason as their error (so they FAIL), and an arm with no record fails the same way."""
-    by_task = {t.task: t for t in states}
-    found: dict[str, ArmRecord] = {}
-    unchanged = True
-    jobs = []
-    arm_place: dict[str, dict[str, str]] = {}
-    for chain in planned:
-        state = by_task.get(chain.index, TaskState(chain.index, f"{array_id}_{chain.index}", "UNKNOWN"))
-        status = remote.read_json(remote.status_path(results, chain)) or {}
-        if status.get("inputs_unchanged") is False:
-            unchanged = False
-        failure = _failure(state, status)
-        jobs.append(
+@dataclass(frozen=True)
+class SlurmPlacement:
+    """The Slurm array job as `remote.collect` reads it: each chain's task state (sacct/scontrol)."""
+
+    array_id: str
+    states: Mapping[int, TaskState]
+
+    def outcome(self, chain: Chain, status: Mapping[str, Any]) -> remote.ChainOutcome:
+        unknown = TaskState(chain.index, f"{self.array_id}_{chain.index}", "UNKNOWN")
+        state = self.states.get(chain.index, unknown)
+        node = state.node or status.get("node")
+        return remote.ChainOutcome(
             {
-                "chain": chain.index,
-                "arms": list(chain.arms),
                 "job_id": state.job_id,
-                "node": state.node or status.get("node"),
+                "node": node,
                 "state": state.state,
                 "reason": state.reason,
                 "exit_code": state.exit_code,
-                "job_status": status.get("state"),
-                "started_at": status.get("started_at"),
-                "finished_at": status.get("finished_at"),
-                "error": failure,
-            }
+            },
+            {"job_id": state.job_id, "node": str(node or "")},
+            _failure(state, status),
+            f"slurm job {state.job_id}",
         )
-        for arm_id in chain.arms:
-            arm_place[arm_id] = {"job_id": state.job_id, "node": str(state.node or status.get("node") or "")}
-        found.update(remote.chain_records(loaded, results, chain, failure, f"slurm job {state.job_id}"))
-    records = [found[a.id] for a in loaded.definition.arms if a.id in found]
-    placement = {"scheduler": "slurm", "array_job_id": array_id, "jobs": jobs, "arms": arm_place}
-    return records, unchanged, placement
+
+    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, Any]:
+        return {"scheduler": "slurm", "array_job_id": self.array_id, "jobs": list(jobs), "arms": dict(arms)}
+
+
+def collect(
+    loaded: LoadedLadder, results: Path, planned: Sequence[Chain], states: Sequence[TaskState], array_id: str
+) -> tuple[list[ArmRecord], bool, dict[str, Any]]:
+    """Every arm's record in declared order (`remote.collect`); the arms of a job that did not complete
+    carry Slurm's state and reason as their error."""
+    return remote.collect(loaded, results, planned, SlurmPlacement(array_id, {t.task: t for t in states}))
 
 
 def _failure(state: TaskState, status: Mapping[str, Any]) -> str | None:
