@@ -30,7 +30,7 @@ from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
-from servimg.oci.image import OCI_MANIFEST, Descriptor, Image
+from servimg.oci.image import Descriptor, Image
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, binding, dsse, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
@@ -216,17 +216,9 @@ def push_image(
 def signed_attestations(target: Target, subject: Digest) -> int:
     """How many attestations of `subject` at the destination carry at least one signature (whoever's:
     an unsigned push beside any signed evidence adds only noise). Unreadable entries are not counted."""
-    if target.kind == "oci":
-        root = Path(target.location)
-        if not (root / "index.json").is_file():
-            return 0
-        listed = referrers.layout_referrers(root, subject)
-        fetch: Callable[[Digest], bytes] = lambda a: referrers.fetch_layout_envelope(root, subject, a)  # noqa: E731
-        return _count_signed(listed, fetch)
-    ref = Reference.parse(target.location)
-    with registry.RegistryClient(ref.registry) as client:
-        listed, _ = referrers.discover(client, ref.repository, subject)
-        return _count_signed(listed, lambda a: referrers.fetch_envelope(client, ref.repository, subject, a))
+    with referrers.opened(target) as place:
+        listed, _ = place.discover(subject)
+        return _count_signed(listed, lambda a: place.fetch(subject, a))
 
 
 def _count_signed(listed: Sequence[Mapping[str, Any]], fetch: Callable[[Digest], bytes]) -> int:
@@ -256,12 +248,12 @@ def _push_registry(
     with registry.RegistryClient(ref.registry) as client:
         registry.write_image(client, ref.repository, image, store, log, progress=progress)
         subject = _subject(image)
-        attached = tuple(_attach_registry(client, ref.repository, subject, e, log) for e in envelopes)
+        attached = [_attach_confirmed(client, ref.repository, subject, e, log) for e in envelopes]
         if chosen:
             client.put_manifest(ref.repository, chosen, image.manifest_bytes, image.media_type)
             _confirm(client, ref.repository, chosen, subject, "after tagging")
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
-    return Pushed(image.digest, image.config_digest, where, chosen, attached)
+    return Pushed(image.digest, image.config_digest, where, chosen, tuple(attached))
 
 
 def _subject(image: Image) -> Descriptor:
@@ -282,44 +274,28 @@ def _confirm(
         )
 
 
-def _attach_registry(
+def _attach_confirmed(
     client: registry.RegistryClient, repo: str, subject: Descriptor, env: Envelope, log: Log
 ) -> Attached:
-    """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
+    """`_attach` in a registry repository, the image manifest confirmed to be exactly the subject before
+    and after (attaching never changes it)."""
     _confirm(client, repo, str(subject.digest), subject, "before attaching")
+    attached = _attach(referrers.RegistryReferrers(client, repo), subject, env, log)
+    _confirm(client, repo, str(subject.digest), subject, "after attaching")
+    return attached
+
+
+def _attach(place: referrers.Referrers, subject: Descriptor, env: Envelope, log: Log) -> Attached:
+    """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
     artifact_type = attest.artifact_type(env.kind)
-    existing = _already_attached(client, repo, subject.digest, artifact_type, Digest.of_bytes(env.data))
+    existing = referrers.already_attached(place, subject.digest, artifact_type, Digest.of_bytes(env.data))
     if existing is not None:
         log(f"{env.kind}: already attached as {existing.short}")
-        result = Attached(env.kind, str(existing), env.signed, True)
-    else:
-        annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
-        digest = referrers.attach(client, repo, subject, env.data, artifact_type, annotations)
-        log(f"{env.kind}: attached as {digest.short} ({'signed' if env.signed else 'UNSIGNED'})")
-        result = Attached(env.kind, str(digest), env.signed, False)
-    _confirm(client, repo, str(subject.digest), subject, "after attaching")
-    return result
-
-
-def _already_attached(
-    client: registry.RegistryClient, repo: str, subject: Digest, artifact_type: str, envelope_digest: Digest
-) -> Digest | None:
-    descriptors, _ = referrers.discover(client, repo, subject)
-    for d in descriptors:
-        if d.get("artifactType") != artifact_type:
-            continue
-        try:
-            data, _, digest = client.get_manifest(repo, str(d.get("digest")), accept=(OCI_MANIFEST,))
-            doc = json.loads(data)
-        except (ServimgError, ValueError):
-            continue  # a stale entry: not ours to repair here, and not a reason to stop
-        bound = (doc.get("subject") or {}).get("digest") if isinstance(doc, dict) else None
-        layers = doc.get("layers") if isinstance(doc, dict) else None
-        if bound == str(subject) and any(
-            isinstance(x, dict) and x.get("digest") == str(envelope_digest) for x in layers or []
-        ):
-            return Digest.parse(str(digest))
-    return None
+        return Attached(env.kind, str(existing), env.signed, True)
+    annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
+    digest = place.attach(subject, env.data, artifact_type, annotations)
+    log(f"{env.kind}: attached as {digest.short} ({'signed' if env.signed else 'UNSIGNED'})")
+    return Attached(env.kind, str(digest), env.signed, False)
 
 
 def _push_layout(
@@ -328,29 +304,11 @@ def _push_layout(
     root = Path(target.location)
     chosen = target.tag or tag
     transport.publish(image, Target("oci", str(root), chosen), store, log, tag=chosen)
-    attached = tuple(_attach_layout(root, image, e) for e in envelopes)
+    place = referrers.LayoutReferrers(root)
+    attached = tuple(_attach(place, _subject(image), e, log) for e in envelopes)
     return Pushed(
         image.digest, image.config_digest, f"oci:{root}" + (f":{chosen}" if chosen else ""), chosen, attached
     )
-
-
-def _attach_layout(root: Path, image: Image, env: Envelope) -> Attached:
-    artifact_type = attest.artifact_type(env.kind)
-    want = str(Digest.of_bytes(env.data))
-    for d in referrers.layout_referrers(root, image.digest):
-        try:
-            doc = json.loads(
-                (root / "blobs" / "sha256" / str(d["digest"]).removeprefix("sha256:")).read_bytes()
-            )
-        except (OSError, ValueError):
-            continue
-        if d.get("artifactType") == artifact_type and any(
-            x.get("digest") == want for x in doc.get("layers") or []
-        ):
-            return Attached(env.kind, str(d["digest"]), env.signed, True)
-    annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
-    digest = referrers.write_to_layout(root, _subject(image), env.data, artifact_type, annotations)
-    return Attached(env.kind, str(digest), env.signed, False)
 
 
 # ---------------------------------------------------------------------------------------- build --sign
@@ -512,10 +470,11 @@ def attest_rebuild(
 
 
 def _attach_located(located: Located, env: Envelope, log: Log) -> Attached:
+    subject = _subject(located.image)
     if located.layout is not None:
-        return _attach_layout(located.layout, located.image, env)
+        return _attach(referrers.LayoutReferrers(located.layout), subject, env, log)
     with located.client() as client:
-        return _attach_registry(client, str(located.repository), _subject(located.image), env, log)
+        return _attach_confirmed(client, str(located.repository), subject, env, log)
 
 
 # ------------------------------------------------------------------------------------------------ promote
@@ -579,7 +538,7 @@ def promote(
     env = _make("vsa", attest.VSA_V1, attest.statement(subjects, attest.VSA_V1, predicate), key)
     with located.client() as client:
         subject = _subject(located.image)
-        vsa = _attach_registry(client, str(located.repository), subject, env, log)
+        vsa = _attach_confirmed(client, str(located.repository), subject, env, log)
         client.put_manifest(
             str(located.repository), tag, located.image.manifest_bytes, located.image.media_type
         )

@@ -11,9 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from servimg.backends.target import Target
 from servimg.builder.lock import Lock
 from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core.digest import Digest
-from servimg.core.errors import BackendError, RegistryError, ServimgError
+from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
@@ -88,6 +89,15 @@ class Located:
         if self.registry and self.repository:
             return f"{self.registry}/{self.repository}"
         return str(self.layout or self.ref)
+
+    @contextlib.contextmanager
+    def referrers(self) -> Iterator[referrers.Referrers]:
+        """Where its attestations live: its layout, or its registry repository (client open meanwhile)."""
+        if self.layout is not None:
+            yield referrers.LayoutReferrers(self.layout)
+            return
+        with self.client() as client:
+            yield referrers.RegistryReferrers(client, str(self.repository))
 
     def client(self) -> RegistryClient:
         if self.registry is None or self.repository is None:
@@ -381,29 +391,12 @@ def _attestations(
     subject = located.digest
     if located.layout is None and located.repository is None:
         return [], "nowhere (no registry location, no layout)"
-    if located.layout is not None:
-        layout = located.layout
-        descriptors = referrers.layout_referrers(layout, subject)
-        fetch: Callable[[Digest], bytes] = lambda a: referrers.fetch_layout_envelope(layout, subject, a)  # noqa: E731
-        via = f"OCI layout {layout}"
-        return [found_from(d, via, fetch, trusted, threshold) for d in descriptors], via
-    with located.client() as client:
-        descriptors, via = referrers.discover(client, str(located.repository), subject)
-        return [
-            found_from(d, via, lambda a: _registry_envelope(client, located, a), trusted, threshold)
-            for d in descriptors
-        ], via
-
-
-def _registry_envelope(client: RegistryClient, located: Located, artifact: Digest) -> bytes:
-    try:
-        return referrers.fetch_envelope(client, str(located.repository), located.digest, artifact)
-    except RegistryError as exc:
-        if "MANIFEST_UNKNOWN" in " ".join(exc.problems) or " 404 " in exc.message:
-            raise referrers.ReferrersError(
-                f"the index lists {artifact}, which the registry does not have (stale fallback index)"
-            ) from None
-        raise
+    with located.referrers() as place:
+        descriptors, via = place.discover(subject)
+        found = [
+            found_from(d, via, lambda a: place.fetch(subject, a), trusted, threshold) for d in descriptors
+        ]
+        return found, via
 
 
 def found_from(

@@ -20,21 +20,25 @@ registry with the referrers API removes the race.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from servimg.backends import layout
 from servimg.backends.registry import DEFAULT_ACCEPT, RegistryClient
+from servimg.backends.target import Target
 from servimg.core import canonical
 from servimg.core.digest import Digest
-from servimg.core.errors import BackendError, ServimgError
+from servimg.core.errors import BackendError, RegistryError, ServimgError
+from servimg.core.reference import Reference
 from servimg.oci.image import MANIFEST_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor
 from servimg.provenance import dsse
 from servimg.provenance.attest import ENVELOPE_MEDIA_TYPE, timestamp
@@ -495,3 +499,118 @@ def _layout_blob(layout_dir: Path, digest: Digest) -> bytes:
     if Digest.of_bytes(data) != digest:
         raise ReferrersError(f"{layout_dir}: blob {digest} does not hash to its name")
     return data
+
+
+# ------------------------------------------------------------------------------------------ places
+
+
+class Referrers(Protocol):
+    """Where the attestations of an image live beside it: a registry repository (the referrers API, else
+    the fallback tag) or an OCI layout (its index). Listing gives pointers only; `fetch` re-hashes what
+    one points at and checks that it is bound to the subject."""
+
+    def discover(self, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+        """The descriptors that refer to `subject`, and where the list came from (for reports)."""
+        ...
+
+    def fetch(self, subject: Digest, artifact: Digest) -> bytes:
+        """The envelope bytes of `artifact`, checked against `subject`."""
+        ...
+
+    def manifest(self, artifact: Digest) -> bytes:
+        """The artifact manifest's bytes, re-hashed against `artifact`."""
+        ...
+
+    def attach(
+        self, subject: Descriptor, envelope: bytes, artifact_type: str, annotations: Mapping[str, str]
+    ) -> Digest:
+        """Store one attestation of `subject` and make it discoverable; its artifact manifest's digest."""
+        ...
+
+
+@dataclass(frozen=True)
+class RegistryReferrers:
+    client: RegistryClient
+    repository: str
+
+    def discover(self, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+        return discover(self.client, self.repository, subject)
+
+    def fetch(self, subject: Digest, artifact: Digest) -> bytes:
+        try:
+            return fetch_envelope(self.client, self.repository, subject, artifact)
+        except RegistryError as exc:
+            if "MANIFEST_UNKNOWN" in " ".join(exc.problems) or " 404 " in exc.message:
+                raise ReferrersError(
+                    f"the index lists {artifact}, which the registry does not have (stale fallback index)"
+                ) from None
+            raise
+
+    def manifest(self, artifact: Digest) -> bytes:
+        data, _, _ = self.client.get_manifest(self.repository, str(artifact), accept=(OCI_MANIFEST,))
+        return data
+
+    def attach(
+        self, subject: Descriptor, envelope: bytes, artifact_type: str, annotations: Mapping[str, str]
+    ) -> Digest:
+        return attach(self.client, self.repository, subject, envelope, artifact_type, annotations)
+
+
+@dataclass(frozen=True)
+class LayoutReferrers:
+    root: Path
+
+    def discover(self, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+        listed = layout_referrers(self.root, subject) if (self.root / "index.json").is_file() else []
+        return listed, f"OCI layout {self.root}"
+
+    def fetch(self, subject: Digest, artifact: Digest) -> bytes:
+        return fetch_layout_envelope(self.root, subject, artifact)
+
+    def manifest(self, artifact: Digest) -> bytes:
+        return _layout_blob(self.root, artifact)
+
+    def attach(
+        self, subject: Descriptor, envelope: bytes, artifact_type: str, annotations: Mapping[str, str]
+    ) -> Digest:
+        return write_to_layout(self.root, subject, envelope, artifact_type, annotations)
+
+
+@contextlib.contextmanager
+def opened(target: Target) -> Iterator[Referrers]:
+    """The attestations' place beside `target` (an OCI layout, or a registry repository, its client open
+    while the block runs). The one place that tells the two apart."""
+    if target.kind == "oci":
+        yield LayoutReferrers(Path(target.location))
+        return
+    if target.kind != "registry":
+        raise ReferrersError(
+            f"{target.text()}: attestations cannot live in a {target.kind}",
+            hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
+        )
+    ref = Reference.parse(target.location)
+    with RegistryClient(ref.registry) as client:
+        yield RegistryReferrers(client, ref.repository)
+
+
+def already_attached(
+    place: Referrers, subject: Digest, artifact_type: str, envelope: Digest
+) -> Digest | None:
+    """The artifact already attached to `subject` with this type and this very envelope (reruns are
+    idempotent), or None. A stale or unreadable entry is skipped: not ours to repair here."""
+    descriptors, _ = place.discover(subject)
+    for d in descriptors:
+        if d.get("artifactType") != artifact_type or not _valid_digest(d.get("digest")):
+            continue
+        try:
+            digest = Digest.parse(str(d["digest"]))
+            doc = json.loads(place.manifest(digest))
+        except (ServimgError, ValueError):
+            continue
+        bound = (doc.get("subject") or {}).get("digest") if isinstance(doc, dict) else None
+        layers = doc.get("layers") if isinstance(doc, dict) else None
+        if bound == str(subject) and any(
+            isinstance(x, dict) and x.get("digest") == str(envelope) for x in layers or []
+        ):
+            return digest
+    return None
