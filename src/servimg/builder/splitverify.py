@@ -57,6 +57,8 @@ from servimg.builder.verify import (
     SPEC_IN_IMAGE,
     VerifyError,
     VerifyReport,
+    probe_command,
+    read_probe_report,
     service_command,
 )
 from servimg.builder.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
@@ -127,8 +129,7 @@ class Setting:
     workdir: str
 
     def command(self, spec_path: str) -> list[str]:
-        argv = [self.interpreter, *self.python_args, PROBE_IN_IMAGE, spec_path, "--json"]
-        return argv + (["--entry", self.entry] if self.entry else [])
+        return probe_command(self.interpreter, self.python_args, spec_path, entry=self.entry)
 
 
 def verify_split(image: Image, store: BlobStore, log: Log) -> VerifyReport:
@@ -417,19 +418,12 @@ def _run(
         proc = root.run(upper, setting.command(spec_path), env=setting.env, workdir=setting.workdir)
     finally:
         shutil.rmtree(upper.parent, ignore_errors=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    report = json.loads(lines[-1]) if lines else None
     if proc.returncode == MOUNT_FAILED:
         raise WarmRootUnavailable(
             f"the warm root's overlay could not be mounted: {proc.stderr.strip()[-300:]}"
         )
-    if proc.returncode not in (0, 1) or not isinstance(report, dict) or "checks" not in report:
-        raise VerifyError(
-            f"the probe exited {proc.returncode} in the warm root: "
-            f"{proc.stderr.strip()[-500:] or 'no report'}",
-            hint="run `servimg verify` on the image for the whole probe",
-        )
-    return report
+    hint = "run `servimg verify` on the image for the whole probe"
+    return read_probe_report(proc.returncode, proc.stdout, proc.stderr, "in the warm root", hint)
 
 
 def _merged(

@@ -391,6 +391,38 @@ def service_command(config: Mapping[str, Any], interpreter: str | None = None) -
 
 
 # -- running it -----------------------------------------------------------------------------------
+def probe_command(
+    interpreter: str,
+    python_args: Sequence[str],
+    spec_path: str,
+    *,
+    audit: bool = False,
+    entry: str | None = None,
+) -> list[str]:
+    """The probe's command line, wherever it runs (a container, a chroot, the warm root): the image's
+    interpreter with the service's flags, the probe, its spec."""
+    command = [interpreter, *python_args, PROBE_IN_IMAGE, spec_path, "--json"]
+    command += ["--audit"] if audit else []
+    return command + (["--entry", entry] if entry else [])
+
+
+def read_probe_report(returncode: int, stdout: str, stderr: str, where: str, hint: str) -> dict[str, Any]:
+    """The probe's JSON report from its output, the one reader of it: its last JSON line, with exit 0
+    (passed) or 1 (failed checks). Anything else is VerifyError saying what came out `where` it ran."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        report = None
+    if returncode not in (0, 1) or not isinstance(report, dict) or "checks" not in report:
+        detail = report.get("error") if isinstance(report, dict) else None
+        raise VerifyError(
+            f"the probe exited {returncode} {where}: {detail or stderr.strip()[-500:] or 'no report'}",
+            hint=hint,
+        )
+    return report
+
+
 def run_probe_in_docker(
     image: str,
     spec_path_in_image: str = SPEC_IN_IMAGE,
@@ -415,30 +447,17 @@ def run_probe_in_docker(
         service = service_command(_engine_config(image), interpreter)
         python_args = service.python_args
         entry = entry or service.entry
-    command = [interpreter, *python_args, PROBE_IN_IMAGE, spec_path_in_image, "--json"]
-    if audit:
-        command.append("--audit")
-    if entry:
-        command += ["--entry", entry]
+    command = probe_command(interpreter, python_args, spec_path_in_image, audit=audit, entry=entry)
     spec = ContainerSpec(image, command, env=env, workdir=workdir, user=user)
     try:
         exited = engine.run(spec, timeout=timeout)
     except BackendError as exc:
         raise VerifyError(f"the probe in {image}: {exc.message}", hint=exc.hint) from exc
-    lines = [line for line in exited.stdout.splitlines() if line.startswith("{")]
-    try:
-        report = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        report = None
-    if exited.status not in (0, 1) or not isinstance(report, dict) or "checks" not in report:
-        detail = (report or {}).get("error") if isinstance(report, dict) else None
-        raise VerifyError(
-            f"the probe in {image} exited {exited.status}: "
-            f"{detail or exited.stderr.strip()[-500:] or 'no report'}",
-            hint=f"run it by hand: docker run --rm --network none --entrypoint {interpreter} {image} "
-            f"{PROBE_IN_IMAGE} {spec_path_in_image}",
-        )
-    return report
+    hint = (
+        f"run it by hand: docker run --rm --network none --entrypoint {interpreter} {image} "
+        f"{PROBE_IN_IMAGE} {spec_path_in_image}"
+    )
+    return read_probe_report(exited.status, exited.stdout, exited.stderr, f"in {image}", hint)
 
 
 def run_probe_in_chroot(
@@ -459,18 +478,12 @@ def run_probe_in_chroot(
     with tempfile.TemporaryDirectory(prefix="servimg-verify-") as tmp:
         root = Path(tmp)
         extract_runtime(fs, root, packages=True)
-        command = [interpreter, *service.python_args, PROBE_IN_IMAGE, SPEC_IN_IMAGE, "--json"]
-        command += ["--audit"] if audit else []
-        command += ["--entry", service.entry] if service.entry else []
-        proc = chroot_run(root, command, env=config_env, workdir=workdir or "/")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode not in (0, 1) or not lines:
-        raise VerifyError(
-            f"the probe exited {proc.returncode} in the chroot: {proc.stderr.strip()[-500:] or 'no report'}",
-            hint="try the docker runner (start dockerd)",
+        command = probe_command(
+            interpreter, service.python_args, SPEC_IN_IMAGE, audit=audit, entry=service.entry
         )
-    report: dict[str, Any] = json.loads(lines[-1])
-    return report
+        proc = chroot_run(root, command, env=config_env, workdir=workdir or "/")
+    hint = "try the docker runner (start dockerd)"
+    return read_probe_report(proc.returncode, proc.stdout, proc.stderr, "in the chroot", hint)
 
 
 def _engine_config(image: str) -> dict[str, Any]:
