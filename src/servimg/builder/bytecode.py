@@ -229,36 +229,66 @@ def read_result(jobs_dir: Path, runner: str) -> InterpreterFacts:
     return InterpreterFacts(data["executable"], data["version"], data["magic"], data["cache_tag"])
 
 
+Ran = subprocess.CompletedProcess[str]  # a command's exit status and output, wherever it ran
+
+# What a compile run gets, wherever it runs: a fixed hash seed and the image's usual binary dirs.
+COMPILE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
+
+
+class Sandbox(Protocol):
+    """Where a command runs in the image under build, with a host work dir in it at WORK_IN_IMAGE: a
+    throwaway container, a chroot of the extracted base, the warm root's overlay. What the command
+    writes under WORK_IN_IMAGE is in the work dir afterwards."""
+
+    name: str
+    hint: str  # what to try when a command fails in it
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+def compile_in(sandbox: Sandbox, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
+    """compile.py's jobs (`jobs_dir`) run by the image's interpreter in `sandbox`: every compile runner
+    is this, over its own sandbox."""
+    proc = sandbox.execute([interpreter, *COMPILE_ARGS], COMPILE_ENV, jobs_dir)
+    if proc.returncode != 0:
+        raise BytecodeError(
+            f"{sandbox.name} runner: {interpreter} failed ({proc.returncode}): {proc.stderr[-800:]}",
+            hint=sandbox.hint,
+        )
+    return read_result(jobs_dir, sandbox.name)
+
+
 @dataclass
 class DockerRunner:
     """Compile in a throwaway container of the base image (`--network none`, removed afterwards)."""
 
     image: str
     name: str = "docker"
+    hint: str = "is the interpreter path right? try `--runner chroot`"
 
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
+        return compile_in(self, jobs_dir, interpreter)
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+    ) -> subprocess.CompletedProcess[str]:
         spec = ContainerSpec(
             self.image,
-            [interpreter, *COMPILE_ARGS],
+            list(argv),
             user="0:0",
             workdir="/",
-            env={"PYTHONHASHSEED": "0"},
-            mounts=(Mount(str(jobs_dir), WORK_IN_IMAGE),),
+            env={"PYTHONHASHSEED": env["PYTHONHASHSEED"]},  # the image's own PATH
+            mounts=(Mount(str(work), WORK_IN_IMAGE),),
         )
-        hint = "is the interpreter path right? try `--runner chroot`"
         try:
             exited = engine.run(spec)
         except BackendError as exc:
             raise BytecodeError(
-                f"docker runner: running {interpreter} in {self.image} failed: {exc.message}", hint=hint
+                f"docker runner: running {argv[0]} in {self.image} failed: {exc.message}", hint=self.hint
             ) from exc
-        if exited.status != 0:
-            raise BytecodeError(
-                f"docker runner: {interpreter} in {self.image} failed ({exited.status}): "
-                f"{exited.stderr[-800:]}",
-                hint=hint,
-            )
-        return read_result(jobs_dir, self.name)
+        return subprocess.CompletedProcess(list(argv), exited.status, exited.stdout, exited.stderr)
 
 
 @dataclass
@@ -267,6 +297,7 @@ class ChrootRunner:
 
     fs: LayeredFS
     name: str = "chroot"
+    hint: str = "is the interpreter path right? try `--runner docker`"
 
     _root: Path | None = field(default=None, init=False, repr=False)
 
@@ -280,24 +311,28 @@ class ChrootRunner:
         return self._root
 
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
-        root = self._runtime()
-        target = root / WORK_IN_IMAGE.lstrip("/")
+        return compile_in(self, jobs_dir, interpreter)
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+    ) -> subprocess.CompletedProcess[str]:
+        target = self._runtime() / WORK_IN_IMAGE.lstrip("/")
         shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(jobs_dir, target)
+        shutil.copytree(work, target)
         try:
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
-            proc = chroot_run(root, [interpreter, *COMPILE_ARGS], env=env)
-            if proc.returncode != 0:
-                raise BytecodeError(
-                    f"chroot runner: {interpreter} failed ({proc.returncode}): {proc.stderr[-800:]}",
-                    hint="is the interpreter path right? try `--runner docker`",
-                )
-            shutil.rmtree(jobs_dir / "out")
-            shutil.copytree(target / "out", jobs_dir / "out")
-            shutil.copyfile(target / "result.json", jobs_dir / "result.json")
-            return read_result(jobs_dir, self.name)
+            proc = chroot_run(self._runtime(), argv, env=env)
+            if proc.returncode == 0:
+                copy_back(target, work)
+            return proc
         finally:
             shutil.rmtree(target, ignore_errors=True)
+
+
+def copy_back(done: Path, work: Path) -> None:
+    """What a compile run wrote (out/, result.json) from where it ran back into the host's work dir."""
+    shutil.rmtree(work / "out")
+    shutil.copytree(done / "out", work / "out")
+    shutil.copyfile(done / "result.json", work / "result.json")
 
 
 def chroot_run(

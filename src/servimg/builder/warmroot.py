@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.builder.bytecode import (
-    COMPILE_ARGS,
     WORK_IN_IMAGE,
     InterpreterFacts,
-    Runner,
+    Sandbox,
+    compile_in,
+    copy_back,
     extract_runtime,
-    read_result,
     tool,
 )
 from servimg.core.cachelayout import CacheLayout
@@ -190,29 +190,27 @@ def lay_out(layer: Path, upper: Path) -> None:
 @dataclass
 class WarmRunner:
     """The compile runner over a warm root: the jobs go into the run's upper dir. Where the overlay cannot
-    be mounted after all, `fallback` (the extracting chroot runner) compiles instead: same bytes."""
+    be mounted after all, `fallback` (the extracting chroot runner) runs it instead: same bytes."""
 
     root: WarmRoot
-    fallback: Runner
+    fallback: Sandbox
     name: str = "warm-chroot"
+    hint: str = "is the interpreter path right? try `--runner docker` or `--runner chroot`"
 
     def run(self, jobs_dir: Path, interpreter: str) -> InterpreterFacts:
+        return compile_in(self, jobs_dir, interpreter)
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+    ) -> subprocess.CompletedProcess[str]:
         upper = new_upper("servimg-compile-")
         try:
-            shutil.copytree(jobs_dir, upper / WORK_IN_IMAGE.lstrip("/"))
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
-            proc = self.root.run(upper, [interpreter, *COMPILE_ARGS], env=env)
+            shutil.copytree(work, upper / WORK_IN_IMAGE.lstrip("/"))
+            proc = self.root.run(upper, argv, env=env)
             if proc.returncode == MOUNT_FAILED:
-                return self.fallback.run(jobs_dir, interpreter)
-            if proc.returncode != 0:
-                raise BytecodeError(
-                    f"warm-chroot runner: {interpreter} failed ({proc.returncode}): {proc.stderr[-800:]}",
-                    hint="is the interpreter path right? try `--runner docker` or `--runner chroot`",
-                )
-            done = upper / WORK_IN_IMAGE.lstrip("/")
-            shutil.rmtree(jobs_dir / "out")
-            shutil.copytree(done / "out", jobs_dir / "out")
-            shutil.copyfile(done / "result.json", jobs_dir / "result.json")
-            return read_result(jobs_dir, self.name)
+                return self.fallback.execute(argv, env, work)
+            if proc.returncode == 0:
+                copy_back(upper / WORK_IN_IMAGE.lstrip("/"), work)
+            return proc
         finally:
             shutil.rmtree(upper.parent, ignore_errors=True)
