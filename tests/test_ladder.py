@@ -229,7 +229,7 @@ def test_missing_and_unknown_keys_are_named_with_their_paths() -> None:
     assert set(err.value.problems) >= {
         "sampling: required key is missing",
         "arms[2].role: required key is missing",
-        "thresholds.detectors.colour: unknown key (check the spelling; see images/demo.yaml)",
+        "thresholds.detectors.colour: unknown key (check the spelling; see docs/ladder.md)",
     }
 
 

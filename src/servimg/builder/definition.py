@@ -42,7 +42,7 @@ TAG_FIELDS = ("name", "lock12", "lock", "vllm", "lmcache", "version")
 DEFAULT_TEMPLATE = "{name}-{vllm}-{lock12}"
 # A tag made from a template with one of these fields names a lock (its digest prefix of that length).
 LOCK_FIELDS = {"lock12": 12, "lock": 64}
-_UNKNOWN = "unknown key (check the spelling; see images/demo.yaml)"
+_UNKNOWN = "unknown key (check the spelling; see docs/definition.md)"  # the schema of the file read
 
 _id = text(pattern=_ID)
 _import_name = text(pattern=_IMPORT)

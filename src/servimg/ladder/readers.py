@@ -25,7 +25,7 @@ from servimg.core.fields import Invalid, K, Reader, T, index_path, key_path, opt
 # module's own is the lax coercion of each scalar and the ladder formats' wording ("should be ...").
 __all__ = ["Invalid", "Reader", "key_path", "optional", "problem", "read"]
 
-UNKNOWN_KEY = "unknown key (check the spelling; see images/demo.yaml)"  # core.strictyaml's wording
+UNKNOWN_KEY = "unknown key (check the spelling; see docs/ladder.md)"  # the schema of the file read
 
 
 def describe(value: object) -> str:
