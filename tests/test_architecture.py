@@ -489,3 +489,58 @@ def test_python_dash_m_servimg_is_the_cli() -> None:
     assert ran.returncode == 0 and ran.stdout.strip() == f"servimg {servimg_version}", ran
     bad = subprocess.run([sys.executable, "-m", "servimg", "no-such"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+PLACE_KINDS = {"engine", "oci", "archive", "registry"}
+PLACE_PREFIXES = ("docker-daemon:", "oci:", "docker-archive:", "docker://")
+
+
+def _is_prefix(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and str(node.value).startswith(PLACE_PREFIXES)
+
+
+def _place_spellings(tree: ast.AST) -> list[int]:
+    """Lines that compare a `.kind` with a place kind, or build or test a transport prefix in code: what
+    only backends/ may know (a Target says what a caller needs: in_engine, is_layout, text(), …)."""
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Attribute)
+            and node.left.attr == "kind"
+        ):
+            values = [c for c in node.comparators if isinstance(c, ast.Constant | ast.Tuple)]
+            names = {
+                e.value
+                for v in values
+                for e in ([v] if isinstance(v, ast.Constant) else v.elts)
+                if isinstance(e, ast.Constant)
+            }
+            if names & PLACE_KINDS:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value).startswith(PLACE_PREFIXES):
+                lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "removeprefix")
+            and any(
+                isinstance(a, ast.Constant) and str(a.value).startswith(PLACE_PREFIXES) for a in node.args
+            )
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_backends_know_how_a_place_is_spelt() -> None:
+    """Issue 30: outside backends/ no module holds a transport prefix string or a `.kind ==` on a place."""
+    package = SRC / "servimg"
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parts[0] == "backends":
+            continue
+        offenders += [f"{rel}:{n}" for n in _place_spellings(ast.parse(path.read_text()))]
+    assert offenders == []

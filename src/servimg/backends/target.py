@@ -61,10 +61,41 @@ class Target:
             )
         return cls("registry", text)
 
+    @classmethod
+    def engine_image(cls, name: str) -> Target:
+        """An image in the Docker Engine, by tag or ID (`docker-daemon:NAME`)."""
+        return cls("engine", name)
+
+    @classmethod
+    def layout(cls, path: Path | str, tag: str | None = None) -> Target:
+        """An OCI image layout directory, optionally one ref name in it (`oci:DIR[:TAG]`)."""
+        return cls("oci", str(path), tag)
+
+    @property
+    def in_engine(self) -> bool:
+        return self.kind == "engine"
+
+    @property
+    def is_layout(self) -> bool:
+        return self.kind == "oci"
+
+    @property
+    def is_archive(self) -> bool:
+        return self.kind == "archive"
+
+    @property
+    def in_registry(self) -> bool:
+        return self.kind == "registry"
+
+    @property
+    def holds_attestations(self) -> bool:
+        """Whether attestations can live beside an image here (a registry's referrers, a layout's index)."""
+        return self.kind in ("registry", "oci")
+
     def text(self) -> str:
         """The place as `parse` reads it (`Target.parse(t.text()) == t`)."""
         if self.kind == "engine":
-            return "docker"
+            return f"docker-daemon:{self.location}" if self.location else "docker"
         if self.kind == "oci":
             return f"oci:{self.location}" + (f":{self.tag}" if self.tag else "")
         if self.kind == "archive":

@@ -144,7 +144,7 @@ def publish_base(
     published = []
     for text in chosen:
         target = Target.parse(text)
-        published.append(publish(image, target, store, log, tag=tag if target.kind == "engine" else None))
+        published.append(publish(image, target, store, log, tag=tag if target.in_engine else None))
     return published
 
 

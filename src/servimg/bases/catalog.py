@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from servimg.backends.target import Target
 from servimg.bases import debian
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
@@ -112,8 +113,8 @@ def build_base(
         "digest": str(image.digest),
         "config_digest": str(image.config_digest),
         "tag": tag,
-        "ref": f"docker-daemon:{tag}",
-        "oci_ref": f"oci:{cached}:{recipe.suite}",
+        "ref": Target.engine_image(tag).text(),
+        "oci_ref": Target.layout(cached, recipe.suite).text(),
         "layout": str(cached),
         "key": recipe.cache_key(),
         "published": published,
@@ -184,16 +185,18 @@ def rebuilt_base(
 
 def base_ref(old_ref: str, recipe: Recipe, store: BlobStore) -> str:
     """The ref of `recipe`'s base in the form `old_ref` has: its cached OCI layout, or its engine tag."""
-    if old_ref.startswith("oci:"):
-        return f"oci:{layout_path(recipe, store)}:{recipe.suite}"
-    return f"docker-daemon:{recipe.tag()}"
+    if Target.parse(old_ref).is_layout:
+        return Target.layout(layout_path(recipe, store), recipe.suite).text()
+    return Target.engine_image(recipe.tag()).text()
 
 
 def names_base(ref: str, recipe: Recipe, store: BlobStore) -> bool:
     """Whether a definition's base ref is a base of this recipe's kind: an engine tag of its repository,
     or an OCI layout of its directory in the cache."""
-    layouts = f"oci:{store.layout.bases(recipe.kind.name)}/"
-    return ref.startswith((f"docker-daemon:{recipe.kind.engine_name}:", layouts))
+    place = Target.parse(ref)
+    if place.is_layout:
+        return Path(place.location).parent == store.layout.bases(recipe.kind.name)
+    return place.in_engine and place.location.startswith(f"{recipe.kind.engine_name}:")
 
 
 def dependents(repo: Path, recipe: Recipe, store: BlobStore) -> list[Path]:
@@ -223,7 +226,7 @@ def relock_dependents(
     files: dict[Path, bytes] = {}
     todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
     refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
-    if any(ref.startswith("docker-daemon:") for ref in refs.values()):
+    if any(Target.parse(ref).in_engine for ref in refs.values()):
         publish_base(image, recipe.tag(), ["docker"], store, log)
     for definition, ref in refs.items():
         files.update(_relock(repo, definition, ref, str(image.digest), work, store, log, versions or {}))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servimg.backends.target import Target
 from servimg.bases import catalog, debian, wheelpins
 from servimg.bases.assemble import layout_path, publish_base
 from servimg.bases.demo import verify_wheel
@@ -95,8 +96,8 @@ def find_recipe(definition: ImageDefinition, recipes: Sequence[Recipe], store: B
     ref = definition.base.ref
     for recipe in recipes:
         if ref in (
-            f"docker-daemon:{recipe.tag()}",
-            f"oci:{layout_path(recipe, store)}:{recipe.suite}",
+            Target.engine_image(recipe.tag()).text(),
+            Target.layout(layout_path(recipe, store), recipe.suite).text(),
         ):
             return recipe
     raise RebaseError(
@@ -160,7 +161,7 @@ def rebase_packages(
         suffix = "" if request.write else BESIDE
         image, files = catalog.rebuilt_base(new, store, log, work, repo / "verify" / "bases", suffix)
         ref = catalog.base_ref(definition.base.ref, new, store)
-        if ref.startswith("docker-daemon:"):
+        if Target.parse(ref).in_engine:
             publish_base(image, new.tag(), ["docker"], store, log)
         judged, proposal = rebasing.propose(
             dataclasses.replace(request, base=ref, digest=str(image.digest)), store, log, seams

@@ -127,25 +127,25 @@ class BuildResult:
         replayable: another sink kind (an archive is rewritten by every build; a registry's tag needs
         the network), or a registry base."""
         target, tag, base = self.target, self.published_tag, self.base_ref
-        if target is None or tag is None or base is None or Target.parse(base).kind == "registry":
+        if target is None or tag is None or base is None or Target.parse(base).in_registry:
             return None
         source = Target.parse(base)
         engine_base = None
-        if source.kind == "engine" and self.base_config is not None:
+        if source.in_engine and self.base_config is not None:
             engine_base = (source.location, str(self.base_config))
         # A layout's index (where its tags are) or an archive: recorded even inside the cache root.
         base_files: tuple[Path, ...] = ()
-        if source.kind in ("oci", "archive"):
+        if source.is_layout or source.is_archive:
             where = Path(source.location)
-            base_files = (where / "index.json",) if source.kind == "oci" else (where,)
+            base_files = (where / "index.json",) if source.is_layout else (where,)
         image = self.image
-        if target.kind == "oci":
+        if target.is_layout:
             blobs = [(str(image.config_digest), len(image.config_bytes))]
             blobs += [(str(d.digest), d.size) for d in image.layer_descriptors]
             sink = actioncache.oci_sink(target.location, tag, str(image.digest), blobs)
             layout = Path(target.location)
             return actioncache.Published(self.as_dict(), sink, layout, engine_base, base_files)
-        if target.kind == "engine":
+        if target.in_engine:
             # A rerun finds the image there already: it only tags it ("present").
             rerun = {**self.as_dict(), "destination": engine.destination(tag, image.config_digest, "present")}
             sink = actioncache.engine_sink(tag, str(image.config_digest))
@@ -603,7 +603,7 @@ def build(
         destination = sink.publish_verified(image, target, store, log, report, **options)
     else:
         destination = sink.publish(image, target, store, log, **options)
-    published_tag = target.tag if target.kind == "oci" and target.tag else full_tag
+    published_tag = target.tag if target.is_layout and target.tag else full_tag
     return BuildResult(
         image,
         chosen_tag,
@@ -638,7 +638,7 @@ def _verified(
 
 
 def _registry_tag(target: Target) -> str | None:
-    return Reference.parse(target.location).tag if target.kind == "registry" else None
+    return Reference.parse(target.location).tag if target.in_registry else None
 
 
 def _refuse_tag_of_another_lock(
@@ -663,7 +663,7 @@ def _default_target(definition_path: Path) -> Target:
 
 
 def _full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
-    if target.kind in ("engine", "archive"):  # docker load refuses a bare tag in RepoTags
+    if target.in_engine or target.is_archive:  # docker load refuses a bare tag in RepoTags
         return f"{definition.repository}:{tag}"
     return tag
 

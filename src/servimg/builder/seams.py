@@ -260,7 +260,7 @@ class TargetSink:
         transport.check_reachable(target)
 
     def stage(self, image: Image, target: Target, store: BlobStore, base_config: Digest) -> Staged | None:
-        if target.kind != "engine":
+        if not target.in_engine:
             return None
         held = engine.has_image(image.config_digest)
 

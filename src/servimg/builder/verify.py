@@ -650,7 +650,7 @@ def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> 
     """`servimg verify IMAGE`: an engine name or (short) ID, oci:DIR[:TAG], docker-archive:FILE or
     HOST/REPO:TAG, resolved as docker would (`transport.resolve`)."""
     found = transport.resolve(ref, log)
-    if found.kind == "engine":
+    if found.target.in_engine:
         if engine.engine_available():
             return VerifyReport.from_json(run_probe_in_docker(found.target.location, audit=audit))
         raise VerifyError(

@@ -181,7 +181,7 @@ def push_image(
     the unsigned ones (`check` would only report them, ignored): the image and tag are pushed and the
     result says so; `unsigned` attaches them anyway."""
     target = Target.parse(dest)
-    if target.kind not in ("registry", "oci"):
+    if not target.holds_attestations:
         raise AttachError(
             f"{dest}: attestations cannot live in a {target.kind}",
             hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
@@ -206,7 +206,7 @@ def push_image(
             )
             log(note)
             envelopes = []
-    if target.kind == "oci":
+    if target.is_layout:
         pushed = _push_layout(image, target, store, log, envelopes, tag)
     else:
         pushed = _push_registry(image, dest, store, log, envelopes, tag, progress)
@@ -306,9 +306,7 @@ def _push_layout(
     transport.publish(image, Target("oci", str(root), chosen), store, log, tag=chosen)
     place = referrers.LayoutReferrers(root)
     attached = tuple(_attach(place, _subject(image), e, log) for e in envelopes)
-    return Pushed(
-        image.digest, image.config_digest, f"oci:{root}" + (f":{chosen}" if chosen else ""), chosen, attached
-    )
+    return Pushed(image.digest, image.config_digest, Target.layout(root, chosen).text(), chosen, attached)
 
 
 # ---------------------------------------------------------------------------------------- build --sign
@@ -327,7 +325,7 @@ class AttestingSink:
     attached: list[Attached] = dataclasses.field(default_factory=list)
 
     def check(self, target: Target) -> None:
-        if target.kind not in ("registry", "oci"):
+        if not target.holds_attestations:
             raise BuildError(
                 f"--sign needs a registry or an OCI layout target, not {target.kind}",
                 hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",

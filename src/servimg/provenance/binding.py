@@ -40,12 +40,13 @@ def binding_row(what: str, status: Status, why: str) -> Finding:
 
 def tag_of(ref: str) -> str | None:
     """The tag a reference names (registry, engine or OCI layout), None for a digest or no tag."""
-    text = ref.removeprefix("docker-daemon:")
-    if text.startswith(("oci:", "docker-archive:")):
-        try:
-            return Target.parse(text).tag
-        except ServimgError:
-            return None
+    try:
+        place = Target.parse(ref)
+    except ServimgError:
+        place = None
+    if place is not None and not (place.in_engine or place.in_registry):
+        return place.tag  # a layout's ref name (an archive names none)
+    text = place.location if place is not None else ref  # an engine name or a registry ref
     try:
         parsed = Reference.parse(text)
     except ServimgError:

@@ -197,7 +197,7 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
     # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
     # every row can say what is missing and why.
     log(f"local image {image_id.short} has no registry location; reading it from the engine")
-    image = transport.fetch(f"docker-daemon:{image_id}", store, log)
+    image = transport.fetch(Target.engine_image(str(image_id)).text(), store, log)
     searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
     notes.append(
         row(

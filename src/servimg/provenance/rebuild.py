@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from servimg import __version__
+from servimg.backends.target import Target
 from servimg.builder import resultcache
 from servimg.builder.definition import ImageDefinition, repo_root_for
 from servimg.builder.lock import Lock, lock_path_for
@@ -145,7 +146,7 @@ def rebuild(
                     path,
                     store,
                     log,
-                    to=f"oci:{Path(scratch) / 'out'}",
+                    to=Target.layout(Path(scratch) / "out").text(),
                     verify=False,
                     seams=dataclasses.replace(seams, sink=StoreOnly()),
                 )

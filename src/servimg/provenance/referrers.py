@@ -580,10 +580,10 @@ class LayoutReferrers:
 def opened(target: Target) -> Iterator[Referrers]:
     """The attestations' place beside `target` (an OCI layout, or a registry repository, its client open
     while the block runs). The one place that tells the two apart."""
-    if target.kind == "oci":
+    if target.is_layout:
         yield LayoutReferrers(Path(target.location))
         return
-    if target.kind != "registry":
+    if not target.in_registry:
         raise ReferrersError(
             f"{target.text()}: attestations cannot live in a {target.kind}",
             hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
