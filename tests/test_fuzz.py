@@ -37,7 +37,8 @@ from servimg.backends.layout import read_layout
 from servimg.builder import pipeline as build
 from servimg.builder.definition import ImageDefinition
 from servimg.builder.lock import Lock, PackageLock
-from servimg.builder.overlay import Patch, apply_patch
+from servimg.builder.overlay import apply_patch
+from servimg.builder.patch import Patch
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ImageError, LayerError, LockError, ServimgError

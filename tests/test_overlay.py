@@ -14,16 +14,13 @@ from hypothesis import strategies as st
 from servimg.builder.overlay import (
     APPLY_HINT,
     AppliedFile,
-    FilePatch,
-    Hunk,
-    HunkLine,
-    Patch,
     apply_file,
     apply_overlays,
     apply_patch,
     check_path,
     validate_paths,
 )
+from servimg.builder.patch import FilePatch, Hunk, HunkLine, Patch
 from servimg.core.errors import OverlayError
 
 BASE = b"".join(b"line %d\n" % n for n in range(1, 21))

@@ -27,7 +27,7 @@ from servimg import cli
 from servimg.builder import pipeline
 from servimg.builder.definition import ImageDefinition, OverlaySpec, Sentinel
 from servimg.builder.lock import Lock
-from servimg.builder.overlay import Patch
+from servimg.builder.patch import Patch
 from servimg.builder.rebase import (
     NewBase,
     RebaseRequest,

@@ -49,7 +49,8 @@ from servimg.builder.lock import (
     check_drift,
     lock_path_for,
 )
-from servimg.builder.overlay import Patch, apply_patch
+from servimg.builder.overlay import apply_patch
+from servimg.builder.patch import Patch
 from servimg.builder.seams import DEFAULT, BaseSource, Seams, Staging, VerifiedSink, verify_or_refuse
 from servimg.builder.verify import (
     VerifyReport,

@@ -49,17 +49,8 @@ from servimg.builder.definition import (
     repo_root_for,
 )
 from servimg.builder.lock import Lock, lock_path_for
-from servimg.builder.overlay import (
-    AppliedFile,
-    FilePatch,
-    Patch,
-    Reader,
-    apply_file,
-    apply_patch,
-    exact_matches,
-    place_hunks,
-    split_lines,
-)
+from servimg.builder.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
+from servimg.builder.patch import FilePatch, Patch, split_lines
 from servimg.builder.seams import DEFAULT, Seams
 from servimg.builder.verify import base_sentinel_lookups, module_sources, sentinel_key
 from servimg.core.atomic import atomic_write
