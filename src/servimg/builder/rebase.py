@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from servimg.backends import transport
-from servimg.builder import pipeline
+from servimg.builder import basescan, pipeline
 from servimg.builder.definition import (
     BaseSpec,
     ImageDefinition,
@@ -505,7 +505,7 @@ def open_base(
     sites: dict[str, str] = {}
     problems = []
     for name, package in sorted(definition.packages.items()):
-        installed = pipeline.installed_versions(fs, name, package.distribution)
+        installed = basescan.installed_versions(fs, name, package.distribution)
         wanted = versions.get(name)
         if wanted is not None and wanted not in installed:
             problems.append(
@@ -518,7 +518,7 @@ def open_base(
             )
         else:
             found[name] = wanted or installed[0]
-            located = pipeline.find_package(fs, name, package.distribution, found[name])
+            located = basescan.find_package(fs, name, package.distribution, found[name])
             sites[name] = located.site_packages.lstrip("/")
     if problems:
         raise RebaseError(

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.backends import transport
+from servimg.builder.basescan import guess_interpreter, interpreter_facts, providers
 from servimg.builder.definition import DEFAULT_TEMPLATE, ImageDefinition
-from servimg.builder.pipeline import base_fs, guess_interpreter, interpreter_facts, providers
+from servimg.builder.pipeline import base_fs
 from servimg.builder.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
 from servimg.core.errors import DefinitionError
