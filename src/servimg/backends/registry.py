@@ -1107,8 +1107,21 @@ def push(
     with RegistryClient(ref.registry) as client:
         write_image(client, ref.repository, image, store, log, mount_from=mount_from, progress=progress)
         if chosen:
-            client.put_manifest(ref.repository, chosen, image.manifest_bytes, image.media_type)
+            put_tag(client, ref.repository, chosen, image, log)
     return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
+
+
+def put_tag(client: RegistryClient, repository: str, tag: str, image: Image, log: Log) -> None:
+    """Point `tag` at the image (its manifest's exact bytes). A refused PUT is no failure when the tag
+    names exactly this manifest anyway: a concurrent push of the same image tagged it first, and
+    distribution refuses the second of two simultaneous writes of one tag (seen: 400 under load)."""
+    try:
+        client.put_manifest(repository, tag, image.manifest_bytes, image.media_type)
+    except RegistryError:
+        head = client.head_manifest(repository, tag)
+        if head is None or head[0] != image.digest:
+            raise
+        log(f"tag {tag}: already names {image.digest.short} (a concurrent push of this image tagged it)")
 
 
 class RegistryBackend:
