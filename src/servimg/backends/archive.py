@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
-from servimg.core.progress import Log, Progress
+from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
 from servimg.oci.store import BlobStore
 
@@ -177,16 +177,7 @@ def write_archive_file(image: Image, dest: Path, store: BlobStore, tag: str | No
 class ArchiveBackend:
     """`docker-archive:FILE`: read like `docker save` output, written whole (with the tag as RepoTag)."""
 
-    def read(
-        self,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        expected: Digest | None,
-        progress: Progress,
-        rehash: bool = False,
-    ) -> Image:
+    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
         return read_archive(Path(target.location), store)  # every layer is streamed and hashed anyway
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:

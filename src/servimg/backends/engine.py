@@ -25,12 +25,12 @@ from servimg.backends import enginesocket
 from servimg.backends.archive import read_archive, write_archive
 from servimg.backends.enginesocket import Answer, socket_image_id
 from servimg.backends.resolve import EngineImage
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.lazy import LazyModule
-from servimg.core.progress import Log, Progress
+from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
@@ -284,16 +284,7 @@ def destination(tag: str | None, config_digest: Digest, how: str) -> str:
 class EngineBackend:
     """`docker-daemon:NAME` / `docker`: read with `docker save`, written by a thin `docker load`."""
 
-    def read(
-        self,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        expected: Digest | None,
-        progress: Progress,
-        rehash: bool = False,
-    ) -> Image:
+    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
         # The engine verifies each layer against its diffID itself (`docker load`) and names the image by
         # its config digest; with `rehash` the caller proves the store's copy (integrity.prove_layers).
         log(f"reading {target.location} from the Docker Engine")

@@ -25,12 +25,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, StoreError
-from servimg.core.progress import Log, Progress
+from servimg.core.progress import Log
 from servimg.oci import integrity
 from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, REF_NAME, Descriptor, Image
 from servimg.oci.store import BlobStore
@@ -325,17 +325,10 @@ def _write_file(dest: Path, data: bytes) -> None:
 class LayoutBackend:
     """`oci:DIR[:TAG]`: the tag in the target wins over the build's tag; nothing to reach beforehand."""
 
-    def read(
-        self,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        expected: Digest | None,
-        progress: Progress,
-        rehash: bool = False,
-    ) -> Image:
-        return read_layout(Path(target.location), store, tag=target.tag, digest=expected, rehash=rehash)
+    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
+        return read_layout(
+            Path(target.location), store, tag=target.tag, digest=how.expected, rehash=how.rehash
+        )
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         chosen = target.tag or options.get("tag")

@@ -29,7 +29,7 @@ from urllib.parse import urljoin, urlsplit
 
 from servimg.backends import credentials as creds_module
 from servimg.backends.credentials import Credentials, HelperRunner, run_helper
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
 from servimg.core.lazy import LazyModule
@@ -1127,17 +1127,8 @@ def put_tag(client: RegistryClient, repository: str, tag: str, image: Image, log
 class RegistryBackend:
     """`HOST[:PORT]/REPO[:TAG]` through servimg's own distribution client."""
 
-    def read(
-        self,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        expected: Digest | None,
-        progress: Progress,
-        rehash: bool = False,
-    ) -> Image:
-        return pull(target.location, store, log, expected, progress, rehash=rehash)
+    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
+        return pull(target.location, store, log, how.expected, how.progress, rehash=how.rehash)
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         progress = options.get("progress", NULL)

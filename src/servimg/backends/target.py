@@ -13,7 +13,7 @@ from typing import Protocol, TypedDict
 
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
-from servimg.core.progress import Log, Progress
+from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 
@@ -118,23 +118,23 @@ class WriteOptions(TypedDict, total=False):
     staged: str | None
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to read an image. `expected`: the digest it must have (a layout selects by it); `progress`:
+    transfer progress; `rehash`: read every blob from the place and hash it even when the store holds
+    it (verify, check: the source's bytes are what is relied on)."""
+
+    expected: Digest | None = None
+    progress: Progress = NULL
+    rehash: bool = False
+
+
 class Backend(Protocol):
     """Reads and writes images at targets of one kind. Every write publishes its name last (tag after the
     image is complete), so a failure never leaves a tag or a half-written output behind."""
 
-    def read(
-        self,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        expected: Digest | None,
-        progress: Progress,
-        rehash: bool = False,
-    ) -> Image:
-        """The image at `target` (manifest, config, every layer blob in `store`); `expected` is the
-        digest it must have (a layout selects by it). With `rehash`, every blob is read from `target` and
-        hashed even when the store holds it (verify, check: the source's bytes are what is relied on)."""
+    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
+        """The image at `target` (manifest, config, every layer blob in `store`), read as `how` says."""
         ...
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:

@@ -17,7 +17,7 @@ from typing import Unpack
 from servimg.backends import archive, engine, layout, registry
 from servimg.backends import resolve as resolution
 from servimg.backends.resolve import Resolved
-from servimg.backends.target import Backend, Target, WriteOptions
+from servimg.backends.target import Backend, ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.progress import NULL, Log, Progress
@@ -94,7 +94,7 @@ def fetch(
     """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points; with
     `rehash`, every blob is read from there and hashed even when the store holds it."""
     target = Target.parse(ref)
-    return backend(target).read(target, store, log, expected=expected, progress=progress, rehash=rehash)
+    return backend(target).read(target, store, log, ReadOptions(expected, progress, rehash))
 
 
 def publish(image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]) -> str:

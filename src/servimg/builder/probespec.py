@@ -12,29 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servimg.builder.lock import InterpreterLock
+
 SPEC_VERSION = 1
 
 
-@dataclass(frozen=True)
-class SpecInterpreter:
-    path: str
-    resolved: str
-    version: str
-    magic: str
-    cache_tag: str
-    opt_levels: tuple[int, ...]
-    pycache_prefix: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "resolved": self.resolved,
-            "version": self.version,
-            "magic": self.magic,
-            "cache_tag": self.cache_tag,
-            "opt_levels": list(self.opt_levels),
-            "pycache_prefix": self.pycache_prefix,
-        }
+def interpreter_json(interp: InterpreterLock) -> dict[str, Any]:
+    """The locked interpreter as the spec carries it (the probe checks the image's against it)."""
+    return {
+        "path": interp.path,
+        "resolved": interp.resolved,
+        "version": interp.version,
+        "magic": interp.magic,
+        "cache_tag": interp.cache_tag,
+        "opt_levels": list(interp.opt_levels),
+        "pycache_prefix": interp.pycache_prefix,
+    }
 
 
 @dataclass(frozen=True)
@@ -146,7 +139,7 @@ class ProbeSpec:
     image: str
     lock_digest: str
     entry: str  # module | script:PATH | command | none: how the service starts (sys.path[0])
-    interpreter: SpecInterpreter
+    interpreter: InterpreterLock
     modules: tuple[SpecModule, ...]
     sentinels: tuple[SpecSentinel, ...]
     forbidden: tuple[SpecForbidden, ...]
@@ -163,7 +156,7 @@ class ProbeSpec:
             "image": self.image,
             "lock_digest": self.lock_digest,
             "entry": self.entry,
-            "interpreter": self.interpreter.to_json(),
+            "interpreter": interpreter_json(self.interpreter),
             "modules": [m.to_json() for m in self.modules],
             "sentinels": [s.to_json() for s in self.sentinels],
             "forbidden": [f.to_json() for f in self.forbidden],
@@ -179,7 +172,7 @@ class ProbeSpec:
             image=doc["image"],
             lock_digest=doc["lock_digest"],
             entry=doc["entry"],
-            interpreter=SpecInterpreter(
+            interpreter=InterpreterLock(
                 **{**doc["interpreter"], "opt_levels": tuple(doc["interpreter"]["opt_levels"])}
             ),
             modules=tuple(SpecModule(**{**m, "overlays": tuple(m["overlays"])}) for m in doc["modules"]),
