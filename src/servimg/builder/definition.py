@@ -122,7 +122,7 @@ class OverlaySpec:
 
 
 @dataclass(frozen=True, kw_only=True)  # keyword-only: the fields keep the order a definition is written in
-class ImageDefinition:
+class ImageDefinition(canonical.Canonical):
     name: str
     repository: str
     source: str = ""
@@ -160,13 +160,6 @@ class ImageDefinition:
         if exclude_defaults and self.ladder is not None and not self.witness:
             data["witness"] = False
         return data
-
-    def canonical_bytes(self) -> bytes:
-        return canonical.dumps(self.to_json())
-
-    @property
-    def digest(self) -> Digest:
-        return Digest.of_bytes(self.canonical_bytes())
 
     @classmethod
     def parse(cls, text: str | bytes, *, origin: str = "<definition>") -> ImageDefinition:

@@ -15,7 +15,6 @@ from typing import Any
 from servimg import __version__
 from servimg.core import canonical
 from servimg.core.atomic import atomic_write
-from servimg.core.digest import Digest
 from servimg.core.errors import LockError
 from servimg.core.fields import Reader, exact_integer, items, mapping, optional, read_all, record, text
 
@@ -84,7 +83,7 @@ class LadderLock:
 
 
 @dataclass(frozen=True)
-class Lock:
+class Lock(canonical.Canonical):
     name: str
     definition_sha256: str
     base: BaseLock
@@ -103,13 +102,6 @@ class Lock:
         if data.get("ladder") is None:
             data.pop("ladder", None)
         return data
-
-    def canonical_bytes(self) -> bytes:
-        return canonical.dumps(self.to_json())
-
-    @property
-    def digest(self) -> Digest:
-        return Digest.of_bytes(self.canonical_bytes())
 
     def package(self, import_name: str) -> PackageLock:
         for pkg in self.packages:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from servimg.core.digest import Digest
+
 
 def dumps(value: Any) -> bytes:
     return json.dumps(
@@ -20,3 +22,18 @@ def dumps_pretty(value: Any) -> bytes:
     """Sorted, indented, trailing newline: for files humans review (locks), still byte-stable."""
     text = json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
     return (text + "\n").encode("utf-8")
+
+
+class Canonical:
+    """A value whose identity is the sha256 of its canonical JSON (`to_json`): the definition and the
+    lock, whose digests name what every image was built from."""
+
+    def to_json(self) -> Any:
+        raise NotImplementedError
+
+    def canonical_bytes(self) -> bytes:
+        return dumps(self.to_json())
+
+    @property
+    def digest(self) -> Digest:
+        return Digest.of_bytes(self.canonical_bytes())
