@@ -107,12 +107,6 @@ class CacheLayout:
     def holds(self) -> Path:
         return self.root / "holds"
 
-    def section(self, name: str) -> Section:
-        for section in SECTIONS:
-            if section.name == name:
-                return section
-        raise KeyError(name)
-
 
 # SERVIMG_CACHE_MAX_SIZE: after each command, the cache is pruned (least recently used first) to this
 # size when no other command holds it. Same syntax as `servimg cache prune --max-size`.

@@ -175,15 +175,13 @@ def prune(root: Path, max_size: int, *, dry_run: bool = False) -> Pruned:
     """Remove least recently used entries until the cache fits in `max_size` bytes (0: every entry).
     Call only while holding the cache exclusively (servimg.core.cachehold.exclusive)."""
     found = entries(root)
-    before = sum(e.size for e in found)
     chosen = plan(found, max_size)
-    if dry_run:
-        going = {e.path for e in chosen}
-        kept = {inode for e in found if e.path not in going for inode in e.inodes}
-        return Pruned(before, sum(inode[2] for inode in kept), tuple(chosen))
-    for entry in chosen:
-        _remove(root, entry.path)
-    return Pruned(before, usage(root).size, tuple(chosen))
+    going = {e.path for e in chosen}
+    kept = {inode for e in found if e.path not in going for inode in e.inodes}  # what stays on disk
+    if not dry_run:
+        for entry in chosen:
+            _remove(root, entry.path)
+    return Pruned(sum(e.size for e in found), sum(inode[2] for inode in kept), tuple(chosen))
 
 
 def _remove(root: Path, path: Path) -> None:

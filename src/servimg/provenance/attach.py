@@ -250,7 +250,7 @@ def _push_registry(
         subject = _subject(image)
         attached = [_attach_confirmed(client, ref.repository, subject, e, log) for e in envelopes]
         if chosen:
-            client.put_manifest(ref.repository, chosen, image.manifest_bytes, image.media_type)
+            registry.put_tag(client, ref.repository, chosen, image, log)
             _confirm(client, ref.repository, chosen, subject, "after tagging")
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
     return Pushed(image.digest, image.config_digest, where, chosen, tuple(attached))
@@ -537,8 +537,6 @@ def promote(
     with located.client() as client:
         subject = _subject(located.image)
         vsa = _attach_confirmed(client, str(located.repository), subject, env, log)
-        client.put_manifest(
-            str(located.repository), tag, located.image.manifest_bytes, located.image.media_type
-        )
+        registry.put_tag(client, str(located.repository), tag, located.image, log)
         _confirm(client, str(located.repository), tag, subject, "after promotion")
     return Promoted(report, tag, vsa)
