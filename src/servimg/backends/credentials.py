@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from servimg.core.errors import RegistryError
 
@@ -116,7 +116,7 @@ def _hosts(registry: str) -> frozenset[str]:
     return DOCKER_HUB if registry in DOCKER_HUB else frozenset({registry})
 
 
-def _entry_credentials(entry: Mapping[str, Any], where: str) -> Credentials | None:
+def _entry_credentials(entry: Mapping[str, object], where: str) -> Credentials | None:
     token = entry.get("identitytoken")
     auth = entry.get("auth")
     if isinstance(auth, str) and auth:
@@ -138,7 +138,7 @@ def _entry_credentials(entry: Mapping[str, Any], where: str) -> Credentials | No
     return None
 
 
-def _read_config(config: Path) -> dict[str, Any]:
+def _read_config(config: Path) -> dict[str, object]:
     try:
         doc = json.loads(config.read_text("utf-8"))
     except FileNotFoundError:
@@ -153,7 +153,7 @@ def _read_config(config: Path) -> dict[str, Any]:
     return doc
 
 
-def _from_auths(doc: Mapping[str, Any], registry: str, config: Path) -> Credentials | None:
+def _from_auths(doc: Mapping[str, object], registry: str, config: Path) -> Credentials | None:
     auths = doc.get("auths")
     if not isinstance(auths, dict):
         return None
@@ -166,7 +166,7 @@ def _from_auths(doc: Mapping[str, Any], registry: str, config: Path) -> Credenti
     return None
 
 
-def _helper_for(doc: Mapping[str, Any], registry: str, config: Path) -> tuple[str, str] | None:
+def _helper_for(doc: Mapping[str, object], registry: str, config: Path) -> tuple[str, str] | None:
     """(helper name, where it was configured) for `registry`: credHelpers first, then credsStore."""
     helpers = doc.get("credHelpers")
     if isinstance(helpers, dict):

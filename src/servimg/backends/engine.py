@@ -26,6 +26,7 @@ from servimg.backends.archive import read_archive, write_archive
 from servimg.backends.enginesocket import Answer, socket_image_id
 from servimg.backends.resolve import EngineImage
 from servimg.backends.target import ReadOptions, Target, WriteOptions
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
@@ -202,7 +203,9 @@ def load(image: Image, store: BlobStore, *, tag: str | None, base_config: Digest
     thin = base_config is not None and has_image(base_config)
     skip: frozenset[Digest] = frozenset()
     if thin:
-        skip = frozenset(Digest.parse(d) for d in inspect(str(base_config))["RootFS"]["Layers"])
+        skip = frozenset(
+            Digest.parse(d) for d in jv.texts(jv.member(inspect(str(base_config)), "RootFS", "Layers"))
+        )
     spool = store.layout.tmp
     spool.mkdir(exist_ok=True)  # a store made for one image (a layout's) may never have spooled before
     with tempfile.TemporaryFile(dir=spool) as fh:
@@ -344,7 +347,7 @@ class ContainerSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
 
-    def sdk_arguments(self) -> dict[str, Any]:
+    def sdk_arguments(self) -> dict[str, object]:
         """The docker SDK's `containers.create` keyword arguments for this spec."""
         return {
             "entrypoint": list(self.entrypoint) if self.entrypoint is not None else None,
@@ -395,7 +398,7 @@ class Container:
 
     def env(self) -> dict[str, str]:
         """The container's environment (its config's Env)."""
-        items = (self._raw.attrs.get("Config") or {}).get("Env") or []
+        items = jv.seq(jv.member(self._raw.attrs, "Config", "Env") or [], "Config.Env")
         return {key: value for key, _, value in (str(item).partition("=") for item in items)}
 
     def status(self) -> str:
@@ -405,18 +408,17 @@ class Container:
 
     def exit_code(self) -> int | None:
         self._raw.reload()
-        code = (self._raw.attrs.get("State") or {}).get("ExitCode")
-        return int(code) if code is not None else None
+        code = jv.member(self._raw.attrs, "State", "ExitCode")
+        return jv.integer(code, "State.ExitCode") if code is not None else None
 
     def host_port(self, port: int, timeout: float = 30) -> int | None:
         """The 127.0.0.1 port `port` is published on; None if the container exits or time runs out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._raw.reload()
-            ports = (self._raw.attrs.get("NetworkSettings") or {}).get("Ports") or {}
-            bindings = ports.get(f"{port}/tcp")
+            bindings = jv.member(self._raw.attrs, "NetworkSettings", "Ports", f"{port}/tcp")
             if bindings:
-                return int(bindings[0]["HostPort"])
+                return int(jv.text(jv.objs(bindings)[0].get("HostPort"), "HostPort"))
             if self._raw.status in ("exited", "dead"):
                 return None
             time.sleep(0.2)
@@ -429,7 +431,7 @@ class Container:
         return int(self._raw.wait(timeout=timeout).get("StatusCode", -1))
 
     def logs(self, *, stdout: bool = True, stderr: bool = True, tail: int | None = None) -> bytes:
-        kwargs: dict[str, Any] = {"stdout": stdout, "stderr": stderr}
+        kwargs: dict[str, object] = {"stdout": stdout, "stderr": stderr}
         if tail is not None:
             kwargs["tail"] = tail
         return bytes(self._raw.logs(**kwargs))
@@ -523,12 +525,12 @@ def remove_labelled(label: str) -> None:
             Container(leftover).remove()
 
 
-def image_config(ref: str) -> dict[str, Any]:
+def image_config(ref: str) -> dict[str, object]:
     """The engine's view of an image's config (`Entrypoint`, `Cmd`, `Env`, `WorkingDir` …)."""
-    return dict(inspect(ref).get("Config") or {})
+    return dict(jv.obj(inspect(ref).get("Config") or {}, "Config"))
 
 
-def inspect(ref: str) -> dict[str, Any]:
+def inspect(ref: str) -> dict[str, object]:
     """`docker image inspect REF` (Id, RepoDigests, Config …); BackendError if the engine lacks it."""
     answer = enginesocket.image_answer(ref)
     if answer is not None and answer.status == 200:

@@ -23,10 +23,10 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, StoreError
@@ -123,7 +123,7 @@ def _read_only(path: Path) -> bool:
     return path.stat().st_mode & 0o222 == 0
 
 
-def _read_index(root: Path) -> dict[str, Any]:
+def _read_index(root: Path) -> dict[str, object]:
     try:
         index = json.loads((root / "index.json").read_bytes())
     except FileNotFoundError as exc:
@@ -138,8 +138,10 @@ def _read_index(root: Path) -> dict[str, Any]:
     return index
 
 
-def _select(index: dict[str, Any], root: Path, tag: str | None, digest: Digest | None) -> Descriptor:
-    descs = [Descriptor.from_json(d, f"index.manifests[{i}]") for i, d in enumerate(index["manifests"])]
+def _select(index: dict[str, object], root: Path, tag: str | None, digest: Digest | None) -> Descriptor:
+    descs = [
+        Descriptor.from_json(d, f"index.manifests[{i}]") for i, d in enumerate(jv.seq(index["manifests"]))
+    ]
     if digest is not None:
         found = [d for d in descs if d.digest == digest]
     elif tag is not None:
@@ -222,7 +224,7 @@ def _add_to_layout(
     root: Path,
     store: BlobStore,
     tag: str | None,
-    index: dict[str, Any] | None = None,
+    index: dict[str, object] | None = None,
     *,
     link: bool = False,
 ) -> tuple[Digest, ...]:
@@ -249,15 +251,15 @@ def _add_to_layout(
     ).to_json()
     kept = [
         m
-        for m in index["manifests"]
-        if not (tag and (m.get("annotations") or {}).get(REF_NAME) == tag) and m != entry
+        for m in jv.objs(index["manifests"], "index.manifests")
+        if not (tag and jv.member(m, "annotations", REF_NAME) == tag) and m != entry
     ]
     index["manifests"] = sorted([*kept, entry], key=canonical.dumps)
     _write_file(root / "index.json", canonical.dumps(index))
     return tuple(mended)
 
 
-def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, Any]) -> None:
+def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, object]) -> None:
     """Add an artifact (its blobs, then its manifest's `descriptor` in index.json) to an existing layout,
     under the layout's lock like every other index.json update, so no concurrent writer loses an entry."""
     _read_index(root)
@@ -268,7 +270,7 @@ def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, An
         index = _read_index(root)
         kept = [
             m
-            for m in index["manifests"]
+            for m in jv.seq(index["manifests"])
             if not (isinstance(m, dict) and m.get("digest") == descriptor["digest"])
         ]
         index["manifests"] = sorted([*kept, dict(descriptor)], key=canonical.dumps)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 from servimg.backends import credentials as creds_module
@@ -480,14 +480,26 @@ class RegistryClient:
         stream: bool = False,
     ) -> requests.Response:
         """One HTTP exchange answering at most one auth challenge; _Transient for retryable failures."""
-        kwargs: dict[str, Any] = {"headers": headers, "body": body, "params": params, "stream": stream}
-        resp = self._exchange(method, url, what=what, scopes=scopes, **kwargs)
+
+        def exchange() -> requests.Response:
+            return self._exchange(
+                method,
+                url,
+                what=what,
+                scopes=scopes,
+                headers=headers,
+                body=body,
+                params=params,
+                stream=stream,
+            )
+
+        resp = exchange()
         if resp.status_code == 401 and self._auth.answer(resp, scopes):
             resp.close()
             if isinstance(body, _Body):
                 # A streamed body is half consumed; the caller's retry restarts it with the new authorization.
                 raise _Transient(f"{what}: authorization needed mid-upload")
-            resp = self._exchange(method, url, what=what, scopes=scopes, **kwargs)
+            resp = exchange()
         if resp.status_code == 429 or resp.status_code >= 500:
             resp.close()
             raise _Transient(
@@ -919,7 +931,7 @@ class RegistryClient:
 
     def referrers(
         self, repo: str, digest: Digest, artifact_type: str | None = None
-    ) -> list[dict[str, Any]] | None:
+    ) -> list[dict[str, object]] | None:
         """GET /v2/<name>/referrers/<digest> (§Listing referrers): the index's descriptors.
 
         None when the registry has no referrers API (a 404 without an image index body, e.g.
@@ -930,7 +942,7 @@ class RegistryClient:
         what = f"listing referrers of {digest} in {self.registry}/{repo}"
         params = {"artifactType": artifact_type} if artifact_type else None
         url: str | None = self._url(f"{repo}/referrers/{digest}")
-        found: list[dict[str, Any]] = []
+        found: list[dict[str, object]] = []
         filtered = False
         seen: set[str] = set()
         while url is not None and url not in seen:
@@ -958,7 +970,7 @@ class RegistryClient:
 
     def _referrers_page(
         self, resp: requests.Response, what: str
-    ) -> tuple[list[dict[str, Any]], str | None, bool] | None:
+    ) -> tuple[list[dict[str, object]], str | None, bool] | None:
         data = _read_limited(resp, MANIFEST_LIMIT, what)
         try:
             doc = json.loads(data)
@@ -998,7 +1010,7 @@ def read_image(
     return Image.parse(data, client.get_blob(repository, config.digest)), media_type
 
 
-def _manifest_object(data: bytes, name: str) -> dict[str, Any]:
+def _manifest_object(data: bytes, name: str) -> dict[str, object]:
     """A manifest a registry served (which may be anything at all) as a JSON object."""
     try:
         manifest = json.loads(data)

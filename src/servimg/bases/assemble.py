@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from servimg.backends import engine, layout
 from servimg.backends.transport import Target, publish
@@ -31,7 +30,7 @@ from servimg.oci.store import BlobStore
 
 def venv_base_config(
     *, source_date_epoch: int, diff_ids: Sequence[str], labels: Mapping[str, str], history: Sequence[str]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The config every locally built base shares: /opt/venv first on PATH, its python as Cmd, `created`
     and each history entry at SOURCE_DATE_EPOCH (never the build's clock)."""
     created = dt.datetime.fromtimestamp(source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -62,7 +61,7 @@ def debian_history(pins: DebianPins) -> str:
     )
 
 
-def base_config(recipe: Recipe, python: str, diff_ids: Sequence[str]) -> dict[str, Any]:
+def base_config(recipe: Recipe, python: str, diff_ids: Sequence[str]) -> dict[str, object]:
     """The config of a base built from `recipe` whose Debian tree has python`python`: the shared one, with
     the recipe key as ``io.servimg.<kind>.recipe`` and the kind's own labels and venv history line."""
     kind = recipe.kind
@@ -85,7 +84,7 @@ def image_from_trees(
     *,
     mtime: int,
     prefix: str,
-    config: Callable[[list[str]], Mapping[str, Any]],
+    config: Callable[[list[str]], Mapping[str, object]],
 ) -> Image:
     """One deterministic uncompressed layer per rootfs tree (in order), adopted into the store, under
     the config `config(diff_ids)` returns."""

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -98,7 +97,7 @@ def build_base(
     targets: Sequence[str] | None = None,
     workdir: Path | None = None,
     clock: debian.Clock | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Build (or reuse) any base — by name from its committed pins, or a recipe — check its pinned digest,
     publish it (default: the engine, when one runs); returns what a definition or a test needs of it.
 
@@ -132,7 +131,7 @@ def repin(
     *,
     repo: Path = debian.REPO_ROOT,
     workdir: Path | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Re-pin one base deliberately; returns what moved. Nothing is written unless every step succeeded."""
     request = get(name)
     pin_dir = repo / "verify" / "bases"

@@ -26,7 +26,6 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from servimg.backends.target import Target
 from servimg.bases import catalog, debian, wheelpins
@@ -69,7 +68,7 @@ class LocalRebase:
             head.append(f"not re-locked (on the same base; --write re-locks them): {others}")
         return "\n".join([*head, self.rebase.text()])
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             **self.rebase.as_dict(),
             "local_base": {

@@ -50,7 +50,7 @@ class BasePin:
     recipe_key: str
     digest: Digest
     config_digest: Digest
-    config: dict[str, Any]
+    config: dict[str, object]
     layers: tuple[tuple[str, Digest], ...]
 
     @classmethod
@@ -65,7 +65,7 @@ class BasePin:
             layers=tuple((n, layer.diff_id) for n, layer in zip(names, image.layers, strict=True)),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "base": self.name,
             "recipe_key": self.recipe_key,

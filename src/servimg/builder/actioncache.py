@@ -55,6 +55,7 @@ from typing import Any
 
 from servimg.backends.enginesocket import socket_image_id
 from servimg.builder import resultstore
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.oci.image import REF_NAME
 
@@ -78,7 +79,7 @@ class Action:
     runner: str
     tag: str | None
 
-    def key(self, cache_root: Path) -> dict[str, Any]:
+    def key(self, cache_root: Path) -> dict[str, object]:
         return {
             "code_sha256": running_code_sha256(),
             "python": [sys.version, sys.executable],
@@ -197,7 +198,7 @@ def _under(path: str, roots: Sequence[str]) -> bool:
 
 def inputs(
     reads: Reads, cache_root: Path, destination: Path | None, forced: Sequence[Path] = ()
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     """What the build read, hashed: {"files": [[path, size, sha256]], "dirs": [[path, sha256]]}, with the
     `forced` files whether read or not; None when it cannot be recorded (an input changed while the build
     ran, one is over MAX_INPUT_BYTES, or a forced one is missing)."""
@@ -226,7 +227,7 @@ def inputs(
 
 
 # -- the destination and the base, as a rerun would find them ------------------------------------------
-def oci_sink(layout: str, tag: str, manifest: str, blobs: Sequence[tuple[str, int]]) -> dict[str, Any]:
+def oci_sink(layout: str, tag: str, manifest: str, blobs: Sequence[tuple[str, int]]) -> dict[str, object]:
     """An OCI layout holding `manifest` (digest) under `tag`, with `blobs` ((digest, size): its config and
     layers), each with the stat fingerprint it has now, just written and hashed by the layout writer."""
     root = Path(layout) / "blobs" / "sha256"
@@ -266,13 +267,13 @@ def _file_clock(directory: Path) -> int:
         return os.fstat(fh.fileno()).st_ctime_ns
 
 
-def engine_sink(tag: str, image_id: str) -> dict[str, Any]:
+def engine_sink(tag: str, image_id: str) -> dict[str, object]:
     """The engine giving `tag` the image ID `image_id` (= the config digest)."""
     return {"kind": "engine", "tag": tag, "id": image_id}
 
 
-def _layout_holds(sink: Mapping[str, Any]) -> bool:
-    root = Path(sink["layout"])
+def _layout_holds(sink: Mapping[str, object]) -> bool:
+    root = Path(jv.text(sink["layout"], "sink.layout"))
     index = json.loads((root / "index.json").read_bytes())
     tagged = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) == sink["tag"]]
     if len(tagged) != 1 or tagged[0].get("digest") != sink["manifest"]:
@@ -281,7 +282,8 @@ def _layout_holds(sink: Mapping[str, Any]) -> bool:
     algorithm, _, hex_digest = str(sink["manifest"]).partition(":")
     if algorithm != "sha256" or _sha256(blobs / hex_digest) != hex_digest:
         return False
-    for entry in sink["blobs"]:
+    for entry in jv.seq(sink["blobs"], "sink.blobs"):
+        entry = jv.seq(entry, "sink.blobs[]")
         if len(entry) != 5:
             return False  # recorded before blobs had fingerprints: build again
         digest, size, *fingerprint = entry
@@ -297,7 +299,7 @@ def _layout_holds(sink: Mapping[str, Any]) -> bool:
     return True
 
 
-def sink_holds(sink: Mapping[str, Any]) -> bool:
+def sink_holds(sink: Mapping[str, object]) -> bool:
     if sink["kind"] == "oci":
         return _layout_holds(sink)
     if sink["kind"] == "engine":
@@ -306,7 +308,7 @@ def sink_holds(sink: Mapping[str, Any]) -> bool:
     return False
 
 
-def base_holds(base: Mapping[str, Any] | None) -> bool:
+def base_holds(base: Mapping[str, object] | None) -> bool:
     if base is None:  # a base read from a file (a layout's index.json is among the inputs)
         return True
     found = socket_image_id(str(base["engine"]))
@@ -321,7 +323,7 @@ class Published:
     `engine_sink`)."""
 
     fields: Mapping[str, object]
-    sink: Mapping[str, Any]
+    sink: Mapping[str, object]
     destination: Path | None  # a layout's directory: its reads are the sink's, checked by `sink_holds`
     base_engine: tuple[str, str] | None = None
     # The files that name the base (a layout's index.json, an archive): inputs even under the cache root.

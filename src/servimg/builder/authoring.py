@@ -22,14 +22,14 @@ import json
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from servimg.builder.definition import ImageDefinition, Sentinel
 from servimg.builder.pipeline import Resolution, lock, resolve
 from servimg.builder.seams import DEFAULT, Seams
 from servimg.builder.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import OverlayError
@@ -88,14 +88,14 @@ def edit(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         files[rel] = sha256_hex(data)
-    manifest = {
-        "definition": str(definition.resolve()),
-        "package": package,
-        "site": "/" + site,
-        "base": resolution.lock.base.manifest_digest,
-        "stack": list(stack),
-        "files": files,
-    }
+    manifest = EditManifest(
+        str(definition.resolve()),
+        package,
+        "/" + site,
+        str(resolution.lock.base.manifest_digest),
+        tuple(stack),
+        files,
+    )
     _write_manifest(directory, manifest)
     return Edited(directory, package, "/" + site, len(files), stack)
 
@@ -111,8 +111,8 @@ def save(
     seams: Seams = DEFAULT,
 ) -> Saved:
     manifest = _manifest(directory, package)
-    changed = [rel for rel, sha in sorted(manifest["files"].items()) if _changed(directory / rel, sha)]
-    missing = [rel for rel in manifest["files"] if not (directory / rel).is_file()]
+    changed = [rel for rel, sha in sorted(manifest.files.items()) if _changed(directory / rel, sha)]
+    missing = [rel for rel in manifest.files if not (directory / rel).is_file()]
     if missing:
         raise OverlayError(
             f"{len(missing)} file(s) of the package were deleted in {directory}",
@@ -152,15 +152,49 @@ def save(
         patch_path.unlink(missing_ok=True)
         raise
     # The tree is now what the stack, this overlay included, leaves: a second save of it is "no change".
-    for rel in changed:
-        manifest["files"][rel] = sha256_hex((directory / rel).read_bytes())
-    manifest["stack"] = [*manifest.get("stack", []), overlay_id]
-    _write_manifest(directory, manifest)
+    files = {**manifest.files, **{rel: sha256_hex((directory / rel).read_bytes()) for rel in changed}}
+    _write_manifest(directory, replace(manifest, stack=(*manifest.stack, overlay_id), files=files))
     return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, str(locked.digest))
 
 
-def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+@dataclass(frozen=True)
+class EditManifest:
+    """What `edit` unpacked (`.servimg-edit.json`): the definition and base it came from, the overlays
+    already applied to the tree (`stack`), and each file's sha256 as unpacked (or as last saved)."""
+
+    definition: str
+    package: str
+    site: str
+    base: str
+    stack: tuple[str, ...]
+    files: dict[str, str]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "definition": self.definition,
+            "package": self.package,
+            "site": self.site,
+            "base": self.base,
+            "stack": list(self.stack),
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_json(cls, doc: object) -> EditManifest:
+        d = jv.obj(doc, MANIFEST)
+        files = jv.obj(d.get("files") or {}, "files")
+        return cls(
+            jv.text(d.get("definition"), "definition"),
+            jv.text(d.get("package"), "package"),
+            jv.text(d.get("site"), "site"),
+            jv.text(d.get("base"), "base"),
+            tuple(jv.texts(d.get("stack") or [], "stack")),
+            {rel: jv.text(sha, f"files.{rel}") for rel, sha in files.items()},
+        )
+
+
+def _write_manifest(directory: Path, manifest: EditManifest) -> None:
+    text = json.dumps(manifest.to_json(), indent=1, sort_keys=True) + "\n"
     atomic_write(directory / MANIFEST, text.encode(), 0o644)
 
 
@@ -174,16 +208,16 @@ def _site(resolution: Resolution, package: str) -> str:
     )
 
 
-def _manifest(directory: Path, package: str) -> dict[str, Any]:
+def _manifest(directory: Path, package: str) -> EditManifest:
     try:
-        manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = EditManifest.from_json(json.loads((directory / MANIFEST).read_text()))
+    except (OSError, ValueError, jv.JsonShapeError):
         raise OverlayError(
             f"{directory} has no readable {MANIFEST}",
             hint="make the directory with `servimg overlay edit` first",
         ) from None
-    if manifest.get("package") != package:
-        raise OverlayError(f"{directory} holds package {manifest.get('package')!r}, not {package!r}")
+    if manifest.package != package:
+        raise OverlayError(f"{directory} holds package {manifest.package!r}, not {package!r}")
     return manifest
 
 
@@ -192,11 +226,11 @@ def _changed(path: Path, sha: str) -> bool:
 
 
 def _before(
-    resolution: Resolution, stacked: dict[str, bytes | None], path: str, manifest: dict[str, Any]
+    resolution: Resolution, stacked: dict[str, bytes | None], path: str, manifest: EditManifest
 ) -> bytes:
     """The bytes the new patch applies to: after the overlays before it (the whole stack of this package,
     when the tree was edited with it), else the base's."""
-    if manifest.get("stack") and path in stacked and stacked[path] is not None:
+    if manifest.stack and path in stacked and stacked[path] is not None:
         return stacked[path] or b""
     return resolution.fs.read(path)
 

@@ -36,7 +36,7 @@ KIND = "base-facts"
 def remembered(
     cache_root: Path,
     name: str,
-    key: Mapping[str, Any],
+    key: Mapping[str, object],
     derive: Callable[[], T],
     *,
     code: tuple[ModuleType, ...],

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
@@ -162,7 +162,7 @@ def lookup_in_image(
     runner: Runner,
     interpreter: str,
     sources: Mapping[str, bytes],
-    lookups: Mapping[str, Sequence[Mapping[str, Any]]],
+    lookups: Mapping[str, Sequence[Mapping[str, object]]],
 ) -> dict[str, tuple[int, int]]:
     """Search base modules' code for sentinels with the image's own interpreter (compile.py's sentinel
     jobs): `sources` maps a module to its source bytes, `lookups` a module to its sentinels (`key`,

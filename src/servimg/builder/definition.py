@@ -152,11 +152,11 @@ class ImageDefinition(canonical.Canonical):
         )
 
     # -- derived ------------------------------------------------------------------------------------
-    def to_json(self, *, exclude_defaults: bool = False) -> dict[str, Any]:
+    def to_json(self, *, exclude_defaults: bool = False) -> dict[str, object]:
         """Plain JSON values in field order (tuples as lists). `exclude_defaults` leaves out every field,
         at any depth, that equals its default, except a `witness: false` beside a `ladder` (there the
         default is true: without the key, the rendered definition would read back with the witness on)."""
-        data: dict[str, Any] = _json(self, exclude_defaults)
+        data: dict[str, object] = _json(self, exclude_defaults)
         if exclude_defaults and self.ladder is not None and not self.witness:
             data["witness"] = False
         return data
@@ -191,10 +191,11 @@ class ImageDefinition(canonical.Canonical):
         return cls.parse(text, origin=str(path))
 
 
-def _cross_problems(values: Mapping[str, Any]) -> list[str]:
+def _cross_problems(
+    overlays: tuple[OverlaySpec, ...] | None, packages: Mapping[str, PackageSpec] | None, tag: str | None
+) -> list[str]:
     """The rules between fields, checked where the fields they read are valid (None marks an invalid one)."""
     problems: list[str] = []
-    overlays, packages, tag = values["overlays"], values["packages"], values["tag"]
     if overlays is not None:
         ids = [o.id for o in overlays]
         for dup in sorted({i for i in ids if ids.count(i) > 1}):
@@ -214,7 +215,7 @@ def _cross_problems(values: Mapping[str, Any]) -> list[str]:
 def _json(value: object, exclude_defaults: bool) -> Any:
     """`value` as plain JSON: dataclasses as mappings in field order, tuples as lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
             if exclude_defaults and f.default is not dataclasses.MISSING and item == f.default:
@@ -323,22 +324,23 @@ _overlay = record(
 def _definition(data: object, path: str, problems: list[str]) -> ImageDefinition:
     """The top level: the fields, `witness` defaulting to whether a ladder is named, the cross checks."""
     f = Fields(data, path, problems, unknown=_UNKNOWN)
-    values: dict[str, Any] = {
-        "name": f.take("name", _id),
-        "repository": f.take("repository", _nonempty),
-        "source": f.take("source", _string, ""),
-        "base": f.take("base", _base),
-        "python": f.take("python", optional(_string), None),
-        "packages": f.take("packages", mapping(_import_name, _package)),
-        "overlays": f.take("overlays", items(_overlay), ()),
-        "ladder": f.take("ladder", optional(_string), None),
-        "tag": f.take("tag", _string, DEFAULT_TEMPLATE),
-        "source_date_epoch": f.take("source_date_epoch", _epoch, "base"),
-        "witness": f.take("witness", boolean, f.get("ladder") is not None),
-    }
-    problems += _cross_problems(values)
+    definition = ImageDefinition(
+        name=f.take("name", _id),
+        repository=f.take("repository", _nonempty),
+        source=f.take("source", _string, ""),
+        base=f.take("base", _base),
+        python=f.take("python", optional(_string), None),
+        packages=f.take("packages", mapping(_import_name, _package)),
+        overlays=f.take("overlays", items(_overlay), ()),
+        ladder=f.take("ladder", optional(_string), None),
+        tag=f.take("tag", _string, DEFAULT_TEMPLATE),
+        source_date_epoch=f.take("source_date_epoch", _epoch, "base"),
+        witness=f.take("witness", boolean, f.get("ladder") is not None),
+    )
+    # a field that failed to read is None here (Fields.take's placeholder); done() raises before it is used
+    problems += _cross_problems(definition.overlays, definition.packages, definition.tag)
     f.done()
-    return ImageDefinition(**values)
+    return definition
 
 
 def repo_root_for(definition_path: Path) -> Path:

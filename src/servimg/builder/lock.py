@@ -97,8 +97,8 @@ class Lock(canonical.Canonical):
     # `ladder:` (images/demo.lock.json) keep their exact bytes and digest.
     ladder: LadderLock | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(json.dumps(asdict(self)))  # tuples → lists, plain JSON only
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = json.loads(json.dumps(asdict(self)))  # tuples → lists, plain JSON only
         if data.get("ladder") is None:
             data.pop("ladder", None)
         return data

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from servimg.builder.lock import InterpreterLock
+from servimg.core import jsonview as jv
 
 SPEC_VERSION = 1
 
 
-def interpreter_json(interp: InterpreterLock) -> dict[str, Any]:
+def interpreter_json(interp: InterpreterLock) -> dict[str, object]:
     """The locked interpreter as the spec carries it (the probe checks the image's against it)."""
     return {
         "path": interp.path,
@@ -41,7 +41,7 @@ class SpecModule:
     package: str
     overlays: tuple[str, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "module": self.module,
             "path": self.path,
@@ -66,7 +66,7 @@ class SpecSentinel:
     base_has_sentinel: bool | None
     overlay: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "key": self.key,
             "module": self.module,
@@ -86,7 +86,7 @@ class SpecForbidden:
     name: str | None
     overlay: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"module": self.module, "qualname": self.qualname, "name": self.name, "overlay": self.overlay}
 
 
@@ -101,7 +101,7 @@ class SpecDistribution:
     record_sha256: str
     overlay_files: tuple[tuple[str, str | None], ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "distribution": self.distribution,
             "version": self.version,
@@ -118,7 +118,7 @@ class SpecPackage:
     path: str
     overlay: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"import_name": self.import_name, "path": self.path, "overlay": self.overlay}
 
 
@@ -130,7 +130,7 @@ class SpecLayer:
     changes: str
     files: tuple[tuple[str, str], ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"changes": self.changes, "files": [{"path": p, "sha256": s} for p, s in self.files]}
 
 
@@ -148,7 +148,7 @@ class ProbeSpec:
     layer: SpecLayer | None = None
     spec_version: int = SPEC_VERSION
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The spec as the probe reads it (the image carries its canonical bytes)."""
         return {
             **({"layer": self.layer.to_json()} if self.layer is not None else {}),
@@ -165,31 +165,99 @@ class ProbeSpec:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> ProbeSpec:
-        """A spec as `to_json` writes it (KeyError/TypeError on another shape: the caller says whose)."""
+    def from_json(cls, doc: Mapping[str, object]) -> ProbeSpec:
+        """A spec as `to_json` writes it; jsonview.JsonShapeError names the first key of another shape."""
         layer = doc.get("layer")
         return cls(
-            image=doc["image"],
-            lock_digest=doc["lock_digest"],
-            entry=doc["entry"],
-            interpreter=InterpreterLock(
-                **{**doc["interpreter"], "opt_levels": tuple(doc["interpreter"]["opt_levels"])}
-            ),
-            modules=tuple(SpecModule(**{**m, "overlays": tuple(m["overlays"])}) for m in doc["modules"]),
-            sentinels=tuple(SpecSentinel(**s) for s in doc["sentinels"]),
-            forbidden=tuple(SpecForbidden(**f) for f in doc["forbidden"]),
-            distributions=tuple(
-                SpecDistribution(
-                    **{
-                        **d,
-                        "overlay_files": tuple((f["path"], f["post_sha256"]) for f in d["overlay_files"]),
-                    }
-                )
-                for d in doc["distributions"]
-            ),
-            packages=tuple(SpecPackage(**p) for p in doc["packages"]),
-            layer=SpecLayer(layer["changes"], tuple((f["path"], f["sha256"]) for f in layer["files"]))
-            if layer is not None
-            else None,
-            spec_version=doc["spec_version"],
+            image=jv.text(doc.get("image"), "image"),
+            lock_digest=jv.text(doc.get("lock_digest"), "lock_digest"),
+            entry=jv.text(doc.get("entry"), "entry"),
+            interpreter=_interpreter(jv.obj(doc.get("interpreter"), "interpreter")),
+            modules=tuple(_module(m) for m in jv.objs(doc.get("modules"), "modules")),
+            sentinels=tuple(_sentinel(x) for x in jv.objs(doc.get("sentinels"), "sentinels")),
+            forbidden=tuple(_forbidden(f) for f in jv.objs(doc.get("forbidden"), "forbidden")),
+            distributions=tuple(_distribution(d) for d in jv.objs(doc.get("distributions"), "distributions")),
+            packages=tuple(_package(x) for x in jv.objs(doc.get("packages"), "packages")),
+            layer=None if layer is None else _layer(jv.obj(layer, "layer")),
+            spec_version=jv.integer(doc.get("spec_version"), "spec_version"),
         )
+
+
+def _interpreter(d: Mapping[str, object]) -> InterpreterLock:
+    return InterpreterLock(
+        path=jv.text(d.get("path"), "interpreter.path"),
+        resolved=jv.text(d.get("resolved"), "interpreter.resolved"),
+        version=jv.text(d.get("version"), "interpreter.version"),
+        magic=jv.text(d.get("magic"), "interpreter.magic"),
+        cache_tag=jv.text(d.get("cache_tag"), "interpreter.cache_tag"),
+        opt_levels=tuple(jv.integer(o, "interpreter.opt_levels[]") for o in jv.seq(d.get("opt_levels"))),
+        pycache_prefix=jv.optional_text(d.get("pycache_prefix"), "interpreter.pycache_prefix"),
+    )
+
+
+def _module(m: Mapping[str, object]) -> SpecModule:
+    return SpecModule(
+        module=jv.text(m.get("module"), "modules[].module"),
+        path=jv.text(m.get("path"), "modules[].path"),
+        sha256=jv.optional_text(m.get("sha256"), "modules[].sha256"),
+        site_packages=jv.text(m.get("site_packages"), "modules[].site_packages"),
+        package=jv.text(m.get("package"), "modules[].package"),
+        overlays=tuple(jv.texts(m.get("overlays"), "modules[].overlays")),
+    )
+
+
+def _sentinel(x: Mapping[str, object]) -> SpecSentinel:
+    const = x.get("const")
+    if not (const is None or isinstance(const, (str, int))):
+        raise jv.JsonShapeError("sentinels[].const", "a string, an integer or null", const)
+    base = x.get("base_has_sentinel")
+    return SpecSentinel(
+        key=jv.text(x.get("key"), "sentinels[].key"),
+        module=jv.text(x.get("module"), "sentinels[].module"),
+        qualname=jv.text(x.get("qualname"), "sentinels[].qualname"),
+        name=jv.optional_text(x.get("name"), "sentinels[].name"),
+        const=const,
+        absent_in_base=jv.flag(x.get("absent_in_base"), "sentinels[].absent_in_base"),
+        base_has_sentinel=None if base is None else jv.flag(base, "sentinels[].base_has_sentinel"),
+        overlay=jv.text(x.get("overlay"), "sentinels[].overlay"),
+    )
+
+
+def _forbidden(f: Mapping[str, object]) -> SpecForbidden:
+    return SpecForbidden(
+        module=jv.text(f.get("module"), "forbidden[].module"),
+        qualname=jv.text(f.get("qualname"), "forbidden[].qualname"),
+        name=jv.optional_text(f.get("name"), "forbidden[].name"),
+        overlay=jv.text(f.get("overlay"), "forbidden[].overlay"),
+    )
+
+
+def _distribution(d: Mapping[str, object]) -> SpecDistribution:
+    files = jv.objs(d.get("overlay_files"), "distributions[].overlay_files")
+    return SpecDistribution(
+        distribution=jv.text(d.get("distribution"), "distributions[].distribution"),
+        version=jv.text(d.get("version"), "distributions[].version"),
+        import_name=jv.text(d.get("import_name"), "distributions[].import_name"),
+        dist_info=jv.text(d.get("dist_info"), "distributions[].dist_info"),
+        record_sha256=jv.text(d.get("record_sha256"), "distributions[].record_sha256"),
+        overlay_files=tuple(
+            (jv.text(f.get("path"), "overlay_files[].path"), jv.optional_text(f.get("post_sha256")))
+            for f in files
+        ),
+    )
+
+
+def _package(x: Mapping[str, object]) -> SpecPackage:
+    return SpecPackage(
+        import_name=jv.text(x.get("import_name"), "packages[].import_name"),
+        path=jv.text(x.get("path"), "packages[].path"),
+        overlay=jv.flag(x.get("overlay"), "packages[].overlay"),
+    )
+
+
+def _layer(layer: Mapping[str, object]) -> SpecLayer:
+    files = jv.objs(layer.get("files"), "layer.files")
+    return SpecLayer(
+        jv.text(layer.get("changes"), "layer.changes"),
+        tuple((jv.text(f.get("path"), "layer.files[].path"), jv.text(f.get("sha256"))) for f in files),
+    )

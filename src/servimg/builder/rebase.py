@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -102,7 +101,7 @@ class HunkEvidence:
         )
         return f"{self.path}: hunk {self.number} (declared at line {self.declared}) {where}{many}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "path": self.path,
             "hunk": self.number,
@@ -143,7 +142,7 @@ class OverlayVerdict:
         message = "; ".join(self.evidence) + (" (dropped)" if self.dropped else "")
         return Finding(self.verdict.value, status, self.id, message, hint, {"verdict": self.as_dict()})
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "id": self.id,
             "verdict": self.verdict.value,
@@ -229,7 +228,7 @@ class RebaseResult:
         head += [f"packages: {moved}"] if moved else []
         return "\n".join(head + [v.report() for v in self.verdicts])
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "definition": str(self.definition_path),
             "base": {"ref": self.base_ref, "digest": str(self.base_digest)},

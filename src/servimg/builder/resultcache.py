@@ -51,7 +51,7 @@ def compile_key(
     pinned: InterpreterFacts,
     runner: str,
     jobs: Sequence[CompileJob],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {
         "base_diff_ids": [str(d) for d in base_diff_ids],
         "interpreter": interpreter,
@@ -66,7 +66,7 @@ def compile_key(
 Compiled = tuple[InterpreterFacts, dict[tuple[str, int], bytes]]
 
 
-def compiled_value(facts: InterpreterFacts, pycs: Mapping[tuple[str, int], bytes]) -> dict[str, Any]:
+def compiled_value(facts: InterpreterFacts, pycs: Mapping[tuple[str, int], bytes]) -> dict[str, object]:
     return {
         "facts": {
             "executable": facts.executable,
@@ -107,7 +107,7 @@ def verifier_sha256() -> str:
     )
 
 
-def verdict_key(image: Digest, probe: bytes, spec: bytes, base_config: Digest | None) -> dict[str, Any]:
+def verdict_key(image: Digest, probe: bytes, spec: bytes, base_config: Digest | None) -> dict[str, object]:
     return {
         "image": str(image),
         "probe_sha256": sha256_hex(probe),

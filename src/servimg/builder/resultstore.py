@@ -43,7 +43,7 @@ def bypassed() -> Iterator[None]:
         _bypassed.reset(token)
 
 
-def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
+def entry_path(root: Path, kind: str, key: Mapping[str, object]) -> Path:
     return (
         CacheLayout(root).results
         / kind
@@ -53,7 +53,7 @@ def entry_path(root: Path, kind: str, key: Mapping[str, Any]) -> Path:
     )
 
 
-def read(root: Path, kind: str, key: Mapping[str, Any], *, per_base: bool = False) -> Any | None:
+def read(root: Path, kind: str, key: Mapping[str, object], *, per_base: bool = False) -> Any | None:
     """The cached value for `key`; None when there is none, it does not check out, inside `bypassed`,
     or when `OFF` is set (`per_base`: a fact of the base alone, servimg.builder.basefacts, which `OFF`
     does not switch off: a build that does all its work still starts from its base)."""
@@ -75,7 +75,7 @@ def read(root: Path, kind: str, key: Mapping[str, Any], *, per_base: bool = Fals
     return value
 
 
-def write(root: Path, kind: str, key: Mapping[str, Any], value: Any) -> bool:
+def write(root: Path, kind: str, key: Mapping[str, object], value: Any) -> bool:
     """Cache `value` under `key` (atomically); False when it cannot be: a result that cannot be cached
     (a name canonical JSON cannot hold, a full disk) is still the result, and the build goes on."""
     try:

@@ -19,7 +19,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Unpack, runtime_checkable
+from typing import Protocol, Unpack, runtime_checkable
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.target import Target, WriteOptions
@@ -170,7 +170,7 @@ class ProbeVerifier:
         return verify_image_value(image, store, log, base_config=base_config)
 
 
-def verdict_key(image: Image, store: BlobStore, base_config: Digest | None) -> dict[str, Any] | None:
+def verdict_key(image: Image, store: BlobStore, base_config: Digest | None) -> dict[str, object] | None:
     """The verdict cache's key for a built image (base + one servimg layer), read from that layer's probe
     and spec; None for an image that has no such layer (it is verified, never cached)."""
     if not image.layers:

@@ -63,6 +63,7 @@ from servimg.builder.verify import (
 )
 from servimg.builder.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
@@ -91,14 +92,14 @@ class BaseVerdict:
     prefix the probe ran under, and the package roots (image paths, no leading `/`) a symlink leads to
     or lies under in the base (their UNCHECKED_PYC is never merged)."""
 
-    checks: tuple[Mapping[str, Any], ...]
+    checks: tuple[Mapping[str, object], ...]
     pycache_prefix: str | None
     linked_roots: frozenset[str]
 
-    def check(self, code: str, subject: str) -> Mapping[str, Any] | None:
+    def check(self, code: str, subject: str) -> Mapping[str, object] | None:
         return next((c for c in self.checks if c["code"] == code and c["subject"] == subject), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "checks": list(self.checks),
             "pycache_prefix": self.pycache_prefix,
@@ -106,8 +107,12 @@ class BaseVerdict:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BaseVerdict:
-        return cls(tuple(data["checks"]), data["pycache_prefix"], frozenset(data["linked_roots"]))
+    def from_json(cls, data: Mapping[str, object]) -> BaseVerdict:
+        return cls(
+            tuple(jv.objs(data["checks"], "checks")),
+            jv.optional_text(data["pycache_prefix"], "pycache_prefix"),
+            frozenset(jv.texts(data["linked_roots"], "linked_roots")),
+        )
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,8 @@ def verify_split(image: Image, store: BlobStore, log: Log) -> VerifyReport:
     top_fs = LayeredFS([top_tar])
     spec = json.loads(top_fs.read(SPEC_IN_IMAGE.lstrip("/")))
     probe_bytes = top_fs.read(PROBE_IN_IMAGE.lstrip("/"))
-    config = image.config.get("config") or {}
-    interpreter = str(spec["interpreter"]["path"])
+    config = jv.obj(image.config.get("config") or {}, "config")
+    interpreter = str(jv.member(spec, "interpreter", "path"))
     service = service_command(config, interpreter)
     setting = Setting(
         interpreter, service.python_args, service.entry, image.env, str(config.get("WorkingDir") or "/")
@@ -157,7 +162,7 @@ def verify_split(image: Image, store: BlobStore, log: Log) -> VerifyReport:
     mergeable = _pycs_mergeable(spec, verdict, layer, touched)
     base = BaseChain(tuple(d for _, d in base_chain), store.root)
     report, cut = _build_part(root, top_tar, spec, base_fs, base, touched, setting, mergeable)
-    if (report.get("interpreter") or {}).get("pycache_prefix") != verdict.pycache_prefix and mergeable:
+    if jv.member(report, "interpreter", "pycache_prefix") != verdict.pycache_prefix and mergeable:
         mergeable = {}  # the layer moved the pycache prefix (a .pth can): the walk's roots are others
         report, cut = _build_part(root, top_tar, spec, base_fs, base, touched, setting, mergeable)
     _log_unchecked_plan(spec, mergeable, log)
@@ -174,7 +179,7 @@ def verify_split(image: Image, store: BlobStore, log: Log) -> VerifyReport:
 
 
 # -- the base part --------------------------------------------------------------------------------
-def base_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+def base_spec(spec: Mapping[str, object]) -> dict[str, object]:
     """The part of a probe spec the base alone answers: each distribution's RECORD, no overlay files."""
     return {
         "spec_version": spec.get("spec_version"),
@@ -185,13 +190,17 @@ def base_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         "modules": [],
         "sentinels": [],
         "forbidden": [],
-        "distributions": [{**d, "overlay_files": []} for d in spec.get("distributions", [])],
-        "packages": [p for p in spec.get("packages", []) if p.get("overlay")],  # their UNCHECKED_PYC
+        "distributions": [
+            {**d, "overlay_files": []} for d in jv.objs(spec.get("distributions", []), "distributions")
+        ],
+        "packages": [
+            p for p in jv.objs(spec.get("packages", []), "packages") if p.get("overlay")
+        ],  # their UNCHECKED_PYC
     }
 
 
 def base_key(
-    diff_ids: Sequence[Digest], probe_bytes: bytes, spec: Mapping[str, Any], setting: Setting
+    diff_ids: Sequence[Digest], probe_bytes: bytes, spec: Mapping[str, object], setting: Setting
 ) -> Digest:
     return Digest.of_bytes(
         canonical.dumps(
@@ -215,7 +224,7 @@ BASE_VERDICT = "base-verdict"
 
 def _base_part(
     root: WarmRoot,
-    spec: Mapping[str, Any],
+    spec: Mapping[str, object],
     probe_bytes: bytes,
     setting: Setting,
     diff_ids: Sequence[Digest],
@@ -234,9 +243,11 @@ def _base_part(
     log("base verdict: running the probe over the base (once per base, probe and spec)")
     files = {PROBE_IN_IMAGE: probe_bytes, BASE_SPEC: canonical.dumps(base_spec(spec))}
     report = _run(root, files, None, setting, BASE_SPEC)
-    prefix = (report.get("interpreter") or {}).get("pycache_prefix")
+    prefix = jv.optional_text(
+        jv.member(report, "interpreter", "pycache_prefix"), "interpreter.pycache_prefix"
+    )
     verdict = BaseVerdict(
-        tuple(c for c in report["checks"] if c["code"] in (RECORD, UNCHECKED)),
+        tuple(c for c in jv.objs(report["checks"], "checks") if c["code"] in (RECORD, UNCHECKED)),
         prefix,
         _linked_roots(base_fs, spec, prefix),
     )
@@ -244,10 +255,10 @@ def _base_part(
     return verdict
 
 
-def _linked_roots(base_fs: LayeredFS, spec: Mapping[str, Any], prefix: str | None) -> frozenset[str]:
+def _linked_roots(base_fs: LayeredFS, spec: Mapping[str, object], prefix: str | None) -> frozenset[str]:
     """The walk roots of the overlay packages that a symlink leads to, or that hold one, in the base."""
     out = set()
-    for package in spec.get("packages", []):
+    for package in jv.objs(spec.get("packages", []), "packages"):
         for walk_root in _walk_roots(str(package["path"]), _prefixes(spec, prefix)):
             name = walk_root.lstrip("/")
             try:
@@ -309,7 +320,7 @@ def row_traces(
         trace = ResolutionTrace(base_fs)
         return [trace(path) for path in paths]
 
-    def encode(traces: list[list[str]]) -> dict[str, Any]:
+    def encode(traces: list[list[str]]) -> dict[str, object]:
         # Most rows resolve to their own path: keep only the others, by row number.
         return {str(n): t for n, (t, p) in enumerate(zip(traces, paths, strict=True)) if t != [p]}
 
@@ -358,20 +369,20 @@ _TRACE_CODE = (sys.modules[__name__], filesystem, fsindex)
 def _build_part(
     root: WarmRoot,
     top_tar: Path,
-    spec: Mapping[str, Any],
+    spec: Mapping[str, object],
     base_fs: LayeredFS,
     base: BaseChain,
     touched: frozenset[str],
     setting: Setting,
     mergeable: Mapping[str, tuple[str, ...]],
-) -> tuple[dict[str, Any], dict[str, Cut]]:
+) -> tuple[dict[str, object], dict[str, Cut]]:
     """Run the full spec (RECORD cut to the touched rows, no UNCHECKED_PYC walk for the `mergeable`
     packages) over base + new layer. Returns the report and, per distribution checked cut down, its
     cut rows (to merge with the base verdict)."""
     files: dict[str, bytes] = {}
     distributions = []
     cut: dict[str, Cut] = {}
-    for n, dist in enumerate(spec.get("distributions", [])):
+    for n, dist in enumerate(jv.objs(spec.get("distributions", []), "distributions")):
         dist_info = str(dist["dist_info"]).strip("/")
         if _affected(dist_info, touched) or any(p.startswith(dist_info + "/") for p in touched):
             distributions.append(dist)  # the layer changes the dist-info itself: checked whole
@@ -392,21 +403,21 @@ def _build_part(
         )
     packages = [
         {**p, "overlay": False} if p.get("overlay") and p["import_name"] in mergeable else p
-        for p in spec.get("packages", [])
+        for p in jv.objs(spec.get("packages", []), "packages")
     ]
     build_spec = {**spec, "distributions": distributions, "packages": packages}
     files[BUILD_SPEC] = canonical.dumps(build_spec)
     return _run(root, files, top_tar, setting, BUILD_SPEC), cut
 
 
-def _subject(dist: Mapping[str, Any]) -> str:
+def _subject(dist: Mapping[str, object]) -> str:
     return f"{dist['distribution']} {dist.get('version', '')}".strip()  # the probe's RECORD subject
 
 
 # -- running and merging --------------------------------------------------------------------------
 def _run(
     root: WarmRoot, files: Mapping[str, bytes], layer: Path | None, setting: Setting, spec_path: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     upper = new_upper("servimg-verify-")
     try:
         if layer is not None:
@@ -427,16 +438,16 @@ def _run(
 
 
 def _merged(
-    report: Mapping[str, Any],
+    report: Mapping[str, object],
     verdict: BaseVerdict,
     cut: Mapping[str, Cut],
-    unchecked: Sequence[Mapping[str, Any]],
-) -> dict[str, Any]:
+    unchecked: Sequence[Mapping[str, object]],
+) -> dict[str, object]:
     """The per-build report with each cut-down RECORD check merged with the base's for that distribution,
     and the UNCHECKED_PYC checks in the spec's package order, where the whole probe reports them: before
     the steps that follow it (LAYER)."""
     kept = []
-    for check in report["checks"]:
+    for check in jv.objs(report["checks"], "checks"):
         subject = str(check["subject"])
         if check["code"] == RECORD and subject in cut:
             check = _merge_record(check, verdict.check(RECORD, subject), cut[subject])
@@ -454,15 +465,17 @@ def _merged(
     }
 
 
-def _merge_record(touched: Mapping[str, Any], base: Mapping[str, Any] | None, cut: Cut) -> dict[str, Any]:
+def _merge_record(
+    touched: Mapping[str, object], base: Mapping[str, object] | None, cut: Cut
+) -> dict[str, object]:
     """A problem in either part fails the distribution; a base problem on a row the build re-checked in
     the final tree is replaced by that answer (the whole probe judges those files only there)."""
     if base is None:
         return {**touched, "status": "FAIL", "message": "no base verdict for this distribution"}
-    details = dict(touched.get("details") or {})
+    details = dict(jv.obj(touched.get("details") or {}))
     if base["status"] == "PASS" and touched["status"] == "PASS":
-        base_verified = int((base.get("details") or {}).get("verified", 0))
-        verified = base_verified - cut.hashed + int(details.get("verified", 0))
+        base_verified = jv.integer(jv.member(base, "details", "verified") or 0, "details.verified")
+        verified = base_verified - cut.hashed + jv.integer(details.get("verified", 0), "details.verified")
         overlay_part = str(touched["message"]).partition("; ")[2]
         return {
             **touched,
@@ -472,14 +485,14 @@ def _merge_record(touched: Mapping[str, Any], base: Mapping[str, Any] | None, cu
     problems = [
         *[
             p
-            for p in (base.get("details") or {}).get("problems", [])
+            for p in jv.seq(jv.member(base, "details", "problems") or [])
             if isinstance(p, str) and p.partition(": ")[0] not in cut.paths
         ],
-        *[p for p in details.get("problems", []) if isinstance(p, str)],
+        *[p for p in jv.seq(details.get("problems", [])) if isinstance(p, str)],
     ]
     if not problems:  # the base's only problems were on rows the build re-checked, and they pass now
         return {**touched, "message": "RECORD entries match; the base's mismatches were all replaced"}
-    hints = "; ".join(dict.fromkeys(h for h in (base.get("hint"), touched.get("hint")) if h))
+    hints = "; ".join(dict.fromkeys(str(h) for h in (base.get("hint"), touched.get("hint")) if h))
     return {
         **touched,
         "status": "FAIL",
@@ -492,10 +505,10 @@ def _merge_record(touched: Mapping[str, Any], base: Mapping[str, Any] | None, cu
 
 
 # -- UNCHECKED_PYC: the base's list, what the layer changes, in the walk's order ---------------------
-def _prefixes(spec: Mapping[str, Any], pycache_prefix: str | None) -> list[str]:
+def _prefixes(spec: Mapping[str, object], pycache_prefix: str | None) -> list[str]:
     """The probe's pycache prefixes: the running interpreter's, then the spec's (probe `_Probe`)."""
-    named = [pycache_prefix, (spec.get("interpreter") or {}).get("pycache_prefix")]
-    return [p for p in dict.fromkeys(named) if p]
+    named = [pycache_prefix, jv.member(spec, "interpreter", "pycache_prefix")]
+    return [str(p) for p in dict.fromkeys(named) if p]
 
 
 def _walk_roots(root: str, prefixes: Sequence[str]) -> list[str]:
@@ -503,8 +516,8 @@ def _walk_roots(root: str, prefixes: Sequence[str]) -> list[str]:
     return [root, *(posixpath.join(p, posixpath.abspath(root).lstrip("/")) for p in prefixes)]
 
 
-def _log_unchecked_plan(spec: Mapping[str, Any], mergeable: Mapping[str, Any], log: Log) -> None:
-    whole = [str(p["import_name"]) for p in spec.get("packages", []) if p.get("overlay")]
+def _log_unchecked_plan(spec: Mapping[str, object], mergeable: Mapping[str, object], log: Log) -> None:
+    whole = [str(p["import_name"]) for p in jv.objs(spec.get("packages", []), "packages") if p.get("overlay")]
     whole = [name for name in whole if name not in mergeable]
     log(
         f"UNCHECKED_PYC: merged from the base verdict for {', '.join(sorted(mergeable)) or 'no package'}"
@@ -513,13 +526,13 @@ def _log_unchecked_plan(spec: Mapping[str, Any], mergeable: Mapping[str, Any], l
 
 
 def _pycs_mergeable(
-    spec: Mapping[str, Any], verdict: BaseVerdict, layer: LayerIndex, touched: frozenset[str]
+    spec: Mapping[str, object], verdict: BaseVerdict, layer: LayerIndex, touched: frozenset[str]
 ) -> dict[str, tuple[str, ...]]:
     """Per overlay package whose UNCHECKED_PYC can be merged (module docstring), its walk roots."""
     prefixes = _prefixes(spec, verdict.pycache_prefix)
     linked_in_layer = [m.path for m in layer.members if m.type not in _PLAIN]
     out = {}
-    for package in spec.get("packages", []):
+    for package in jv.objs(spec.get("packages", []), "packages"):
         name, roots = str(package["import_name"]), _walk_roots(str(package["path"]), prefixes)
         base = verdict.check(UNCHECKED, name)
         keys = frozenset(r.lstrip("/") for r in roots)
@@ -541,20 +554,20 @@ _PLAIN = (tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 
 
 def _unchecked(
-    report: Mapping[str, Any],
-    spec: Mapping[str, Any],
+    report: Mapping[str, object],
+    spec: Mapping[str, object],
     verdict: BaseVerdict,
     mergeable: Mapping[str, tuple[str, ...]],
     layer: LayerIndex,
     top_tar: Path,
     touched: frozenset[str],
-) -> list[Mapping[str, Any]]:
+) -> list[Mapping[str, object]]:
     """The UNCHECKED_PYC checks the whole probe would report, in the spec's package order: the run's
     own for a package walked whole, the merged list for the others."""
-    ran = {c["subject"]: c for c in report["checks"] if c["code"] == UNCHECKED}
-    facts = report.get("interpreter") or {}
-    out: list[Mapping[str, Any]] = []
-    for package in spec.get("packages", []):
+    ran = {c["subject"]: c for c in jv.objs(report["checks"], "checks") if c["code"] == UNCHECKED}
+    facts = jv.obj(report.get("interpreter") or {}, "interpreter")
+    out: list[Mapping[str, object]] = []
+    for package in jv.objs(spec.get("packages", []), "packages"):
         name = str(package["import_name"])
         if name in ran:
             out.append(ran[name])
@@ -569,14 +582,16 @@ def _unchecked(
 
 
 def _merged_pycs(
-    base: Mapping[str, Any],
+    base: Mapping[str, object],
     roots: Sequence[str],
     layer: LayerIndex,
     top_tar: Path,
     touched: frozenset[str],
     magic_hex: str,
 ) -> list[str]:
-    kept = [p for p in (base.get("details") or {}).get("pycs", []) if not _affected(p.lstrip("/"), touched)]
+    kept = [
+        p for p in jv.texts(jv.member(base, "details", "pycs") or []) if not _affected(p.lstrip("/"), touched)
+    ]
     added = []
     with top_tar.open("rb") as tar:
         for member in {m.path: m for m in layer.members}.values():  # the last of a path wins
@@ -605,11 +620,11 @@ def _walk_order(path: str, roots: Sequence[str]) -> tuple[int, tuple[tuple[int, 
 
 
 def _unchecked_check(
-    base: Mapping[str, Any], name: str, root: str, found: list[str], executable: str
-) -> Mapping[str, Any]:
+    base: Mapping[str, object], name: str, root: str, found: list[str], executable: str
+) -> Mapping[str, object]:
     """The whole probe's step 7 check for `found`, in its words (`_Probe.unchecked`; the probe's own
     helpers, since probe.py is copied into every image and cannot grow a public name for this)."""
-    if found == list((base.get("details") or {}).get("pycs", [])):
+    if found == list(jv.seq(jv.member(base, "details", "pycs") or [])):
         return base
     if not found:
         return probe._check(UNCHECKED, probe.PASS, name, "no unchecked-hash pycs")

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import CodeType
 
 from servimg.backends import engine, transport
 from servimg.backends.engine import ContainerSpec
@@ -35,6 +35,7 @@ from servimg.builder.probespec import (
     SpecSentinel,
 )
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import Finding, Findings, Status
@@ -88,7 +89,7 @@ def probe_spec(
     *,
     entry: str = "module",
     layer: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The canonical, JSON-able probe spec (`build_probe_spec(...).to_json()`): what the image carries."""
     return build_probe_spec(lock, definition, base_has, entry=entry, layer=layer).to_json()
 
@@ -230,7 +231,7 @@ def _spec_sentinels(
     return tuple(sentinels), tuple(forbidden)
 
 
-def probe_files(spec: Mapping[str, Any]) -> dict[str, bytes]:
+def probe_files(spec: Mapping[str, object]) -> dict[str, bytes]:
     """The files the image carries for the probe, by image path without the leading `/`."""
     return {
         PROBE_IN_IMAGE.lstrip("/"): PROBE_SOURCE.read_bytes(),
@@ -278,7 +279,7 @@ def base_sentinel_verdicts_in_image(
 ) -> dict[str, bool]:
     """`base_sentinel_verdicts`, answered by the image's own interpreter through `runner` (what a lock
     and a build use: facts about the image come from the image, as compile and probe do)."""
-    lookups: dict[str, list[dict[str, Any]]] = {}
+    lookups: dict[str, list[dict[str, object]]] = {}
     for sentinel in sentinels:
         lookups.setdefault(sentinel.module, []).append(
             {
@@ -297,7 +298,7 @@ def base_sentinel_lookups(
 ) -> dict[str, tuple[int, int]]:
     """For each sentinel (by `sentinel_key`): how many code objects named its qualname hold it, and how
     many code objects have that qualname at all (0: the qualname, or its module, is not in `sources`)."""
-    compiled: dict[str, Any] = {}
+    compiled: dict[str, CodeType] = {}
     out: dict[str, tuple[int, int]] = {}
     for sentinel in sentinels:
         key = sentinel_key(sentinel)
@@ -344,11 +345,11 @@ class ServiceCommand:
         return self.entry is not None
 
 
-def service_command(config: Mapping[str, Any], interpreter: str | None = None) -> ServiceCommand:
+def service_command(config: Mapping[str, object], interpreter: str | None = None) -> ServiceCommand:
     """Parse the image config's Entrypoint + Cmd when it execs a Python interpreter directly (a `python*`
     binary, or `interpreter`); anything else (a shell wrapper, a launcher script) gives no flags and no
     entry, and the probe keeps its defaults (it still sees the image's Env and WorkingDir)."""
-    argv = tuple(str(a) for a in [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])])
+    argv = tuple(str(a) for a in [*jv.seq(config.get("Entrypoint") or []), *jv.seq(config.get("Cmd") or [])])
     if not argv or not (argv[0] == interpreter or _PYTHON_NAME.match(posixpath.basename(argv[0]))):
         return ServiceCommand(argv)
     flags: list[str] = []
@@ -397,7 +398,7 @@ def probe_command(
     return command + (["--entry", entry] if entry else [])
 
 
-def read_probe_report(returncode: int, stdout: str, stderr: str, where: str, hint: str) -> dict[str, Any]:
+def read_probe_report(returncode: int, stdout: str, stderr: str, where: str, hint: str) -> dict[str, object]:
     """The probe's JSON report from its output, the one reader of it: its last JSON line, with exit 0
     (passed) or 1 (failed checks). Anything else is VerifyError saying what came out `where` it ran."""
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
@@ -426,7 +427,7 @@ def run_probe_in_docker(
     python_args: Sequence[str] | None = None,
     entry: str | None = None,
     timeout: float = 1800.0,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Run the probe in a throwaway container of `image` (`--network none`, removed afterwards) and return
     its JSON report. The image's entrypoint is bypassed; its Env and WorkingDir apply unless `env` /
     `workdir` override them, so the probe sees what the service sees. `python` defaults to the interpreter
@@ -457,8 +458,8 @@ def run_probe_in_chroot(
     workdir: str,
     *,
     audit: bool = False,
-    config: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    config: Mapping[str, object] | None = None,
+) -> dict[str, object]:
     """The daemonless path: materialise the whole image (packages included) and run the probe under the
     image's interpreter in a chroot (`bytecode.chroot_run`, the compile runner's too), with the image
     config's Env and WorkingDir (and, given the image `config`, its command's interpreter flags and
@@ -477,7 +478,7 @@ def run_probe_in_chroot(
     return read_probe_report(proc.returncode, proc.stdout, proc.stderr, "in the chroot", hint)
 
 
-def _engine_config(image: str) -> dict[str, Any]:
+def _engine_config(image: str) -> dict[str, object]:
     """The engine's view of the image config (`Entrypoint`, `Cmd`, `Env`, `WorkingDir` …)."""
     try:
         return engine.image_config(image)
@@ -500,7 +501,7 @@ def _spec_interpreter(image: str, spec_path: str) -> str:
         raise VerifyError(exc.message, hint=exc.hint) from exc
     except (tarfile.TarError, ValueError) as exc:
         raise VerifyError(f"{image} has no readable probe spec at {spec_path}: {exc}", hint=hint) from exc
-    path = (doc.get("interpreter") or {}).get("path") if isinstance(doc, dict) else None
+    path = jv.member(doc, "interpreter", "path") if isinstance(doc, dict) else None
     if not isinstance(path, str) or not path:
         raise VerifyError(
             f"the probe spec in {image} names no interpreter", hint="rebuild with `servimg build`"
@@ -513,15 +514,15 @@ def _spec_interpreter(image: str, spec_path: str) -> str:
 class VerifyReport(Findings):
     """A probe report: one `Finding` per check the probe printed, plus the facts it ran under."""
 
-    interpreter: Mapping[str, Any] = field(default_factory=dict)
-    environment: Mapping[str, Any] = field(default_factory=dict)
+    interpreter: Mapping[str, object] = field(default_factory=dict)
+    environment: Mapping[str, object] = field(default_factory=dict)
     image: str | None = None
     lock_digest: str | None = None
     spec_sha256: str | None = None
     audit: bool = False
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> VerifyReport:
+    def from_json(cls, data: Mapping[str, object]) -> VerifyReport:
         if "error" in data and "checks" not in data:
             raise VerifyError(f"the probe failed: {data['error']}", hint="check the probe spec in the image")
         try:
@@ -532,21 +533,21 @@ class VerifyReport(Findings):
                     str(c["subject"]),
                     str(c["message"]),
                     str(c.get("hint") or ""),
-                    dict(c.get("details") or {}),
+                    dict(jv.obj(c.get("details") or {})),
                 )
-                for c in data["checks"]
+                for c in jv.objs(data["checks"], "checks")
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, jv.JsonShapeError) as exc:
             raise VerifyError(
                 f"malformed probe report: {exc!r}", hint="probe and servimg versions differ?"
             ) from None
         return cls(
             checks,
-            dict(data.get("interpreter") or {}),
-            dict(data.get("environment") or {}),
-            data.get("image"),
-            data.get("lock_digest"),
-            data.get("spec_sha256"),
+            dict(jv.obj(data.get("interpreter") or {}, "interpreter")),
+            dict(jv.obj(data.get("environment") or {}, "environment")),
+            jv.optional_text(data.get("image"), "image"),
+            jv.optional_text(data.get("lock_digest"), "lock_digest"),
+            jv.optional_text(data.get("spec_sha256"), "spec_sha256"),
             bool(data.get("audit", False)),
         )
 
@@ -563,7 +564,7 @@ class VerifyReport(Findings):
     def title(self) -> str:
         return f"probe: {self.image or '?'}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "ok": self.ok,
             "image": self.image,
@@ -616,7 +617,7 @@ def verify_image_value(
         integrity.prove_layers(image, store)
         log("verifying in a chroot (no Docker Engine)")
         fs = LayeredFS.of_layers(image.layers, store)
-        config = image.config.get("config") or {}
+        config = jv.obj(image.config.get("config") or {}, "config")
         workdir = str(config.get("WorkingDir") or "/")
         report = VerifyReport.from_json(
             run_probe_in_chroot(fs, image.env, workdir, audit=audit, config=config)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from servimg.backends import transport
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.signed import signing_key
+from servimg.core import jsonview as jv
 from servimg.core.errors import UsageError
 from servimg.ladder import k8s, receipt, runner, server, slurm
 from servimg.ladder.definition import LadderError, LoadedLadder, load
@@ -84,7 +84,7 @@ def _emit_k8s(p: params.Ladder, loaded: LoadedLadder, config: server.RunConfig, 
     return Outcome(p.image, {"emitted": str(p.emit), **index})
 
 
-def _ladder_outcome(p: params.Ladder, doc: dict[str, Any], out: Path, on: str, ctx: Context) -> Outcome:
+def _ladder_outcome(p: params.Ladder, doc: dict[str, object], out: Path, on: str, ctx: Context) -> Outcome:
     """OK only on PASS (FAIL and NOT_EXERCISED fail); the receipt attached when asked."""
     fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
     if on != "local":
@@ -103,14 +103,14 @@ def _ladder_outcome(p: params.Ladder, doc: dict[str, Any], out: Path, on: str, c
     error = None
     if doc["verdict"] != "PASS":
         error = LadderError(
-            f"ladder {doc['ladder']['name']}: {doc['verdict']}",
-            problems=list(doc["verdict_reasons"])[:20],
+            f"ladder {jv.member(doc, 'ladder', 'name')}: {doc['verdict']}",
+            problems=jv.texts(doc["verdict_reasons"], "verdict_reasons")[:20],
             hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",
         )
     return Outcome(p.image, fields, findings=receipt.verdict(doc), error=error)
 
 
-def _json_file(path: Path) -> dict[str, Any]:
+def _json_file(path: Path) -> dict[str, object]:
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Iterator
-from typing import Any
 
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.core import jsonview as jv
 from servimg.core.errors import ResidentError, ServimgError
 from servimg.resident import control
 
@@ -49,8 +49,10 @@ def _stopped(path: str, wait: float) -> Outcome:
     return Outcome(path, {"stopped": pid} if pid is not None else {"removed": "stale socket, no server"})
 
 
-def _fields(status: dict[str, Any]) -> dict[str, object]:
-    since = dt.datetime.fromtimestamp(float(status["started"]), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _fields(status: dict[str, object]) -> dict[str, object]:
+    since = dt.datetime.fromtimestamp(jv.number(status["started"], "started"), dt.UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
     return {"started": since, **{k: status[k] for k in STATUS_FIELDS if k in status}}
 
 

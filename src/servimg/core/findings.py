@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 class Status(StrEnum):
@@ -39,7 +39,7 @@ class Finding:
     subject: str
     message: str
     hint: str = ""
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -49,7 +49,7 @@ class Finding:
         """`CODE subject: message`, as a problem line of an error."""
         return f"{self.code} {self.subject}: {self.message}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "code": self.code,
             "status": str(self.status),

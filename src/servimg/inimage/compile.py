@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any
 
 CHILD = r"""
 import py_compile, sys
@@ -31,27 +30,32 @@ py_compile.compile(src, cfile=cfile, dfile=dfile, doraise=True, optimize=opt,
 """
 
 
-def sentinel_lookups(items: list[dict[str, Any]]) -> dict[str, Any]:
+def sentinel_lookups(items: list[dict[str, object]]) -> dict[str, object]:
     """Per sentinel key: [hits, code objects with its qualname], or {"error": why} for a module whose
     source this interpreter cannot compile. Compiled, never executed."""
     probe = importlib.import_module("probe")  # beside this script (sys.path[0]); only now: 3.9+
 
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for item in items:
-        with open(item["src"], "rb") as fh:
+        with open(str(item["src"]), "rb") as fh:
             source = fh.read()
         try:
             code = compile(source, f"<base {item['module']}>", "exec", dont_inherit=True, optimize=0)
         except (SyntaxError, ValueError) as exc:
-            for lookup in item["lookups"]:
-                out[lookup["key"]] = {"error": f"{type(exc).__name__}: {exc}"}
+            for lookup in _lookups(item):
+                out[str(lookup["key"])] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        for lookup in item["lookups"]:
+        for lookup in _lookups(item):
             hits, objects, _ = probe.find_in_qualname(
                 code, lookup["qualname"], lookup["name"], lookup["const"]
             )
-            out[lookup["key"]] = [hits, objects]
+            out[str(lookup["key"])] = [hits, objects]
     return out
+
+
+def _lookups(item: dict[str, object]) -> list[dict[str, object]]:
+    lookups = item["lookups"]
+    return [x for x in lookups if isinstance(x, dict)] if isinstance(lookups, list) else []
 
 
 def main() -> None:
@@ -63,8 +67,8 @@ def main() -> None:
     # constants are marshalled.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0"}
 
-    def compile_one(job: dict[str, Any]) -> dict[str, Any]:
-        argv = [sys.executable, "-S", "-s", "-c", CHILD, job["src"], job["dfile"], job["out"]]
+    def compile_one(job: dict[str, object]) -> dict[str, object]:
+        argv = [sys.executable, "-S", "-s", "-c", CHILD, str(job["src"]), str(job["dfile"]), str(job["out"])]
         argv.append(str(job["opt"]))
         try:
             proc = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -73,7 +77,7 @@ def main() -> None:
         return {"out": job["out"], "ok": proc.returncode == 0, "error": proc.stderr[-2000:]}
 
     # Plain threads, not concurrent.futures: that imports logging, a tenth of this script's run.
-    results: list[dict[str, Any]] = [{} for _ in jobs]
+    results: list[dict[str, object]] = [{} for _ in jobs]
     pending = list(enumerate(jobs))
     lock = threading.Lock()
 
@@ -90,7 +94,7 @@ def main() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    facts: dict[str, Any] = {
+    facts: dict[str, object] = {
         "executable": sys.executable,
         "version": ".".join(str(v) for v in sys.version_info[:3]),
         "magic": importlib.util.MAGIC_NUMBER.hex(),

@@ -336,9 +336,9 @@ def loader_kind(spec: importlib.machinery.ModuleSpec) -> str:
     return f"unknown:{loader_type.__module__}.{loader_type.__qualname__}"
 
 
-def top_level_copies(top: str) -> list[dict[str, Any]]:
+def top_level_copies(top: str) -> list[dict[str, object]]:
     """Every sys.path entry holding `top` (package, module, extension, namespace portion), in order."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for entry in sys.path:
         try:
             spec = importlib.machinery.PathFinder.find_spec(top, [entry])
@@ -356,6 +356,42 @@ def top_level_copies(top: str) -> list[dict[str, Any]]:
                 where = os.path.dirname(where)  # a package: name its directory, not __init__.py
         out.append({"entry": entry, "kind": kind, "path": where})
     return out
+
+
+class _ModuleState:
+    """What the probe learned of one overlaid module: its loader kind, its code, why there is none."""
+
+    def __init__(self, why: str = "") -> None:
+        self.kind: str | None = None
+        self.code: types.CodeType | None = None
+        self.why = why
+
+
+def _obj(value: object) -> dict[str, object]:
+    """A JSON object of the spec or a report, or ValueError naming what was found instead."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def _seq(value: object) -> list[object]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a JSON array, found {type(value).__name__}")
+    return value
+
+
+def _objs(value: object) -> list[dict[str, object]]:
+    return [_obj(item) for item in _seq(value)]
+
+
+def _strs(value: object) -> list[str]:
+    return [str(item) for item in _seq(value)]
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise ValueError(f"expected an integer, found {type(value).__name__}")
+    return value
 
 
 def _real(path: str) -> str:
@@ -410,7 +446,7 @@ def opt_levels() -> tuple[int, ...]:
     return OPT_LEVELS if running in OPT_LEVELS else (*OPT_LEVELS, running)
 
 
-def pyc_candidates(source: str, prefixes: Iterable[str]) -> list[dict[str, Any]]:
+def pyc_candidates(source: str, prefixes: Iterable[str]) -> list[dict[str, object]]:
     """Every pyc location this interpreter could read for `source`: `__pycache__` and each pycache
     prefix mirror, at optimisation levels 0, 1, 2 (PEP 3147/488, bpo-33499)."""
     tag = sys.implementation.cache_tag
@@ -481,26 +517,28 @@ class _Compiled:
 
 
 def pyc_verdict(
-    candidate: Mapping[str, Any], compiled: _Compiled, stat: os.stat_result, mode: str
-) -> dict[str, Any]:
+    candidate: Mapping[str, object], compiled: _Compiled, stat: os.stat_result, mode: str
+) -> dict[str, object]:
     """What the interpreter would make of one candidate pyc: kind, modes accepting it, and whether its
     code equals the source's (`fresh`); `stale` = accepted under `mode` and not fresh."""
     out = dict(candidate)
     try:
-        with open(candidate["path"], "rb") as fh:
+        with open(str(candidate["path"]), "rb") as fh:
             data = fh.read()
     except OSError:
         out.update(exists=False)
         return out
     out.update(exists=True, kind=pyc_kind(data), accepted_modes=accepted_modes(data, compiled.source, stat))
-    out.update(accepted=mode in out["accepted_modes"], fresh=None, diff=None, stale=False, latent=False)
+    out.update(
+        accepted=mode in _strs(out["accepted_modes"]), fresh=None, diff=None, stale=False, latent=False
+    )
     if out["accepted_modes"]:
         try:
             loaded = marshal.loads(data[16:])
         except Exception as exc:
             loaded, out["diff"] = None, f"unreadable: {exc!r}"
         if isinstance(loaded, types.CodeType):
-            out["diff"] = code_diff(loaded, compiled.at(int(candidate["level"])))
+            out["diff"] = code_diff(loaded, compiled.at(_int(candidate["level"])))
         elif out["diff"] is None:
             out["diff"] = f"not a code object: {type(loaded).__name__}"
         out["fresh"] = out["diff"] is None
@@ -515,8 +553,8 @@ def check_mode() -> str:
 
 # -- checks -----------------------------------------------------------------------------------------
 def _check(
-    code: str, status: str, subject: str, message: str, hint: str = "", **details: Any
-) -> dict[str, Any]:
+    code: str, status: str, subject: str, message: str, hint: str = "", **details: object
+) -> dict[str, object]:
     return {
         "code": code,
         "status": status,
@@ -544,18 +582,18 @@ def _listed(items: Sequence[str]) -> str:
 
 
 class _Probe:
-    def __init__(self, spec: Mapping[str, Any]) -> None:
+    def __init__(self, spec: Mapping[str, object]) -> None:
         self.spec = spec
-        self.checks: list[dict[str, Any]] = []
+        self.checks: list[dict[str, object]] = []
         self.mode = check_mode()
-        interp = spec.get("interpreter") or {}
+        interp = _obj(spec.get("interpreter") or {})
         prefixes = [sys.pycache_prefix, interp.get("pycache_prefix")]
-        self.prefixes = [p for p in dict.fromkeys(prefixes) if p]
+        self.prefixes = [str(p) for p in dict.fromkeys(prefixes) if p]
         self.rebuild = f"servimg build images/{spec.get('image', '<name>')}.yaml"
-        self.modules: dict[str, dict[str, Any]] = {}
+        self.modules: dict[str, _ModuleState] = {}
         self.shadow_reported: set[str] = set()
 
-    def add(self, check: dict[str, Any]) -> None:
+    def add(self, check: dict[str, object]) -> None:
         self.checks.append(check)
 
     def guarded(self, code: str, subject: str, fn: Any, *args: Any) -> None:
@@ -566,9 +604,9 @@ class _Probe:
 
     # step 3
     def interpreter(self) -> None:
-        want = self.spec.get("interpreter")
-        if not want:
+        if not self.spec.get("interpreter"):
             return
+        want = _obj(self.spec.get("interpreter"))
         have = {
             "version": ".".join(str(v) for v in sys.version_info[:3]),
             "magic": importlib.util.MAGIC_NUMBER.hex(),
@@ -593,33 +631,33 @@ class _Probe:
             )
 
     # step 4
-    def module(self, mod: Mapping[str, Any]) -> None:
+    def module(self, mod: Mapping[str, object]) -> None:
         name, expected = str(mod["module"]), str(mod["path"])
-        state: dict[str, Any] = {"kind": None, "code": None, "why": "deleted by the overlays"}
+        state = _ModuleState(why="deleted by the overlays")
         self.modules[name] = state
         if mod.get("sha256") is None:
             self._deleted(name, expected)
             return
-        state["why"] = ""
+        state.why = ""
         try:
             spec = resolve_module(name)
         except ResolveError as exc:
-            state["why"] = f"does not resolve: {exc}"
+            state.why = f"does not resolve: {exc}"
             self.add(
                 _check(
                     "ORIGIN",
                     FAIL,
                     name,
-                    state["why"],
+                    state.why,
                     f"the overlay file {expected} must be importable as {name}",
                 )
             )
             spec = None
         if spec is not None:
             self._origin(mod, spec)
-            state["kind"] = loader_kind(spec)
+            state.kind = loader_kind(spec)
             self._loader_kind(name, spec, state)
-        origin = spec.origin if spec is not None and state["kind"] == "source" and spec.origin else expected
+        origin = spec.origin if spec is not None and state.kind == "source" and spec.origin else expected
         self._source_sha(mod, origin)
         self._legacy(name, origin)
         self._stale(name, origin, spec, state)
@@ -639,13 +677,13 @@ class _Probe:
         else:
             self.add(_check("ORIGIN", PASS, name, f"absent as the overlays require ({expected})"))
 
-    def _origin(self, mod: Mapping[str, Any], spec: importlib.machinery.ModuleSpec) -> None:
+    def _origin(self, mod: Mapping[str, object], spec: importlib.machinery.ModuleSpec) -> None:
         name, expected = str(mod["module"]), str(mod["path"])
         top = name.split(".")[0]
         site = mod.get("site_packages")
         copies = top_level_copies(top)
         for copy in copies:
-            copy["ours"] = bool(site) and _real(copy["entry"]) == _real(str(site))
+            copy["ours"] = bool(site) and _real(str(copy["entry"])) == _real(str(site))
         origin = spec.origin or ""
         active = spec.origin is not None and _real(origin) == _real(expected)
         if active:
@@ -656,7 +694,7 @@ class _Probe:
             loader = type(spec.loader).__name__
             hint = f"{loader} found it (not a sys.path copy); the patched file is {expected}"
             if culprit is not None:
-                source = entry_source(culprit["entry"], culprit["path"])
+                source = entry_source(str(culprit["entry"]), str(culprit["path"]))
                 hint = f"{culprit['path']} shadows it (added by {source['via']}): {source['fix']}"
             self.add(
                 _check(
@@ -673,41 +711,41 @@ class _Probe:
         self.shadow_reported.add(top)
         inactive = [c for c in copies if not c["ours"]] if active else []
         if inactive:
-            fixes = [entry_source(c["entry"], c["path"])["fix"] for c in inactive]
+            fixes = [entry_source(str(c["entry"]), str(c["path"]))["fix"] for c in inactive]
             self.add(
                 _check(
                     "SHADOW",
                     WARN,
                     top,
                     f"{len(inactive)} other copy(ies) of {top} on sys.path, not imported now: "
-                    + _listed([c["path"] for c in inactive]),
+                    + _listed([str(c["path"]) for c in inactive]),
                     "; ".join(dict.fromkeys(fixes)),
                     copies=copies,
                 )
             )
 
-    def _loader_kind(self, name: str, spec: importlib.machinery.ModuleSpec, state: dict[str, Any]) -> None:
-        kind = state["kind"]
+    def _loader_kind(self, name: str, spec: importlib.machinery.ModuleSpec, state: _ModuleState) -> None:
+        kind = state.kind
         loader = type(spec.loader).__name__ if spec.loader is not None else None
         if kind != "source":
-            state["why"] = f"cannot verify: {kind} loader ({spec.origin})"
+            state.why = f"cannot verify: {kind} loader ({spec.origin})"
             hint = "only modules loaded from a .py source file can be verified; remove the " + (
                 "extension module " + str(spec.origin) if kind == "extension" else f"{kind} copy"
             )
-            self.add(_check("LOADER_KIND", FAIL, name, state["why"], hint, loader=loader, origin=spec.origin))
+            self.add(_check("LOADER_KIND", FAIL, name, state.why, hint, loader=loader, origin=spec.origin))
             return
         try:
             code = spec.loader.get_code(name)  # type: ignore[union-attr]
         except Exception as exc:
-            state["why"] = f"the loader cannot produce code: {exc!r}"
+            state.why = f"the loader cannot produce code: {exc!r}"
             self.add(
-                _check("LOADER_KIND", FAIL, name, state["why"], "fix the file so it compiles, then rebuild")
+                _check("LOADER_KIND", FAIL, name, state.why, "fix the file so it compiles, then rebuild")
             )
             return
-        state["code"] = code
+        state.code = code
         self.add(_check("LOADER_KIND", PASS, name, f"source file loader ({loader})", loader=loader))
 
-    def _source_sha(self, mod: Mapping[str, Any], path: str) -> None:
+    def _source_sha(self, mod: Mapping[str, object], path: str) -> None:
         digest = _sha256_file(path)
         name, want = str(mod["module"]), str(mod["sha256"])
         if digest is None:
@@ -741,7 +779,7 @@ class _Probe:
             self.add(_check("LEGACY_PYC", PASS, name, "no sourceless pyc beside the source"))
 
     def _stale(
-        self, name: str, source: str, spec: importlib.machinery.ModuleSpec | None, state: dict[str, Any]
+        self, name: str, source: str, spec: importlib.machinery.ModuleSpec | None, state: _ModuleState
     ) -> None:
         try:
             with open(source, "rb") as fh:
@@ -765,8 +803,8 @@ class _Probe:
         stale = [v for v in present if v["stale"]]
         latent = [v for v in present if v["latent"]]
         problems = [f"{v['path']} ({v['kind']}, {v['diff']})" for v in stale]
-        if state["code"] is not None:
-            diff = code_diff(state["code"], compiled.at(sys.flags.optimize))
+        if state.code is not None:
+            diff = code_diff(state.code, compiled.at(sys.flags.optimize))
             if diff is not None:
                 problems.append(f"the loader's code differs from the source ({diff})")
         summary = (
@@ -775,7 +813,7 @@ class _Probe:
             + (f" + prefix {', '.join(self.prefixes)}" if self.prefixes else "")
         )
         if problems:
-            paths = [v["path"] for v in stale]
+            paths = [str(v["path"]) for v in stale]
             hint = (
                 ("rm -f " + " ".join(paths) + f"  (or {self.rebuild}: it whiteouts stale pycs)")
                 if paths
@@ -792,14 +830,14 @@ class _Probe:
                 )
             )
         elif latent:
-            paths = [v["path"] for v in latent]
+            paths = [str(v["path"]) for v in latent]
             self.add(
                 _check(
                     "STALE_PYC",
                     WARN,
                     name,
                     f"stale pyc(s) rejected under --check-hash-based-pycs {self.mode} but accepted under "
-                    + "/".join(sorted({m for v in latent for m in v["accepted_modes"]}))
+                    + "/".join(sorted({m for v in latent for m in _strs(v["accepted_modes"])}))
                     + ": "
                     + _listed(paths),
                     "rm -f " + " ".join(paths),
@@ -813,22 +851,23 @@ class _Probe:
     def _module_code(self, module: str) -> tuple[types.CodeType | None, str]:
         state = self.modules.get(module)
         if state is None:
-            state = {"kind": None, "code": None, "why": ""}
+            state = _ModuleState()
             self.modules[module] = state
             try:
                 spec = resolve_module(module)
-                state["kind"] = loader_kind(spec)
-                if state["kind"] != "source":
-                    state["why"] = f"cannot verify: {state['kind']} loader ({spec.origin})"
+                state.kind = loader_kind(spec)
+                if state.kind != "source":
+                    state.why = f"cannot verify: {state.kind} loader ({spec.origin})"
                 else:
-                    state["code"] = spec.loader.get_code(module)  # type: ignore[union-attr]
+                    state.code = spec.loader.get_code(module)  # type: ignore[union-attr]
             except Exception as exc:
-                state["why"] = f"cannot load its code: {exc}"
-        return state["code"], state["why"]
+                state.why = f"cannot load its code: {exc}"
+        return state.code, state.why
 
-    def sentinel(self, sentinel: Mapping[str, Any]) -> None:
+    def sentinel(self, sentinel: Mapping[str, object]) -> None:
         module, qualname = str(sentinel["module"]), str(sentinel["qualname"])
-        name, const = sentinel.get("name"), sentinel.get("const")
+        name = None if sentinel.get("name") is None else str(sentinel.get("name"))
+        const = sentinel.get("const")
         what = f"name {name!r} in co_names" if name is not None else f"constant {const!r} in co_consts"
         subject = f"{module}:{qualname}"
         if sentinel.get("absent_in_base"):
@@ -898,7 +937,7 @@ class _Probe:
                 )
             )
 
-    def forbidden(self, item: Mapping[str, Any]) -> None:
+    def forbidden(self, item: Mapping[str, object]) -> None:
         module, qualname, name = str(item["module"]), str(item["qualname"]), str(item["name"])
         subject = f"{module}:{qualname}"
         code, why = self._module_code(module)
@@ -939,7 +978,7 @@ class _Probe:
             self.add(_check("FORBIDDEN", PASS, subject, f"{name!r} absent from {total} code object(s)"))
 
     # step 6
-    def record(self, dist: Mapping[str, Any]) -> None:
+    def record(self, dist: Mapping[str, object]) -> None:
         subject = f"{dist['distribution']} {dist.get('version', '')}".strip()
         dist_info = str(dist["dist_info"])
         site = os.path.dirname(dist_info)
@@ -958,7 +997,7 @@ class _Probe:
         pinned = dist.get("record_sha256")
         if pinned and hashlib.sha256(raw).hexdigest() != pinned:
             problems.append(f"{record_path} is not the RECORD the lock pinned")
-        overlay = {_real(str(f["path"])): f for f in dist.get("overlay_files", [])}
+        overlay = {_real(str(f["path"])): f for f in _objs(dist.get("overlay_files", []))}
         seen: set[str] = set()
         verified = 0
         for row in csv.reader(io.StringIO(raw.decode("utf-8", "replace"))):
@@ -1008,7 +1047,7 @@ class _Probe:
             )
 
     @staticmethod
-    def _overlay_file(path: str, item: Mapping[str, Any], algorithm: str, expected: str) -> list[str]:
+    def _overlay_file(path: str, item: Mapping[str, object], algorithm: str, expected: str) -> list[str]:
         post = item.get("post_sha256")
         if post is None:
             return [f"{path}: deleted by the overlays but present"] if os.path.lexists(path) else []
@@ -1024,7 +1063,7 @@ class _Probe:
         return []
 
     # step 7
-    def unchecked(self, package: Mapping[str, Any]) -> None:
+    def unchecked(self, package: Mapping[str, object]) -> None:
         root = str(package["path"])
         roots = [root] + [os.path.join(p, os.path.abspath(root).lstrip(os.sep)) for p in self.prefixes]
         found = [p for p in _pycs_under(roots) if _header_kind(p) == "unchecked-hash"]
@@ -1046,7 +1085,7 @@ class _Probe:
             self.add(_check("UNCHECKED_PYC", PASS, name, "no unchecked-hash pycs"))
 
     # step 8
-    def layer(self, layer: Mapping[str, Any]) -> None:
+    def layer(self, layer: Mapping[str, object]) -> None:
         """LAYER: what the overlay layer added is still what the changes manifest says it wrote."""
         manifest = str(layer.get("changes"))
         hint = "the image was altered after it was built; rebuild it and do not run this copy"
@@ -1057,7 +1096,7 @@ class _Probe:
             self.add(_check("LAYER", FAIL, manifest, f"cannot read the changes manifest: {exc}", hint))
             return
         expected = [(str(e.get("path")), str(e.get("kind")), e.get("sha256")) for e in entries]
-        expected += [(str(f.get("path")), "file", f.get("sha256")) for f in layer.get("files", [])]
+        expected += [(str(f.get("path")), "file", f.get("sha256")) for f in _objs(layer.get("files", []))]
         problems = [p for p in (_layer_problem(*item) for item in expected) if p]
         kinds = [kind for _, kind, _ in expected]
         counted = ", ".join(
@@ -1071,7 +1110,7 @@ class _Probe:
             message = f"{counted} as the changes manifest lists them; lock and definition as pinned"
             self.add(_check("LAYER", PASS, manifest, message))
 
-    def audit_package(self, package: Mapping[str, Any]) -> None:
+    def audit_package(self, package: Mapping[str, object]) -> None:
         root, name = str(package["path"]), str(package["import_name"])
         started = time.monotonic()
         sources = pycs = 0
@@ -1080,7 +1119,7 @@ class _Probe:
         unreadable: list[str] = []
         for source in _sources_under(root):
             sources += 1
-            candidates = [c for c in pyc_candidates(source, self.prefixes) if os.path.exists(c["path"])]
+            candidates = [c for c in pyc_candidates(source, self.prefixes) if os.path.exists(str(c["path"]))]
             if not candidates:
                 continue
             try:
@@ -1103,7 +1142,7 @@ class _Probe:
                     latent.append(str(candidate["path"]))
         seconds = max(time.monotonic() - started, 1e-9)
         rate = sources / seconds
-        stats: dict[str, Any] = {
+        stats: dict[str, object] = {
             "sources": sources,
             "pycs": pycs,
             "seconds": round(seconds, 3),
@@ -1137,7 +1176,7 @@ class _Probe:
                 )
             )
         else:
-            self.add(_check("AUDIT", PASS, name, f"{head}: none stale", **stats))
+            self.add(_check("AUDIT", PASS, name, f"{head}: none stale", "", **stats))
 
 
 def _layer_problem(path: str, kind: str, sha256: object) -> str | None:
@@ -1187,7 +1226,7 @@ def _header_kind(path: str) -> str:
 
 
 # -- facts and the run ------------------------------------------------------------------------------
-def interpreter_facts() -> dict[str, Any]:
+def interpreter_facts() -> dict[str, object]:
     flags = sys.flags
     return {
         "executable": sys.executable,
@@ -1207,7 +1246,7 @@ def interpreter_facts() -> dict[str, Any]:
     }
 
 
-def environment() -> dict[str, Any]:
+def environment() -> dict[str, object]:
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("PYTHON") or k in _ENV_EXTRA}
     return {
         "env": env,
@@ -1223,8 +1262,8 @@ def environment() -> dict[str, Any]:
 
 
 def run(
-    spec: Mapping[str, Any], audit: bool = False, facts: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    spec: Mapping[str, object], audit: bool = False, facts: Mapping[str, object] | None = None
+) -> dict[str, object]:
     """Run every check of `spec` in this interpreter and return the JSON-able report (never raises for a
     failing check; raises ProbeError for a malformed spec)."""
     if not isinstance(spec, Mapping) or not isinstance(spec.get("modules", []), list):
@@ -1235,24 +1274,24 @@ def run(
     probe = _Probe(spec)
     try:
         probe.guarded("INTERPRETER", sys.executable, probe.interpreter)
-        for mod in spec.get("modules", []):
+        for mod in _objs(spec.get("modules", [])):
             probe.guarded("ORIGIN", str(mod.get("module")), probe.module, mod)
-        for sentinel in spec.get("sentinels", []):
+        for sentinel in _objs(spec.get("sentinels", [])):
             probe.guarded(
                 "SENTINEL", f"{sentinel.get('module')}:{sentinel.get('qualname')}", probe.sentinel, sentinel
             )
-        for item in spec.get("forbidden", []):
+        for item in _objs(spec.get("forbidden", [])):
             probe.guarded("FORBIDDEN", f"{item.get('module')}:{item.get('qualname')}", probe.forbidden, item)
-        for dist in spec.get("distributions", []):
+        for dist in _objs(spec.get("distributions", [])):
             probe.guarded("RECORD", str(dist.get("distribution")), probe.record, dist)
-        for package in spec.get("packages", []):
+        for package in _objs(spec.get("packages", [])):
             if package.get("overlay"):
                 probe.guarded("UNCHECKED_PYC", str(package.get("import_name")), probe.unchecked, package)
         layer = spec.get("layer")
         if layer:
-            probe.guarded("LAYER", str(layer.get("changes")), probe.layer, layer)
+            probe.guarded("LAYER", str(_obj(layer).get("changes")), probe.layer, layer)
         if audit:
-            for package in spec.get("packages", []):
+            for package in _objs(spec.get("packages", [])):
                 probe.guarded("AUDIT", str(package.get("import_name")), probe.audit_package, package)
     finally:
         sys.dont_write_bytecode = saved
@@ -1270,14 +1309,14 @@ def run(
     }
 
 
-def exit_status(report: Mapping[str, Any]) -> int:
-    summary = report["summary"]
+def exit_status(report: Mapping[str, object]) -> int:
+    summary = _obj(report["summary"])
     return 2 if summary.get(ERROR) else 1 if summary.get(FAIL) else 0
 
 
-def render(report: Mapping[str, Any]) -> str:
+def render(report: Mapping[str, object]) -> str:
     """The human report: facts, one line per check (hint beneath), summary."""
-    facts, env = report["interpreter"], report["environment"]
+    facts, env = _obj(report["interpreter"]), _obj(report["environment"])
     lines = [
         f"servimg probe {report['probe_version']}: image {report.get('image')} "
         f"lock {report.get('lock_digest')}",
@@ -1296,16 +1335,17 @@ def render(report: Mapping[str, Any]) -> str:
                 "no_site",
             )
         ),
-        "env: " + (" ".join(f"{k}={v}" for k, v in env["env"].items()) or "(no PYTHON* variables)"),
+        "env: " + (" ".join(f"{k}={v}" for k, v in _obj(env["env"]).items()) or "(no PYTHON* variables)"),
         f"cwd: {env['cwd']}",
-        "sys.path: " + " ".join(p or "''" for p in env["sys_path"]),
+        "sys.path: " + " ".join(str(p or "''") for p in _seq(env["sys_path"])),
     ]
-    width = max([len(c["code"]) for c in report["checks"]] + [4])
-    for check in report["checks"]:
+    checks = _objs(report["checks"])
+    width = max([len(str(c["code"])) for c in checks] + [4])
+    for check in checks:
         lines.append(f"{check['status']:<5} {check['code']:<{width}} {check['subject']}: {check['message']}")
         if check["hint"] and check["status"] != PASS:
             lines.append(f"{'':<5} {'':<{width}} fix: {check['hint']}")
-    summary = report["summary"]
+    summary = _obj(report["summary"])
     lines.append(
         "summary: "
         + ", ".join(f"{summary[s]} {s}" for s in STATUSES)

@@ -54,34 +54,67 @@ _MAX_ERRORS = 20
 
 _installed = False
 _spec_path = ""
-_spec_raw: "Mapping[str, Any]" = {}
+_spec_raw: "Mapping[str, object]" = {}
 _by_path: "dict[str, str]" = {}  # watched origin path -> module name
 _names: "tuple[str, ...]" = ()  # watched module names
-_pyc: "dict[int, list[Any]]" = {}  # thread id -> [last pyc path opened, unmarshalled since?]
+_pyc: "dict[int, list[object]]" = {}  # thread id -> [last pyc path opened, unmarshalled since?]
 _compiled: "dict[int, str]" = {}  # thread id -> last filename compiled
 _busy: "set[int]" = set()  # thread ids inside the hook's own work (its file I/O raises events too)
 _lock = allocate_lock()
-_state: "dict[str, Any]" = {
-    "spec": None,
-    "records": [],
-    "errors": [],
-    "pid": 0,
-    "started_ns": 0,
-    "inherited_from": None,
-}
+
+
+class _Spec:
+    """The witness spec grouped once: modules by name, sentinels and forbidden names by module."""
+
+    def __init__(self, raw: "Mapping[str, object]") -> None:
+        self.image, self.lock_digest = raw.get("image"), raw.get("lock_digest")
+        self.modules: dict[str, Mapping[str, object]] = {}
+        self.sentinels: dict[str, list[Mapping[str, object]]] = {}
+        self.forbidden: dict[str, list[Mapping[str, object]]] = {}
+        for module in _items(raw.get("modules")):
+            self.modules[str(module["module"])] = module
+        for item in _items(raw.get("sentinels")):
+            self.sentinels.setdefault(str(item["module"]), []).append(item)
+        for item in _items(raw.get("forbidden")):
+            self.forbidden.setdefault(str(item["module"]), []).append(item)
+
+
+class _State:
+    """What this process has recorded, and who it is (a forked child records as itself)."""
+
+    def __init__(self) -> None:
+        self.spec: _Spec | None = None
+        self.records: list[dict[str, object]] = []
+        self.errors: list[str] = []
+        self.pid = 0
+        self.started_ns = 0
+        self.inherited_from: int | None = None
+
+
+_state = _State()
+
+
+def _items(value: object) -> "list[Mapping[str, object]]":
+    """The JSON objects of a spec list; anything else is not the spec servimg writes (the caller records
+    the error: the hook never breaks the process)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ValueError(f"the witness spec has {value!r} where a list of objects belongs")
+    return value
 
 
 # -- installation -----------------------------------------------------------------------------------
-def install(spec_path: str, spec: "Mapping[str, Any]") -> None:
+def install(spec_path: str, spec: "Mapping[str, object]") -> None:
     """Install the hook (once per process) for the overlay modules of `spec` (the witness spec)."""
     global _installed, _spec_path, _spec_raw, _by_path, _names
     try:
         if _installed or os.environ.get("SERVIMG_WITNESS", "1") == "0":
             return
         _spec_path, _spec_raw = str(spec_path), spec
-        _by_path = {str(m["path"]): str(m["module"]) for m in spec["modules"]}
+        _by_path = {str(m["path"]): str(m["module"]) for m in _items(spec["modules"])}
         _names = tuple(sorted(_by_path.values()))
-        _state["pid"], _state["started_ns"] = os.getpid(), time.time_ns()
+        _state.pid, _state.started_ns = os.getpid(), time.time_ns()
         sys.addaudithook(_hook)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork)
@@ -93,9 +126,9 @@ def install(spec_path: str, spec: "Mapping[str, Any]") -> None:
 def _after_fork() -> None:
     """A forked child writes its own file (new pid); what its parent recorded is marked inherited."""
     try:
-        _state["inherited_from"] = _state["pid"]
-        _state["pid"], _state["started_ns"] = os.getpid(), time.time_ns()
-        for record in _state["records"]:
+        _state.inherited_from = _state.pid
+        _state.pid, _state.started_ns = os.getpid(), time.time_ns()
+        for record in _state.records:
             record["inherited"] = True
         _pyc.clear()
         _compiled.clear()
@@ -155,45 +188,46 @@ def _watched_name(filename: str) -> "str | None":
 
 def _error(where: str, exc: BaseException) -> None:
     try:
-        if len(_state["errors"]) < _MAX_ERRORS:
-            _state["errors"].append(f"{where}: {exc!r}")
+        if len(_state.errors) < _MAX_ERRORS:
+            _state.errors.append(f"{where}: {exc!r}")
     except Exception:
         pass
 
 
 # -- one record -------------------------------------------------------------------------------------
-def _record(name: str, code: "CodeType", pyc_state: "list[Any] | None", compiled: "str | None") -> None:
+def _record(name: str, code: "CodeType", pyc_state: "list[object] | None", compiled: "str | None") -> None:
     origin = code.co_filename
-    record: dict[str, Any] = {"module": name, "origin": origin, "time": time.time(), "thread": get_ident()}
+    record: dict[str, object] = {"module": name, "origin": origin, "time": time.time(), "thread": get_ident()}
     try:
         record["bytecode"] = _bytecode(origin, pyc_state, compiled)
         spec = _spec()
-        expected = spec["modules"].get(name) or {}
+        expected = spec.modules.get(name) or {}
         record["expected_path"] = expected.get("path")
         record["expected_sha256"] = expected.get("sha256")
         record["source_sha256"] = _sha256(origin)
-        record["origin_is_patched"] = bool(expected.get("path")) and _same_file(origin, expected["path"])
+        record["origin_is_patched"] = bool(expected.get("path")) and _same_file(origin, str(expected["path"]))
         record["source_matches_lock"] = record["source_sha256"] is not None and record[
             "source_sha256"
         ] == expected.get("sha256")
-        record["sentinels"] = [_find(code, s, "sentinel") for s in spec["sentinels"].get(name, [])]
-        record["forbidden"] = [_find(code, f, "forbidden") for f in spec["forbidden"].get(name, [])]
+        sentinels = [_find(code, s, "sentinel") for s in spec.sentinels.get(name, [])]
+        forbidden = [_find(code, f, "forbidden") for f in spec.forbidden.get(name, [])]
+        record["sentinels"], record["forbidden"] = sentinels, forbidden
         record["patched_code_ran"] = bool(
             record["origin_is_patched"]
             and record["source_matches_lock"]
-            and all(s["present"] for s in record["sentinels"])
-            and not any(f["present"] for f in record["forbidden"])
+            and all(s["present"] for s in sentinels)
+            and not any(f["present"] for f in forbidden)
         )
     except Exception as exc:
         record["error"] = repr(exc)
         record["patched_code_ran"] = False
         _error("record " + name, exc)
     with _lock:
-        _state["records"].append(record)
+        _state.records.append(record)
         _write()
 
 
-def _bytecode(origin: str, pyc_state: "list[Any] | None", compiled: "str | None") -> "dict[str, Any]":
+def _bytecode(origin: str, pyc_state: "list[object] | None", compiled: "str | None") -> "dict[str, object]":
     """Which bytecode the loader handed to exec: the pyc it unmarshalled, or a compile of the source."""
     if compiled == origin:
         return {"pyc": None, "how": "compiled from source"}
@@ -261,20 +295,11 @@ def _sha256_factory() -> "Any":
         return imported.sha256
 
 
-def _spec() -> "dict[str, Any]":
-    """The witness spec grouped once: modules by name, sentinels and forbidden names by module."""
-    cached: dict[str, Any] | None = _state["spec"]
-    if cached is not None:
-        return cached
-    spec: dict[str, Any] = {"modules": {}, "sentinels": {}, "forbidden": {}}
-    spec["image"], spec["lock_digest"] = _spec_raw.get("image"), _spec_raw.get("lock_digest")
-    for module in _spec_raw.get("modules", []):
-        spec["modules"][module["module"]] = module
-    for key in ("sentinels", "forbidden"):
-        for item in _spec_raw.get(key, []):
-            spec[key].setdefault(item["module"], []).append(item)
-    _state["spec"] = spec
-    return spec
+def _spec() -> _Spec:
+    """The witness spec, grouped on first use."""
+    if _state.spec is None:
+        _state.spec = _Spec(_spec_raw)
+    return _state.spec
 
 
 # -- code objects (the probe's rules: co_qualname on 3.11+, reconstructed before) ----------------------
@@ -316,10 +341,10 @@ def _global_stores(code: "CodeType") -> "set[str]":
     return names
 
 
-def _const_in(consts: "Any", value: object) -> bool:
+def _const_in(consts: "tuple[object, ...]", value: object) -> bool:
     for const in consts:
-        if type(const) in (tuple, frozenset):
-            if _const_in(const, value):
+        if isinstance(const, (tuple, frozenset)):  # code constants are exactly these, never subclasses
+            if _const_in(tuple(const), value):
                 return True
         elif type(const) is type(value) and const == value:
             return True
@@ -338,12 +363,11 @@ def _holds(code: "CodeType", name: "str | None", const: object) -> bool:
     return False
 
 
-def _find(code: "CodeType", item: "Mapping[str, Any]", kind: str) -> "dict[str, Any]":
+def _find(code: "CodeType", item: "Mapping[str, object]", kind: str) -> "dict[str, object]":
     """Whether `item`'s name (or constant) is in any code object named `item['qualname']` under `code`."""
     qualname, name, const = item.get("qualname"), item.get("name"), item.get("const")
-    objs = [obj for qual, obj in _walk(code) if qual == qualname]
-    hits = sum(1 for obj in objs if _holds(obj, name, const))
-    out = {"kind": kind, "qualname": qualname, "present": hits > 0, "hits": hits, "code_objects": len(objs)}
+    hits, objects = find_in_qualname(code, str(qualname), None if name is None else str(name), const)
+    out = {"kind": kind, "qualname": qualname, "present": hits > 0, "hits": hits, "code_objects": objects}
     out.update({"key": item.get("key"), "name": name, "const": const})
     return out
 
@@ -352,8 +376,8 @@ def find_in_qualname(
     code: "CodeType", qualname: str, name: "str | None" = None, const: object = None
 ) -> "tuple[int, int]":
     """(code objects named `qualname` that hold the name/const, code objects named `qualname`)."""
-    found = _find(code, {"qualname": qualname, "name": name, "const": const}, "sentinel")
-    return int(found["hits"]), int(found["code_objects"])
+    objs = [obj for qual, obj in _walk(code) if qual == qualname]
+    return sum(1 for obj in objs if _holds(obj, name, const)), len(objs)
 
 
 # -- the file ---------------------------------------------------------------------------------------
@@ -364,7 +388,6 @@ def witness_dir() -> str:
 def _write() -> None:
     """Rewrite this process's file atomically (caller holds _lock)."""
     try:
-        spec = _state["spec"] or {}
         flags = sys.flags
         try:
             import _imp
@@ -374,10 +397,10 @@ def _write() -> None:
             check = "unknown"
         doc = {
             "witness_version": WITNESS_VERSION,
-            "pid": _state["pid"],
+            "pid": _state.pid,
             "ppid": os.getppid(),
-            "inherited_from": _state["inherited_from"],
-            "started_ns": _state["started_ns"],
+            "inherited_from": _state.inherited_from,
+            "started_ns": _state.started_ns,
             "argv": list(getattr(sys, "argv", [])),
             "executable": sys.executable,
             "python": ".".join(str(v) for v in sys.version_info[:3]),
@@ -388,14 +411,14 @@ def _write() -> None:
                 "pycache_prefix": getattr(sys, "pycache_prefix", None),
                 "dont_write_bytecode": bool(sys.dont_write_bytecode),
             },
-            "image": spec.get("image"),
-            "lock_digest": spec.get("lock_digest"),
-            "records": _state["records"],
-            "errors": _state["errors"],
+            "image": _spec_raw.get("image"),
+            "lock_digest": _spec_raw.get("lock_digest"),
+            "records": _state.records,
+            "errors": _state.errors,
         }
         directory = witness_dir()
         os.makedirs(directory, exist_ok=True)
-        name = f"witness-{_state['pid']}-{_state['started_ns']}.json"
+        name = f"witness-{_state.pid}-{_state.started_ns}.json"
         final = os.path.join(directory, name)
         tmp = os.path.join(directory, ".tmp-" + name)
         json = sys.modules.get("json")

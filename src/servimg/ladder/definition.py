@@ -354,7 +354,7 @@ class LadderDefinition:
     arms: tuple[ArmSpec, ...]
 
     # -- derived ------------------------------------------------------------------------------------
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return dict(as_json(self))
 
     def canonical_bytes(self) -> bytes:
@@ -602,7 +602,7 @@ class ProbeSet:
     def prompts(self) -> tuple[tuple[Family, Prompt], ...]:
         return tuple((f, p) for f in self.families for p in f.prompts)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return dict(as_json(self))
 
     @classmethod
@@ -745,7 +745,7 @@ def _read(path: Path, what: str) -> bytes:
         raise LadderError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-def _yaml(text: str | bytes, origin: str) -> dict[str, Any]:
+def _yaml(text: str | bytes, origin: str) -> dict[str, object]:
     try:
         data = yaml.load(text, Loader=StrictLoader)
     except (yaml.YAMLError, ValueError, RecursionError) as exc:

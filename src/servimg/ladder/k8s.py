@@ -25,10 +25,10 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
@@ -168,7 +168,7 @@ def node_argv(emission: Emission, chain: Chain) -> list[str]:
     return [*entry, emission.results, str(chain.index), "--in-container"]
 
 
-def job_manifest(emission: Emission, chain: Chain, deadline_s: int, options: K8sOptions) -> dict[str, Any]:
+def job_manifest(emission: Emission, chain: Chain, deadline_s: int, options: K8sOptions) -> dict[str, object]:
     """One batch/v1 Job: one pod, never retried (a retry would re-run arms over half-written state)."""
     name = job_name(emission, chain)
     image = f"{emission.repository}@{emission.manifest}"
@@ -178,12 +178,12 @@ def job_manifest(emission: Emission, chain: Chain, deadline_s: int, options: K8s
         {"name": "SERVIMG_JOB_ID", "value": name},
         {"name": "SERVIMG_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
-    resources: dict[str, Any] = {}
+    resources: dict[str, object] = {}
     if options.gpus is not None:
         count = {options.gpu_resource: str(int(options.gpus))}
         resources = {"requests": dict(count), "limits": dict(count)}  # extended resources: requests = limits
     if options.results_claim is not None:
-        volume: dict[str, Any] = {"persistentVolumeClaim": {"claimName": options.results_claim}}
+        volume: dict[str, object] = {"persistentVolumeClaim": {"claimName": options.results_claim}}
     else:
         volume = {"hostPath": {"path": options.results_host_path, "type": "Directory"}}
     container = {
@@ -259,7 +259,7 @@ def manifests(emission: Emission, options: K8sOptions) -> dict[str, bytes]:
     return files
 
 
-def index(emission: Emission, options: K8sOptions, jobs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def index(emission: Emission, options: K8sOptions, jobs: Sequence[Mapping[str, object]]) -> dict[str, object]:
     return {
         "ladder": emission.ladder,
         "image": f"{emission.repository}@{emission.manifest}",
@@ -273,20 +273,20 @@ def index(emission: Emission, options: K8sOptions, jobs: Sequence[Mapping[str, A
     }
 
 
-def canonical_yaml(doc: Mapping[str, Any]) -> bytes:
+def canonical_yaml(doc: Mapping[str, object]) -> bytes:
     return yaml.safe_dump(dict(doc), sort_keys=True, default_flow_style=False, width=4096).encode()
 
 
-def canonical_json(doc: Mapping[str, Any]) -> bytes:
+def canonical_json(doc: Mapping[str, object]) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
 # ------------------------------------------------------------------------------------------ emit
 
-Resolver = Callable[[str, LoadedLadder], tuple[str, dict[str, Any]]]
+Resolver = Callable[[str, LoadedLadder], tuple[str, dict[str, object]]]
 
 
-def resolve(ref_text: str, loaded: LoadedLadder, resolver: Resolver) -> tuple[str, dict[str, Any]]:
+def resolve(ref_text: str, loaded: LoadedLadder, resolver: Resolver) -> tuple[str, dict[str, object]]:
     """The image by digest: a tag is resolved in its registry once; one that cannot be is refused."""
     try:
         ref = Reference.parse(ref_text)
@@ -313,7 +313,7 @@ def emit(
     dest: Path,
     log: Log,
     resolver: Resolver,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Pre-register into the results directory (`config.out`), put the inputs and the harness there, and
     write the manifests into `dest` (a new directory, renamed into place: never half-written)."""
     options.check()
@@ -362,7 +362,7 @@ def emit(
     atomic_write(results / INDEX, files["jobs.json"], 0o644)
     write_directory(dest, files)
     log(f"k8s: {len(planned)} Job(s) in {dest}: kubectl apply -k {dest}; then --collect {results}")
-    emitted: dict[str, Any] = json.loads(files["jobs.json"])
+    emitted: dict[str, object] = json.loads(files["jobs.json"])
     return emitted
 
 
@@ -432,15 +432,15 @@ def write_directory(dest: Path, files: Mapping[str, bytes]) -> None:
 # ------------------------------------------------------------------------------------------ collect
 
 
-def job_states(doc: Mapping[str, Any]) -> dict[str, str]:
+def job_states(doc: Mapping[str, object]) -> dict[str, str]:
     """`kubectl get jobs -o json` (a JobList, or one Job): per name, why it did not complete ("" if it
     did): the Failed condition's reason and message (DeadlineExceeded, BackoffLimitExceeded, …)."""
     items = doc.get("items") if doc.get("kind") != "Job" else [doc]
     out = {}
-    for item in items or []:
-        name = str((item.get("metadata") or {}).get("name"))
-        status = item.get("status") or {}
-        true = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
+    for item in jv.objs(items or [], "items"):
+        name = str(jv.member(item, "metadata", "name"))
+        status = jv.obj(item.get("status") or {}, "status")
+        true = [c for c in jv.objs(status.get("conditions") or [], "conditions") if c.get("status") == "True"]
         conditions = {str(c.get("type")): c for c in true}
         if "Complete" in conditions:
             out[name] = ""
@@ -454,8 +454,8 @@ def job_states(doc: Mapping[str, Any]) -> dict[str, str]:
 
 
 def collect(
-    results: Path, ref_text: str | None, log: Log, jobs_json: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    results: Path, ref_text: str | None, log: Log, jobs_json: Mapping[str, object] | None = None
+) -> dict[str, object]:
     """The receipt of a run whose Jobs have ended: the same as a local run's, placement `k8s`. A chain
     without a status, or one whose job did not end done, makes every arm of it FAIL with the reason."""
     results = results.resolve()
@@ -471,12 +471,14 @@ def collect(
     loaded = load(Path(plan.ladder_path))
     prepared = plan.prepared(loaded)
     unchanged = prepared.inputs.sha256 == plan.inputs_sha256
-    names = {int(j["chain"]): str(j["name"]) for j in emitted.get("jobs") or []}
+    names = {
+        jv.integer(j["chain"], "jobs[].chain"): str(j["name"]) for j in jv.objs(emitted.get("jobs") or [])
+    }
     states = job_states(jobs_json) if jobs_json is not None else {}
-    scheduler = K8sPlacement(names, states, emitted.get("namespace"))
+    scheduler = K8sPlacement(names, states, jv.optional_text(emitted.get("namespace"), "namespace"))
     records, all_unchanged, placement = remote.collect(loaded, results, plan.chains, scheduler)
     unchanged = unchanged and all_unchanged
-    jobs = placement["jobs"]
+    jobs = jv.objs(placement["jobs"], "placement.jobs")
     return finish(loaded, results, prepared, records, unchanged, placement, _span(plan, jobs), log)
 
 
@@ -489,7 +491,7 @@ class K8sPlacement:
     states: Mapping[str, str]
     namespace: str | None
 
-    def outcome(self, chain: Chain, status: Mapping[str, Any]) -> remote.ChainOutcome:
+    def outcome(self, chain: Chain, status: Mapping[str, object]) -> remote.ChainOutcome:
         name = self.names.get(chain.index, chain.name)
         node = str(status.get("node") or "")
         return remote.ChainOutcome(
@@ -499,11 +501,11 @@ class K8sPlacement:
             f"k8s job {name}",
         )
 
-    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, Any]:
+    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, object]:
         return {"scheduler": "k8s", "namespace": self.namespace, "jobs": list(jobs), "arms": dict(arms)}
 
 
-def _failure(name: str, status: Mapping[str, Any], kubernetes: str | None) -> str | None:
+def _failure(name: str, status: Mapping[str, object], kubernetes: str | None) -> str | None:
     if status.get("state") == "done" and not kubernetes:
         return None
     if not status:
@@ -513,7 +515,7 @@ def _failure(name: str, status: Mapping[str, Any], kubernetes: str | None) -> st
         if status.get("error"):
             text += f": {status['error']}"
         if status.get("differences"):
-            text += f" ({', '.join(status['differences'][:8])})"
+            text += f" ({', '.join(jv.texts(status['differences'])[:8])})"
         if status.get("state") == "running":
             text += " (it was killed, or is still running)"
     if kubernetes:
@@ -523,7 +525,7 @@ def _failure(name: str, status: Mapping[str, Any], kubernetes: str | None) -> st
     return text
 
 
-def _span(plan: remote.JobPlan, jobs: Sequence[Mapping[str, Any]]) -> float:
+def _span(plan: remote.JobPlan, jobs: Sequence[Mapping[str, object]]) -> float:
     """Seconds from the pre-registration to the last job's finish (what the jobs recorded)."""
     ends = [str(j["finished_at"]) for j in jobs if j.get("finished_at")]
     if not ends:

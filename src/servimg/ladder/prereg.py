@@ -8,7 +8,6 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from servimg.core import canonical
 from servimg.core.digest import sha256_hex
@@ -55,7 +54,7 @@ class Inputs:
     variables: Mapping[str, str]
     model_files: Mapping[str, str]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "ladder": {"path": self.ladder_path, "sha256": self.ladder_sha256},
             "probes": {"path": self.probes_path, "sha256": self.probes_sha256},

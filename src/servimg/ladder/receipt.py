@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import ServimgError
@@ -44,18 +45,18 @@ class ReceiptError(ServimgError):
 RECEIPT_VERSION = 1
 
 
-def seal(doc: Mapping[str, Any]) -> dict[str, Any]:
+def seal(doc: Mapping[str, object]) -> dict[str, object]:
     body = {k: v for k, v in doc.items() if k != "sha256"}
     return {**body, "sha256": sha256_hex(canonical.dumps(body))}
 
 
-def check_seal(doc: Mapping[str, Any]) -> bool:
+def check_seal(doc: Mapping[str, object]) -> bool:
     claimed = doc.get("sha256")
     body = {k: v for k, v in doc.items() if k != "sha256"}
     return isinstance(claimed, str) and claimed == sha256_hex(canonical.dumps(body))
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> dict[str, object]:
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -65,19 +66,27 @@ def load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def verdict(doc: Mapping[str, Any]) -> LadderVerdict:
+def verdict(doc: Mapping[str, object]) -> LadderVerdict:
     """A receipt's verdict as findings (one per arm), for the table `servimg ladder` prints."""
     arms = [
         arm_finding(
-            str(a.get("id")), str(a.get("role")), Status(str(a.get("verdict"))), a.get("reasons") or []
+            str(a.get("id")),
+            str(a.get("role")),
+            Status(str(a.get("verdict"))),
+            jv.texts(a.get("reasons") or []),
         )
-        for a in doc.get("arms") or []
+        for a in jv.objs(doc.get("arms") or [], "arms")
     ]
-    name = str((doc.get("ladder") or {}).get("name"))
-    return ladder_verdict(name, arms, valid=bool(doc.get("valid")), deviations=doc.get("deviations") or [])
+    name = str(jv.member(doc, "ladder", "name"))
+    return ladder_verdict(
+        name,
+        arms,
+        valid=bool(doc.get("valid")),
+        deviations=jv.texts(doc.get("deviations") or [], "deviations"),
+    )
 
 
-def write(out: Path, doc: Mapping[str, Any]) -> Path:
+def write(out: Path, doc: Mapping[str, object]) -> Path:
     """Write `receipt.json` (canonical, sealed) and `receipt.svg` atomically into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     sealed = seal(doc)
@@ -106,16 +115,16 @@ def _el(tag: str, text: str | None = None, **attrs: object) -> str:
     return f"<{tag} {parts}/>" if text is None else f"<{tag} {parts}>{escape(text)}</{tag}>"
 
 
-def plot_svg(receipt: Mapping[str, Any]) -> str:
+def plot_svg(receipt: Mapping[str, object]) -> str:
     """Two panels: counts per arm (corrupted, forward flips) vs limits; logprob deltas vs the limit."""
-    arms: Sequence[Mapping[str, Any]] = receipt.get("arms") or []
-    thresholds = (receipt.get("ladder") or {}).get("thresholds") or {}
-    noise = receipt.get("noise_floor") or {}
+    arms = jv.objs(receipt.get("arms") or [], "arms")
+    thresholds = jv.obj(jv.member(receipt, "ladder", "thresholds") or {}, "ladder.thresholds")
+    noise = jv.obj(receipt.get("noise_floor") or {}, "noise_floor")
     panel_h = max(len(arms), 1) * _ROW
     top, x0 = 48, _LEFT + 40
     height = top + 2 * panel_h + 120
-    name = (receipt.get("ladder") or {}).get("name")
-    config = str((receipt.get("image") or {}).get("config_digest", ""))
+    name = jv.member(receipt, "ladder", "name")
+    config = str(jv.member(receipt, "image", "config_digest") or "")
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
         f'viewBox="0 0 {_W} {height}" font-family="sans-serif" font-size="12">',
@@ -127,7 +136,7 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
             "text", f"receipt sha256 {str(receipt.get('sha256', ''))[:16]}…  image {config[:19]}…", x=10, y=38
         ),
     ]
-    requests = max((len(a.get("requests") or []) for a in arms), default=1) or 1
+    requests = max((len(jv.seq(a.get("requests") or [])) for a in arms), default=1) or 1
     max_corrupted = thresholds.get("max_corrupted")
     out.append(
         _el("text", "requests corrupted (bar) / forward flips (◆)", x=10, y=top + 4, font_weight="bold")
@@ -137,23 +146,23 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
     for i, arm in enumerate(arms):
         y = y0 + i * _ROW
         color = _COLORS.get(str(arm.get("verdict")), "#555")
-        corrupted = int(arm.get("corrupted") or 0)
-        total = len(arm.get("requests") or [])
+        corrupted = jv.integer(arm.get("corrupted") or 0, "arms[].corrupted")
+        total = len(jv.seq(arm.get("requests") or []))
         out.append(_el("text", f"{arm.get('id')} ({arm.get('role')})", x=10, y=y + 14))
         bar = float(corrupted * scale)
         out.append(_el("rect", x=x0, y=y + 3, width=bar, height=14, fill=color, opacity=0.7))
         out.append(_el("text", f"{corrupted}/{total}", x=x0 + 5 + bar, y=y + 14))
         comparison = arm.get("comparison")
         if comparison:
-            x = x0 + int(comparison.get("forward_flips") or 0) * scale
+            x = x0 + jv.integer(jv.obj(comparison).get("forward_flips") or 0) * scale
             out.append(_el("path", d=f"M{x:.1f} {y + 4} l5 6 l-5 6 l-5 -6 z", fill="black"))
         out.append(_el("text", str(arm.get("verdict", "")), x=x0 + 20 + _PLOT, y=y + 14, fill=color))
     if max_corrupted is not None:
-        x = x0 + float(max_corrupted) * scale
+        x = x0 + jv.number(max_corrupted, "max_corrupted") * scale
         out.append(_el("line", x1=x, y1=y0, x2=x, y2=y0 + panel_h, stroke="#c62828", stroke_dasharray="4 3"))
     top2 = y0 + panel_h + 30
     limit = thresholds.get("max_logprob_delta_over_noise")
-    noise_lp = float(noise.get("max_logprob_delta") or 0.0)
+    noise_lp = jv.number(noise.get("max_logprob_delta") or 0.0)
     out.append(
         _el(
             "text", "per-request max |Δ logprob| vs control (log scale)", x=10, y=top2 + 4, font_weight="bold"
@@ -169,12 +178,12 @@ def plot_svg(receipt: Mapping[str, Any]) -> str:
         y = y1 + i * _ROW
         out.append(_el("text", str(arm.get("id")), x=10, y=y + 14))
         out.append(_el("line", x1=x0, y1=y + 10, x2=x0 + _PLOT, y2=y + 10, stroke="#ddd"))
-        for row in (arm.get("comparison") or {}).get("requests") or []:
-            v = float(row.get("max_logprob_delta") or 0.0)
+        for row in jv.objs(jv.member(arm, "comparison", "requests") or []):
+            v = jv.number(row.get("max_logprob_delta") or 0.0)
             fill = "#c62828" if row.get("divergent") else "#1565c0"
             out.append(_el("circle", cx=xpos(v), cy=y + 10, r=3.5, fill=fill, opacity=0.7))
     if limit is not None:
-        x = xpos(noise_lp + float(limit))
+        x = xpos(noise_lp + jv.number(limit, "max_logprob_delta_over_noise"))
         out.append(_el("line", x1=x, y1=y1, x2=x, y2=y1 + panel_h, stroke="#c62828", stroke_dasharray="4 3"))
     for exp in range(-6, 2):
         out.append(_el("text", f"1e{exp}", x=xpos(10.0**exp), y=y1 + panel_h + 14, text_anchor="middle"))
@@ -199,7 +208,7 @@ SERVER_RUN_FIELDS = ("container", "port", "healthy_after_s", "logs_sha256", "exi
 CACHE_RUN_FIELDS = ("host", "bytes_at_start")
 
 
-def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
+def comparable(doc: Mapping[str, object]) -> dict[str, object]:
     """The receipt without its run-specific fields (`RUN_FIELDS` …): equal for equal outputs.
 
     Where each run put its files is run-specific too: the ladder and probe files' host paths (a bundled
@@ -207,22 +216,23 @@ def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
     digest, which binds those paths (the inputs it covers are compared one by one instead); and the name
     the image was given (its manifest and config digests stay)."""
     out = {k: v for k, v in doc.items() if k not in RUN_FIELDS}
-    if isinstance(doc.get("image"), Mapping):  # the name it was given (an engine tag, REPO@digest) aside
-        out["image"] = {k: v for k, v in doc["image"].items() if k != "ref"}
-    if isinstance(doc.get("inputs"), Mapping):
+    image, inputs = doc.get("image"), doc.get("inputs")
+    if isinstance(image, Mapping):  # the name it was given (an engine tag, REPO@digest) aside
+        out["image"] = {k: v for k, v in image.items() if k != "ref"}
+    if isinstance(inputs, Mapping):
         out["inputs"] = {
             name: ({k: v for k, v in value.items() if k != "path"} if isinstance(value, Mapping) else value)
-            for name, value in doc["inputs"].items()
+            for name, value in inputs.items()
         }
-    out["arms"] = [_comparable_arm(a) for a in doc.get("arms") or []]
+    out["arms"] = [_comparable_arm(a) for a in jv.objs(doc.get("arms") or [], "arms")]
     return out
 
 
-def _comparable_arm(arm: Mapping[str, Any]) -> dict[str, Any]:
+def _comparable_arm(arm: Mapping[str, object]) -> dict[str, object]:
     out = {k: v for k, v in arm.items() if k not in ARM_RUN_FIELDS}
-    server = {k: v for k, v in (arm.get("server") or {}).items() if k not in SERVER_RUN_FIELDS}
+    server = {k: v for k, v in jv.obj(arm.get("server") or {}).items() if k not in SERVER_RUN_FIELDS}
     if "mounts" in server:  # keyed by host path (caches live under each run's own directory)
-        server["mounts"] = sorted(server["mounts"].values())
+        server["mounts"] = sorted(jv.obj(server["mounts"]).values(), key=str)
     out["server"] = server
     # A retained cache's file count is the run's evidence; its exact size is not an output: a compile
     # cache written by two identical cold arms differs by a few bytes (seen: torch.compile's, 9 bytes of
@@ -232,13 +242,15 @@ def _comparable_arm(arm: Mapping[str, Any]) -> dict[str, Any]:
             **{k: v for k, v in c.items() if k not in CACHE_RUN_FIELDS},
             "empty_at_start": not c.get("bytes_at_start"),
         }
-        for n, c in (arm.get("caches") or {}).items()
+        for n, c in ((n, jv.obj(c)) for n, c in jv.obj(arm.get("caches") or {}).items())
     }
-    out["requests"] = [{k: v for k, v in r.items() if k != "seconds"} for r in arm.get("requests") or []]
+    out["requests"] = [
+        {k: v for k, v in r.items() if k != "seconds"} for r in jv.objs(arm.get("requests") or [])
+    ]
     if arm.get("witness") is not None:
-        witness = {k: v for k, v in arm["witness"].items() if k not in ("container", "files")}
+        witness = {k: v for k, v in jv.obj(arm["witness"]).items() if k not in ("container", "files")}
         witness["records"] = [
-            {k: v for k, v in r.items() if k != "pid"} for r in witness.get("records") or []
+            {k: v for k, v in r.items() if k != "pid"} for r in jv.objs(witness.get("records") or [])
         ]
         out["witness"] = witness
     return out
@@ -264,26 +276,26 @@ class ArmRecord:
 
     spec: ArmSpec
     outcome: ArmOutcome
-    facts: dict[str, Any]
+    facts: dict[str, object]
 
 
 def build_receipt(
     loaded: LoadedLadder,
-    image: Mapping[str, Any],
+    image: Mapping[str, object],
     inputs: Inputs,
-    prereg: Mapping[str, Any],
+    prereg: Mapping[str, object],
     records: Sequence[ArmRecord],
     verdict: Verdict,
     started_at: str,
     run_id: str,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The receipt (before sealing): the ladder, image, pre-registered inputs, verdict, every arm."""
     ladder = loaded.definition
     by_arm = {a.arm: a for a in verdict.arms}
     arms = [_arm_json(record, by_arm[record.spec.id]) for record in records]
-    timings = [a["timing"] for a in arms if "timing" in a]
-    wall = sum(t["wall_s"] for t in timings)
-    harness = sum(t["harness_s"] for t in timings)
+    timings = [jv.obj(a["timing"], "arm.timing") for a in arms if "timing" in a]
+    wall = sum(jv.number(t["wall_s"], "timing.wall_s") for t in timings)
+    harness = sum(jv.number(t["harness_s"], "timing.harness_s") for t in timings)
     return {
         "receipt_version": RECEIPT_VERSION,
         "run_id": run_id,
@@ -306,7 +318,7 @@ def build_receipt(
             "divergent": verdict.noise.divergent,
             "max_logprob_delta": verdict.noise.max_logprob_delta,
         },
-        "gates": [{"arm": a["id"], **g} for a in arms for g in a["gates"]],
+        "gates": [{"arm": a["id"], **g} for a in arms for g in jv.objs(a["gates"])],
         "arms": arms,
         "timing": {
             "arms_wall_s": round(wall, 3),
@@ -318,10 +330,10 @@ def build_receipt(
     }
 
 
-def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, Any]:
+def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, object]:
     """One arm of the receipt: its verdict and reasons, gates, comparison, requests and facts."""
     facts = dict(record.facts)
-    request_facts = facts.pop("request_facts", {})
+    request_facts = jv.obj(facts.pop("request_facts", {}), "request_facts")
     return {
         "id": record.spec.id,
         "role": record.spec.role,
@@ -336,12 +348,14 @@ def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, Any]:
             for g in v.gates
         ],
         "comparison": _comparison_json(v.comparison) if v.comparison is not None else None,
-        "requests": [_request_json(r, request_facts.get(r.prompt_id, {})) for r in record.outcome.requests],
+        "requests": [
+            _request_json(r, jv.obj(request_facts.get(r.prompt_id, {}))) for r in record.outcome.requests
+        ],
         **facts,
     }
 
 
-def _request_json(r: RequestOutcome, extra: Mapping[str, Any]) -> dict[str, Any]:
+def _request_json(r: RequestOutcome, extra: Mapping[str, object]) -> dict[str, object]:
     return {
         "prompt_id": r.prompt_id,
         "family": r.family_id,
@@ -362,7 +376,7 @@ def _request_json(r: RequestOutcome, extra: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def _comparison_json(c: Comparison) -> dict[str, Any]:
+def _comparison_json(c: Comparison) -> dict[str, object]:
     return {
         "baseline": c.baseline,
         "compared": c.compared,

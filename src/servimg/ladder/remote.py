@@ -32,9 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Protocol
 
 from servimg.backends import engine
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -64,16 +65,16 @@ class JobPlan:
     repository: str  # HOST[:PORT]/REPO of the image under test
     manifest: str  # the image's manifest digest: what each node pulls
     config_digest: str  # the image ID the pull must produce
-    image: Mapping[str, Any]  # the receipt's image facts, as the submitter resolved them
+    image: Mapping[str, object]  # the receipt's image facts, as the submitter resolved them
     variables: Mapping[str, str]
     model_dir: str | None
     inputs_sha256: str
-    prereg: Mapping[str, Any]
+    prereg: Mapping[str, object]
     deviations: tuple[str, ...]
     gpus: str | None
     chains: tuple[Chain, ...]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "plan_version": PLAN_VERSION,
             "run_id": self.run_id,
@@ -93,7 +94,7 @@ class JobPlan:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> JobPlan:
+    def from_json(cls, doc: Mapping[str, object]) -> JobPlan:
         if doc.get("plan_version") != PLAN_VERSION:
             raise LadderRunError(f"plan version {doc.get('plan_version')!r} is not {PLAN_VERSION}")
         return cls(
@@ -103,14 +104,17 @@ class JobPlan:
             str(doc["repository"]),
             str(doc["manifest"]),
             str(doc["config_digest"]),
-            dict(doc["image"]),
-            dict(doc["variables"]),
-            doc.get("model_dir"),
+            dict(jv.obj(doc["image"], "image")),
+            {key: jv.text(value, f"variables.{key}") for key, value in jv.obj(doc["variables"]).items()},
+            jv.optional_text(doc.get("model_dir"), "model_dir"),
             str(doc["inputs_sha256"]),
-            dict(doc["prereg"]),
-            tuple(doc.get("deviations") or ()),
-            doc.get("gpus"),
-            tuple(Chain(int(c["index"]), tuple(c["arms"])) for c in doc["chains"]),
+            dict(jv.obj(doc["prereg"], "prereg")),
+            tuple(jv.texts(doc.get("deviations") or (), "deviations")),
+            jv.optional_text(doc.get("gpus"), "gpus"),
+            tuple(
+                Chain(jv.integer(c["index"]), tuple(jv.texts(c["arms"])))
+                for c in jv.objs(doc["chains"], "chains")
+            ),
         )
 
     @classmethod
@@ -176,7 +180,7 @@ def read_plan(results: Path) -> JobPlan:
 # ------------------------------------------------------------------------------------------ records
 
 
-def record_json(record: ArmRecord) -> dict[str, Any]:
+def record_json(record: ArmRecord) -> dict[str, object]:
     """An arm's record as JSON: raw outputs (judged again by the reader), metric deltas, facts."""
     o = record.outcome
     return {
@@ -200,7 +204,7 @@ def record_json(record: ArmRecord) -> dict[str, Any]:
     }
 
 
-def _output_json(output: Output) -> dict[str, Any]:
+def _output_json(output: Output) -> dict[str, object]:
     """Exact: every logprob as Python's repr round-trips it (NaN, which JSON lacks, as null)."""
     return {
         "token_ids": list(output.token_ids),
@@ -211,39 +215,47 @@ def _output_json(output: Output) -> dict[str, Any]:
     }
 
 
-def read_record(doc: Mapping[str, Any], loaded: LoadedLadder) -> ArmRecord:
+def read_record(doc: Mapping[str, object], loaded: LoadedLadder) -> ArmRecord:
     """A record written by `record_json`, with every request judged again here (pure functions, the
     pre-registered detectors): the verdict never trusts a node's own judgement."""
     ladder = loaded.definition
     spec = ladder.arm(str(doc["arm"]))
     prompts = {p.id: p for _, p in loaded.probes.prompts}
     requests = []
-    for r in doc["requests"]:
+    for r in jv.objs(doc["requests"], "requests"):
         raw = r.get("output")
-        output = None
-        if raw is not None:
-            output = Output(
-                str(raw["text"]),
-                tuple(int(t) for t in raw["token_ids"]),
-                tuple(float("nan") if x is None else float(x) for x in raw["logprobs"]),
-                raw.get("finish_reason"),
-                tuple(int(t) for t in raw.get("prompt_token_ids") or ()),
-            )
+        output = None if raw is None else _output(jv.obj(raw, "requests[].output"))
         prompt = prompts[str(r["prompt_id"])]
-        judgement = judge(output, prompt.expect, ladder.thresholds.detectors, r.get("error"))
-        requests.append(RequestOutcome(prompt.id, str(r["family_id"]), output, judgement, r.get("error")))
+        error = jv.optional_text(r.get("error"), "requests[].error")
+        judgement = judge(output, prompt.expect, ladder.thresholds.detectors, error)
+        requests.append(RequestOutcome(prompt.id, str(r["family_id"]), output, judgement, error))
     witness, modules = doc.get("witness_problems"), doc.get("witness_loaded")
     outcome = ArmOutcome(
         spec.id,
         spec.role,
         tuple(requests),
-        dict(doc.get("metrics_delta") or {}),
-        doc.get("error"),
-        None if witness is None else tuple(witness),
-        None if modules is None else tuple(modules),
-        tuple(doc.get("witness_expected") or ()),
+        {
+            k: None if v is None else jv.number(v, f"metrics_delta.{k}")
+            for k, v in jv.obj(doc.get("metrics_delta") or {}).items()
+        },
+        jv.optional_text(doc.get("error"), "error"),
+        None if witness is None else tuple(jv.texts(witness, "witness_problems")),
+        None if modules is None else tuple(jv.texts(modules, "witness_loaded")),
+        tuple(jv.texts(doc.get("witness_expected") or (), "witness_expected")),
     )
-    return ArmRecord(spec, outcome, dict(doc.get("facts") or {}))
+    return ArmRecord(spec, outcome, dict(jv.obj(doc.get("facts") or {}, "facts")))
+
+
+def _output(raw: Mapping[str, object]) -> Output:
+    return Output(
+        jv.text(raw["text"], "output.text"),
+        tuple(jv.integer(t, "output.token_ids[]") for t in jv.seq(raw["token_ids"])),
+        tuple(
+            float("nan") if x is None else jv.number(x, "output.logprobs[]") for x in jv.seq(raw["logprobs"])
+        ),
+        jv.optional_text(raw.get("finish_reason"), "output.finish_reason"),
+        tuple(jv.integer(t, "output.prompt_token_ids[]") for t in jv.seq(raw.get("prompt_token_ids") or ())),
+    )
 
 
 def chain_records(
@@ -276,7 +288,7 @@ def arm_path(results: Path, arm_id: str) -> Path:
     return results / "arms" / f"{arm_id}.json"
 
 
-Jobs = Sequence[Mapping[str, Any]]  # the placement's `jobs`: one row per chain
+Jobs = Sequence[Mapping[str, object]]  # the placement's `jobs`: one row per chain
 ArmPlaces = Mapping[str, Mapping[str, str]]  # the placement's `arms`: arm id → where it ran
 
 
@@ -285,7 +297,7 @@ class ChainOutcome:
     """One chain as its scheduler saw it: the job's own fields for the placement, where its arms ran,
     why they cannot pass (None: the job ran to the end), and the job's name for their errors."""
 
-    job: Mapping[str, Any]
+    job: Mapping[str, object]
     where: Mapping[str, str]
     failure: str | None
     name: str
@@ -295,20 +307,20 @@ class Scheduler(Protocol):
     """How a scheduler (Slurm, Kubernetes) places a ladder's chains as jobs, as `collect` reads them
     back: each chain's outcome from its job and the status the harness wrote, and the run's placement."""
 
-    def outcome(self, chain: Chain, status: Mapping[str, Any]) -> ChainOutcome: ...
+    def outcome(self, chain: Chain, status: Mapping[str, object]) -> ChainOutcome: ...
 
-    def placement(self, jobs: Jobs, arms: ArmPlaces) -> dict[str, Any]: ...
+    def placement(self, jobs: Jobs, arms: ArmPlaces) -> dict[str, object]: ...
 
 
 def collect(
     loaded: LoadedLadder, results: Path, chains: Sequence[Chain], scheduler: Scheduler
-) -> tuple[list[ArmRecord], bool, dict[str, Any]]:
+) -> tuple[list[ArmRecord], bool, dict[str, object]]:
     """Every arm's record in declared order, whatever the scheduler: the arms of a job that did not end
     done carry the scheduler's reason as their error (so they FAIL), and an arm with no record fails the
     same way. Returns the records, whether the inputs stayed unchanged in every job, and the placement."""
     found: dict[str, ArmRecord] = {}
     unchanged = True
-    jobs: list[dict[str, Any]] = []
+    jobs: list[dict[str, object]] = []
     arms: dict[str, Mapping[str, str]] = {}
     for chain in chains:
         status = read_json(status_path(results, chain)) or {}
@@ -336,12 +348,12 @@ def status_path(results: Path, chain: Chain) -> Path:
     return results / "jobs" / f"{chain.name}.json"
 
 
-def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
+def _write_json(path: Path, doc: Mapping[str, object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(doc, indent=1, sort_keys=True).encode(), 0o644)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, object] | None:
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError):
@@ -374,7 +386,7 @@ def run_chain(results: Path, chain_index: int, log: Log, in_container: bool = Fa
     chain = next((c for c in plan.chains if c.index == chain_index), None)
     if chain is None:
         raise LadderRunError(f"the plan has no chain {chain_index} (chains 0..{len(plan.chains) - 1})")
-    status: dict[str, Any] = {
+    status: dict[str, object] = {
         "chain": chain.index,
         "arms": list(chain.arms),
         "job_id": job_id(),
@@ -399,7 +411,7 @@ def run_chain(results: Path, chain_index: int, log: Log, in_container: bool = Fa
 
 
 def _run(
-    results: Path, plan: JobPlan, chain: Chain, status: dict[str, Any], log: Log, in_container: bool
+    results: Path, plan: JobPlan, chain: Chain, status: dict[str, object], log: Log, in_container: bool
 ) -> int:
     loaded = load(Path(plan.ladder_path))
     if in_container:  # the kubelet pulled {repository}@{manifest}: this process runs inside it
@@ -414,7 +426,7 @@ def _run(
             state="invalid",
             inputs_unchanged=False,
             error="the pre-registered inputs differ on this node",
-            differences=input_differences(plan.prereg.get("inputs") or {}, prepared.inputs.as_json()),
+            differences=input_differences(jv.obj(plan.prereg.get("inputs") or {}), prepared.inputs.as_json()),
         )
         log(f"{chain.name}: the pre-registered inputs differ on this node: no arm runs")
         return 3
@@ -434,7 +446,9 @@ def _run(
     return 0 if unchanged else 3
 
 
-def input_differences(registered: Mapping[str, Any], here: Mapping[str, Any], prefix: str = "") -> list[str]:
+def input_differences(
+    registered: Mapping[str, object], here: Mapping[str, object], prefix: str = ""
+) -> list[str]:
     """Which pre-registered inputs differ (dotted keys), to say WHY a node refused to run."""
     out = []
     for key in sorted(set(registered) | set(here)):

@@ -32,12 +32,12 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import requests
 
 from servimg.backends import engine
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError
@@ -60,6 +60,9 @@ from servimg.ladder.server import (
     RunConfig,
     Server,
     collect_witness,
+    deviate,
+    fact_list,
+    fact_map,
     remove_run_containers,
     start_server,
     wait_healthy,
@@ -87,16 +90,16 @@ class Prepared:
 
     run_id: str
     started_at: str
-    image: Mapping[str, Any]
+    image: Mapping[str, object]
     variables: Mapping[str, str]
     model_dir: Path | None
     inputs: Inputs
-    prereg: Mapping[str, Any]
+    prereg: Mapping[str, object]
     deviations: tuple[str, ...]
 
 
 def prepare(
-    loaded: LoadedLadder, config: RunConfig, log: Log, image: Mapping[str, Any] | None = None
+    loaded: LoadedLadder, config: RunConfig, log: Log, image: Mapping[str, object] | None = None
 ) -> Prepared:
     """Image facts, variables (the tiny model generated when asked), and `preregistration.json` in `out`."""
     ladder = loaded.definition
@@ -104,7 +107,7 @@ def prepare(
     run_id = uuid.uuid4().hex[:12]
     started_at = now()
     facts = dict(image) if image is not None else _image_facts(config, ladder)
-    deviations = tuple(facts.pop("deviations", []))
+    deviations = tuple(jv.texts(facts.pop("deviations", []), "image.deviations"))
     variables, model_dir = _variables(loaded, config, log)
     pre = capture_inputs(loaded, variables, model_dir)
     prereg = {"run_id": run_id, "registered_at": started_at, "inputs": pre.as_json(), "sha256": pre.sha256}
@@ -113,7 +116,7 @@ def prepare(
     return Prepared(run_id, started_at, facts, variables, model_dir, pre, prereg, deviations)
 
 
-def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> dict[str, Any]:
+def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> dict[str, object]:
     """Run the ladder; write `receipt.json` + `receipt.svg` into `config.out`; return the sealed receipt."""
     run_started = time.monotonic()
     prepared = prepare(loaded, config, log)
@@ -180,15 +183,15 @@ def finish(
     prepared: Prepared,
     records: Sequence[ArmRecord],
     unchanged: bool,
-    placement: Mapping[str, Any],
+    placement: Mapping[str, object],
     wall_s: float,
     log: Log,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Judge the records (pure), write the sealed receipt + plot into `out`, return the receipt."""
     ladder = loaded.definition
     deviations = list(prepared.deviations)
     for record in records:
-        deviations += record.facts.pop("deviations", [])
+        deviations += jv.texts(record.facts.pop("deviations", []), "facts.deviations")
     deviations += _prompt_consistency(records)
     verdict = evaluate(
         ladder, [r.outcome for r in records], inputs_unchanged=unchanged, deviations=deviations
@@ -203,11 +206,12 @@ def finish(
         prepared.started_at,
         prepared.run_id,
     )
-    doc["timing"]["run_wall_s"] = round(wall_s, 3)
+    doc["timing"] = {**jv.obj(doc["timing"], "timing"), "run_wall_s": round(wall_s, 3)}
     doc["placement"] = dict(placement)
     receipt.write(out, doc)
     sealed = receipt.load(out / "receipt.json")
-    log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256 {sealed['sha256'][:16]}…)")
+    seal = jv.text(sealed["sha256"], "sha256")
+    log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256 {seal[:16]}…)")
     return sealed
 
 
@@ -216,7 +220,8 @@ def _prompt_consistency(records: Sequence[ArmRecord]) -> list[str]:
     seen: dict[str, tuple[str, str]] = {}
     out = []
     for record in records:
-        for prompt_id, facts in (record.facts.get("request_facts") or {}).items():
+        for prompt_id, facts in jv.obj(record.facts.get("request_facts") or {}).items():
+            facts = jv.obj(facts, f"request_facts.{prompt_id}")
             digest = str(facts.get("prompt_token_ids_sha256"))
             first = seen.setdefault(prompt_id, (record.spec.id, digest))
             if first[1] != digest:
@@ -227,7 +232,7 @@ def _prompt_consistency(records: Sequence[ArmRecord]) -> list[str]:
 def _merge_stop_facts(records: Sequence[ArmRecord], owner: str, server: Server) -> None:
     for record in records:
         if record.spec.id == owner:
-            record.facts.setdefault("server", {}).update(
+            fact_map(record.facts, "server").update(
                 {k: server.facts[k] for k in ("exit_code", "logs_sha256") if k in server.facts}
             )
 
@@ -258,7 +263,7 @@ def _run_arm(
     ladder = loaded.definition
     arm_started = time.monotonic()
     clock = _Clock()
-    facts: dict[str, Any] = {"deviations": []}
+    facts: dict[str, object] = {"deviations": []}
     prefix = f"[{index + 1}/{len(ladder.arms)} {arm.id}]"
     log(f"{prefix} role {arm.role}, server {arm.server}")
     error: str | None = None
@@ -305,7 +310,7 @@ def _arm_server(
     servers: dict[str, Server],
     caches: dict[tuple[str, str], Path],
     run_id: str,
-    facts: dict[str, Any],
+    facts: dict[str, object],
     clock: _Clock,
     prefix: str,
     log: Log,
@@ -321,7 +326,7 @@ def _arm_server(
         clock.server_s += time.monotonic() - t0
         server.facts["healthy_after_s"] = round(startup, 3)
         server.facts["info"] = vllm.server_info(server.url)
-        log(f"{prefix} server healthy after {startup:.1f}s ({server.facts['info'].get('version')})")
+        log(f"{prefix} server healthy after {startup:.1f}s ({jv.member(server.facts, 'info', 'version')})")
     elif owner.id in servers:
         server = servers[owner.id]
     else:
@@ -337,19 +342,19 @@ def _arm_server(
 
 
 def _before_requests(
-    loaded: LoadedLadder, arm: ArmSpec, index: int, server: Server, facts: dict[str, Any]
+    loaded: LoadedLadder, arm: ArmSpec, index: int, server: Server, facts: dict[str, object]
 ) -> None:
     """The arm's pre-steps; on the first arm of a frozen-token ladder, the server's tokenizer checked."""
     ladder = loaded.definition
     for step in arm.pre_steps:
-        facts.setdefault("pre_steps", []).append(vllm.pre_step(server.url, step))
+        fact_list(facts, "pre_steps").append(vllm.pre_step(server.url, step))
     if index == 0 and ladder.probe_tokens == "frozen":
         check = vllm.tokenization_check(
             server.url, ladder.model.served_name, [p for _, p in loaded.probes.prompts]
         )
         facts["tokenization_check"] = check
         if check["mismatched"] or check["errors"]:
-            facts["deviations"].append(f"tokenization check: {check}")
+            deviate(facts, f"tokenization check: {check}")
 
 
 def _send_prompts(
@@ -358,7 +363,7 @@ def _send_prompts(
     server: Server,
     adapter: MetricsAdapter,
     probing: _Probing,
-    facts: dict[str, Any],
+    facts: dict[str, object],
     clock: _Clock,
     prefix: str,
     log: Log,
@@ -389,7 +394,7 @@ def _send_prompts(
         judgement = judge(output, prompt.expect, ladder.thresholds.detectors, req_error)
         probing.requests.append(RequestOutcome(prompt.id, family.id, output, judgement, req_error))
         sent = output.prompt_token_ids if output is not None and output.prompt_token_ids else prompt.token_ids
-        facts.setdefault("request_facts", {})[prompt.id] = {
+        fact_map(facts, "request_facts")[prompt.id] = {
             "seconds": round(seconds, 4),
             "metrics_delta": per,
             "prompt_tokens": len(sent),
@@ -400,29 +405,32 @@ def _send_prompts(
         log(f"{prefix} {number}/{len(prompts)} {prompt.id}: {status} ({seconds:.2f}s hits +{hits or 0:g})")
     probing.after = snapshot()
     if not vllm.metrics_text(server.url):
-        facts["deviations"].append(f"{arm.id}: the server exports no /metrics: exercise gates cannot be met")
+        deviate(facts, f"{arm.id}: the server exports no /metrics: exercise gates cannot be met")
 
 
 def _witnessed(
-    server: Server | None, arm: ArmSpec, config: RunConfig, facts: dict[str, Any], log: Log
+    server: Server | None, arm: ArmSpec, config: RunConfig, facts: dict[str, object], log: Log
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None, tuple[str, ...]]:
     """The witness records of a witness image's serving processes: (problems, modules loaded, modules
     expected); (None, None, ()) where there is nothing to collect."""
     if server is None or not server.witness or (server.container or server.witness_dir) is None:
         return None, None, ()
-    problems, facts["witness"] = collect_witness(server, config.out / "witness" / arm.id, log)
-    modules = tuple(sorted({str(r["module"]) for r in facts["witness"].get("records") or []}))
+    problems, witness = collect_witness(server, config.out / "witness" / arm.id, log)
+    facts["witness"] = witness
+    modules = tuple(
+        sorted({str(r["module"]) for r in jv.objs(witness.get("records") or [], "witness.records")})
+    )
     # Of the modules the arm reaches, only those the image overlays leave witness records.
     reached = arm.witness_modules if arm.witness_modules is not None else server.overlay_modules
     expected = tuple(m for m in reached if m in server.overlay_modules)
-    facts["witness"].update(loaded_modules=list(modules), expected_modules=list(expected))
+    witness.update(loaded_modules=list(modules), expected_modules=list(expected))
     return problems, modules, expected
 
 
 # ------------------------------------------------------------------------------------------ image, vars
 
 
-def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, Any]:
+def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, object]:
     """The image under test: config digest (engine image ID), manifest digest when known, servimg labels."""
     if config.image is None:
         return {"ref": None, "digest": None, "config_digest": None, "deviations": ["no image: endpoint mode"]}
@@ -435,18 +443,20 @@ def _image_facts(config: RunConfig, ladder: LadderDefinition) -> dict[str, Any]:
     if config.store is not None:
         cached = engine.cached(Digest.parse(config_digest), config.store)
         manifest = str(cached.digest) if cached is not None else None
-    for repo_digest in attrs.get("RepoDigests") or []:
+    for repo_digest in jv.texts(attrs.get("RepoDigests") or [], "RepoDigests"):
         manifest = manifest or repo_digest.rpartition("@")[2]
-    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    labels = {
+        k: str(v) for k, v in jv.obj(jv.member(attrs, "Config", "Labels") or {}, "Config.Labels").items()
+    }
     return image_facts(config.image, manifest, config_digest, labels, ladder)
 
 
 def image_facts(
     ref: str, manifest: str | None, config_digest: str, labels: Mapping[str, str], ladder: LadderDefinition
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The receipt's `image`: ref, manifest and config digests, servimg/OCI labels; checked against the
     digest the ladder names (wherever the image was resolved: the engine, or a registry)."""
-    facts: dict[str, Any] = {
+    facts: dict[str, object] = {
         "ref": ref,
         "digest": manifest,
         "config_digest": config_digest,
@@ -456,7 +466,7 @@ def image_facts(
         "deviations": [],
     }
     if manifest is None:
-        facts["deviations"].append(
+        fact_list(facts, "deviations").append(
             "the image's manifest digest is unknown here (engine image); config digest used"
         )
     if ladder.image is not None:
@@ -523,18 +533,18 @@ def bundled_ladder(image: str, dest: Path) -> Path:
     return found[0]
 
 
-def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
+def summary(doc: Mapping[str, object]) -> dict[str, object]:
     """The CLI's one-line result: verdict, reasons, per-arm verdicts, receipt hash."""
     return {
         "verdict": doc["verdict"],
         "valid": doc["valid"],
-        "reasons": doc["verdict_reasons"][:10],
-        "arms": {a["id"]: a["verdict"] for a in doc["arms"]},
+        "reasons": jv.texts(doc["verdict_reasons"], "verdict_reasons")[:10],
+        "arms": {str(a["id"]): a["verdict"] for a in jv.objs(doc["arms"], "arms")},
         "receipt_sha256": doc["sha256"],
-        "harness_fraction": doc["timing"]["harness_fraction"],
-        "image": doc["image"].get("config_digest"),
+        "harness_fraction": jv.member(doc, "timing", "harness_fraction"),
+        "image": jv.member(doc, "image", "config_digest"),
     }
 
 
-def to_json(doc: Mapping[str, Any]) -> str:
+def to_json(doc: Mapping[str, object]) -> str:
     return json.dumps(doc, indent=1, sort_keys=True)

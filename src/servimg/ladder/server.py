@@ -16,12 +16,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import requests
 
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
+from servimg.core import jsonview as jv
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
@@ -65,7 +65,7 @@ class Server:
     kind: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, object] = field(default_factory=dict)
     container: engine.Container | None = None
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -130,7 +130,7 @@ def start_server(
     variables: Mapping[str, str],
     caches: dict[tuple[str, str], Path],
     run_id: str,
-    facts: dict[str, Any],
+    facts: dict[str, object],
     log: Log,
 ) -> Server:
     """The arm's server as the run asks: the endpoint itself, a local command, or a container of the
@@ -145,9 +145,7 @@ def start_server(
     facts["caches"] = _arm_caches(loaded, arm, config, variables, caches, mounts, env)
     argv = (*spec.command, *args)
     if config.endpoint is not None:
-        facts["deviations"].append(
-            f"{arm.id}: endpoint mode: no fresh server; args, env and caches not applied"
-        )
+        deviate(facts, f"{arm.id}: endpoint mode: no fresh server; args, env and caches not applied")
         return Server(config.endpoint.rstrip("/"), "endpoint", argv, env)
     if config.command:
         return _start_command(arm, config, spec.port, argv, env, mounts, facts)
@@ -162,10 +160,10 @@ def _arm_caches(
     caches: dict[tuple[str, str], Path],
     mounts: dict[str, Mount],
     env: dict[str, str],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The arm's cache dirs (`wipe`: new and empty; `retain-from:<arm>`: that arm's), mounted at their
     targets with their environment; what each held at the start."""
-    cache_facts = {}
+    cache_facts: dict[str, object] = {}
     for name, mode in sorted(arm.caches.items()):
         cache = loaded.definition.caches[name]
         if mode == "wipe":
@@ -196,7 +194,7 @@ def _start_command(
     argv: tuple[str, ...],
     env: dict[str, str],
     mounts: Mapping[str, Mount],
-    facts: dict[str, Any],
+    facts: dict[str, object],
 ) -> Server:
     """The server as a local process (inside the image under test with `link_mounts`: its mounts as
     symlinks and its witness records beside the results, as a container would have them)."""
@@ -211,7 +209,7 @@ def _start_command(
             witness_dir.mkdir(parents=True)
             env["SERVIMG_WITNESS_DIR"] = str(witness_dir)
     elif mounts:
-        facts["deviations"].append(f"{arm.id}: local command: mounts not applied ({', '.join(mounts)})")
+        deviate(facts, f"{arm.id}: local command: mounts not applied ({', '.join(mounts)})")
     base = image_env(os.environ) if config.link_mounts else dict(os.environ)
     with log_path.open("wb") as fh:
         process = subprocess.Popen(list(argv), env={**base, **env}, stdout=fh, stderr=subprocess.STDOUT)
@@ -329,8 +327,29 @@ def overlay_modules(spec_tar: bytes) -> tuple[str, ...]:
     return ()
 
 
-def spec_modules(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(sorted({str(m["module"]) for m in spec.get("modules") or []}))
+def spec_modules(spec: Mapping[str, object]) -> tuple[str, ...]:
+    return tuple(sorted({str(m["module"]) for m in jv.objs(spec.get("modules") or [], "modules")}))
+
+
+def fact_list(facts: dict[str, object], key: str) -> list[object]:
+    """The list an arm's (or image's) facts collect under `key`, started when absent."""
+    value = facts.setdefault(key, [])
+    if not isinstance(value, list):
+        raise TypeError(f"facts[{key!r}] is a {type(value).__name__}, not a list")
+    return value
+
+
+def fact_map(facts: dict[str, object], key: str) -> dict[str, object]:
+    """The mapping an arm's facts collect under `key`, started when absent."""
+    value = facts.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise TypeError(f"facts[{key!r}] is a {type(value).__name__}, not a mapping")
+    return value
+
+
+def deviate(facts: dict[str, object], text: str) -> None:
+    """Record in an arm's facts how its run deviated from the ladder as written (the receipt lists it)."""
+    fact_list(facts, "deviations").append(text)
 
 
 def remove_run_containers(run_id: str) -> None:
@@ -338,7 +357,7 @@ def remove_run_containers(run_id: str) -> None:
     engine.remove_labelled(f"io.servimg.ladder.run={run_id}")
 
 
-def collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ...], dict[str, Any]]:
+def collect_witness(server: Server, out: Path, log: Log) -> tuple[tuple[str, ...], dict[str, object]]:
     """Witness records of the serving processes (`witness.collect`); none recorded is a problem."""
     try:
         if server.container is not None:

@@ -24,10 +24,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from servimg.backends import engine
 from servimg.backends.registry import RegistryClient, read_image
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
@@ -220,7 +221,7 @@ class Submitted:
     chains: tuple[Chain, ...]
 
 
-def resolve_image(ref_text: str, loaded: LoadedLadder) -> tuple[str, dict[str, Any]]:
+def resolve_image(ref_text: str, loaded: LoadedLadder) -> tuple[str, dict[str, object]]:
     """The image as the registry has it (every node pulls from there): (repository, receipt image facts).
     A tag is resolved to its manifest digest now, once; the jobs pull that digest."""
     try:
@@ -272,7 +273,7 @@ def run(
     options: SlurmOptions,
     log: Log,
     scheduler: Scheduler | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Submit, wait, collect, judge; the receipt is `runner.finish`'s (the local run's) plus placement."""
     scheduler = scheduler or SlurmCli()
     started = time.monotonic()
@@ -280,9 +281,12 @@ def run(
     repository, facts = resolve_image(ref_text, loaded)
     generated = loaded.definition.model.generate and "model_dir" not in config.variables
     # the tiny model is generated from the image itself, here: the submitter's engine needs it
-    if generated and not engine.has_image(Digest.parse(facts["config_digest"])):
+    config_digest = Digest.parse(jv.text(facts["config_digest"], "image.config_digest"))
+    if generated and not engine.has_image(config_digest):
         log(f"pulling {repository}@{facts['digest']} to generate the tiny model")
-        engine.pull_by_digest(repository, Digest.parse(facts["digest"]), Digest.parse(facts["config_digest"]))
+        engine.pull_by_digest(
+            repository, Digest.parse(jv.text(facts["digest"], "image.digest")), config_digest
+        )
     local = replace(config, image=str(facts["config_digest"]), out=results)
     prepared = prepare(loaded, local, log, image=facts)
     planned = chains(loaded.definition)
@@ -344,7 +348,7 @@ class SlurmPlacement:
     array_id: str
     states: Mapping[int, TaskState]
 
-    def outcome(self, chain: Chain, status: Mapping[str, Any]) -> remote.ChainOutcome:
+    def outcome(self, chain: Chain, status: Mapping[str, object]) -> remote.ChainOutcome:
         unknown = TaskState(chain.index, f"{self.array_id}_{chain.index}", "UNKNOWN")
         state = self.states.get(chain.index, unknown)
         node = state.node or status.get("node")
@@ -361,19 +365,19 @@ class SlurmPlacement:
             f"slurm job {state.job_id}",
         )
 
-    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, Any]:
+    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, object]:
         return {"scheduler": "slurm", "array_job_id": self.array_id, "jobs": list(jobs), "arms": dict(arms)}
 
 
 def collect(
     loaded: LoadedLadder, results: Path, planned: Sequence[Chain], states: Sequence[TaskState], array_id: str
-) -> tuple[list[ArmRecord], bool, dict[str, Any]]:
+) -> tuple[list[ArmRecord], bool, dict[str, object]]:
     """Every arm's record in declared order (`remote.collect`); the arms of a job that did not complete
     carry Slurm's state and reason as their error."""
     return remote.collect(loaded, results, planned, SlurmPlacement(array_id, {t.task: t for t in states}))
 
 
-def _failure(state: TaskState, status: Mapping[str, Any]) -> str | None:
+def _failure(state: TaskState, status: Mapping[str, object]) -> str | None:
     """Why a job's arms cannot pass, or None when Slurm says COMPLETED and the job says done."""
     if state.state == "COMPLETED" and status.get("state") == "done":
         return None
@@ -381,7 +385,7 @@ def _failure(state: TaskState, status: Mapping[str, Any]) -> str | None:
     if status.get("error"):
         text += f": {status['error']}"
         if status.get("differences"):
-            text += f" ({', '.join(status['differences'][:8])})"
+            text += f" ({', '.join(jv.texts(status['differences'])[:8])})"
     elif state.state == "COMPLETED":
         text += f": the job reported {status.get('state') or 'nothing'}"
     return text

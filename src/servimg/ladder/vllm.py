@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import requests
 
+from servimg.core import jsonview as jv
 from servimg.ladder.definition import LadderDefinition, LadderRunError, Prompt
 from servimg.ladder.evaluation import Output
 
@@ -42,24 +42,31 @@ def complete(url: str, model: str, prompt: Prompt, ladder: LadderDefinition, tim
     return parse_completion(response.json())
 
 
-def parse_completion(doc: Mapping[str, Any]) -> Output:
-    choice = (doc.get("choices") or [{}])[0]
-    logprobs = choice.get("logprobs") or {}
-    token_ids = choice.get("token_ids")
-    if token_ids is None:  # servers without return_token_ids: tokens as "token_id:N"
-        token_ids = [int(str(t).rpartition(":")[2]) for t in logprobs.get("tokens") or []]
-    values = [float(v) if v is not None else float("nan") for v in logprobs.get("token_logprobs") or []]
-    prompt_ids = tuple(int(t) for t in choice.get("prompt_token_ids") or ())
+def parse_completion(doc: Mapping[str, object]) -> Output:
+    choice = jv.obj((jv.seq(doc.get("choices") or [{}], "choices") or [{}])[0], "choices[0]")
+    logprobs = jv.obj(choice.get("logprobs") or {}, "choices[0].logprobs")
+    raw_ids = choice.get("token_ids")
+    if raw_ids is None:  # servers without return_token_ids: tokens as "token_id:N"
+        token_ids = [int(str(t).rpartition(":")[2]) for t in jv.seq(logprobs.get("tokens") or [], "tokens")]
+    else:
+        token_ids = [jv.integer(t, "token_ids[]") for t in jv.seq(raw_ids, "token_ids")]
+    values = [
+        jv.number(v, "token_logprobs[]") if v is not None else float("nan")
+        for v in jv.seq(logprobs.get("token_logprobs") or [], "token_logprobs")
+    ]
+    prompt_ids = tuple(
+        jv.integer(t, "prompt_token_ids[]") for t in jv.seq(choice.get("prompt_token_ids") or ())
+    )
     return Output(
         str(choice.get("text") or ""),
-        tuple(int(t) for t in token_ids),
+        tuple(token_ids),
         tuple(values),
-        choice.get("finish_reason"),
+        jv.optional_text(choice.get("finish_reason"), "finish_reason"),
         prompt_ids,
     )
 
 
-def tokenization_check(url: str, model: str, prompts: Sequence[Prompt]) -> dict[str, Any]:
+def tokenization_check(url: str, model: str, prompts: Sequence[Prompt]) -> dict[str, object]:
     """Does the server's tokenizer turn each prompt's text into its token ids? (the ids are what is sent)"""
     mismatched, errors = [], []
     for prompt in prompts:
@@ -78,7 +85,7 @@ def tokenization_check(url: str, model: str, prompts: Sequence[Prompt]) -> dict[
     return {"checked": len(prompts), "mismatched": mismatched, "errors": errors[:5]}
 
 
-def pre_step(url: str, step: str) -> dict[str, Any]:
+def pre_step(url: str, step: str) -> dict[str, object]:
     if step == "reset_prefix_cache":
         r = requests.post(url + "/reset_prefix_cache", timeout=60)
         if r.status_code != 200:
@@ -90,8 +97,8 @@ def pre_step(url: str, step: str) -> dict[str, Any]:
     raise LadderRunError(f"unknown pre-step {step}")
 
 
-def server_info(url: str) -> dict[str, Any]:
-    info: dict[str, Any] = {}
+def server_info(url: str) -> dict[str, object]:
+    info: dict[str, object] = {}
     with contextlib.suppress(requests.RequestException, ValueError):
         info["version"] = requests.get(url + "/version", timeout=10).json().get("version")
     with contextlib.suppress(requests.RequestException, ValueError):

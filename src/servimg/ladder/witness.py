@@ -17,10 +17,10 @@ import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from servimg.backends import engine
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.errors import BackendError, WitnessError
 from servimg.core.findings import ERROR, FAIL, PASS, Finding, Findings
 from servimg.inimage import witness_hook
@@ -34,7 +34,7 @@ WITNESS_VERSION = witness_hook.WITNESS_VERSION
 
 
 # -- what the build ships ---------------------------------------------------------------------------
-def witness_spec(probe_spec: Mapping[str, Any]) -> dict[str, Any]:
+def witness_spec(probe_spec: Mapping[str, object]) -> dict[str, object]:
     """The part of a probe spec the hook needs: overlay modules, sentinels, forbidden names."""
     return {
         "witness_version": WITNESS_VERSION,
@@ -42,31 +42,32 @@ def witness_spec(probe_spec: Mapping[str, Any]) -> dict[str, Any]:
         "lock_digest": probe_spec.get("lock_digest"),
         "modules": [
             {"module": m["module"], "path": m["path"], "sha256": m["sha256"]}
-            for m in probe_spec.get("modules", [])
+            for m in jv.objs(probe_spec.get("modules", []), "modules")
             if m.get("sha256") is not None  # a module the overlays deleted is never executed
         ],
         "sentinels": [
             {k: s.get(k) for k in ("key", "module", "qualname", "name", "const")}
-            for s in probe_spec.get("sentinels", [])
+            for s in jv.objs(probe_spec.get("sentinels", []), "sentinels")
         ],
         "forbidden": [
-            {k: f.get(k) for k in ("module", "qualname", "name")} for f in probe_spec.get("forbidden", [])
+            {k: f.get(k) for k in ("module", "qualname", "name")}
+            for f in jv.objs(probe_spec.get("forbidden", []), "forbidden")
         ],
     }
 
 
-def pth_line(spec: Mapping[str, Any]) -> bytes:
+def pth_line(spec: Mapping[str, object]) -> bytes:
     """The `.pth` line (site.py executes lines starting with `import`): install the hook with the witness
     spec inline as a Python literal, so that start-up reads and parses no other file."""
     literal = repr(json.loads(canonical.dumps(spec)))  # plain JSON data: its repr is a Python literal
     return f"import {HOOK_MODULE}; {HOOK_MODULE}.install({SPEC_IN_IMAGE!r}, {literal})\n".encode()
 
 
-def witness_files(probe_spec: Mapping[str, Any]) -> dict[str, bytes]:
+def witness_files(probe_spec: Mapping[str, object]) -> dict[str, bytes]:
     """Every file a `witness: true` image carries for the hook, by image path without the leading `/`:
     the hook module and its `.pth` in each overlay package's site-packages, and the witness spec."""
     spec = witness_spec(probe_spec)
-    sites = sorted({str(m["site_packages"]) for m in probe_spec.get("modules", [])})
+    sites = sorted({str(m["site_packages"]) for m in jv.objs(probe_spec.get("modules", []), "modules")})
     out = {SPEC_IN_IMAGE.lstrip("/"): canonical.dumps(spec)}
     for site in sites:
         out[posixpath.join(site, f"{HOOK_MODULE}.py").lstrip("/")] = HOOK_SOURCE.read_bytes()
@@ -91,21 +92,21 @@ class WitnessCollection:
 
     container: str
     directory: str
-    documents: tuple[Mapping[str, Any], ...]
+    documents: tuple[Mapping[str, object], ...]
     files: tuple[Path, ...] = ()
 
-    def records(self) -> list[Mapping[str, Any]]:
-        return [r for doc in self.documents for r in doc.get("records", [])]
+    def records(self) -> list[Mapping[str, object]]:
+        return [r for doc in self.documents for r in jv.objs(doc.get("records", []), "records")]
 
     def problems(self) -> list[str]:
         """Every record whose executed code is not the patched code, and every hook error."""
         out = []
         for doc in self.documents:
             pid = doc.get("pid")
-            for record in doc.get("records", []):
+            for record in jv.objs(doc.get("records", []), "records"):
                 if not record.get("patched_code_ran"):
                     out.append(f"pid {pid}: {record.get('module')}: {describe(record)}")
-            for error in doc.get("errors", []):
+            for error in jv.objs(doc.get("errors", []), "errors"):
                 out.append(f"pid {pid}: hook error: {error}")
         return out
 
@@ -119,11 +120,11 @@ class WitnessCollection:
         found: list[Finding] = []
         for doc in self.documents:
             pid = doc.get("pid")
-            for record in doc.get("records", []):
+            for record in jv.objs(doc.get("records", []), "records"):
                 ran = bool(record.get("patched_code_ran"))
                 subject = f"pid {pid}: {record.get('module')}"
                 found.append(Finding("WITNESS", PASS if ran else FAIL, subject, describe(record)))
-            for error in doc.get("errors", []):
+            for error in jv.objs(doc.get("errors", []), "errors"):
                 found.append(Finding("HOOK_ERROR", ERROR, f"pid {pid}", f"hook error: {error}"))
         if not self.records():
             found.append(
@@ -147,7 +148,7 @@ class WitnessCollection:
             return WitnessError("a process ran code that is not the patched code", problems=self.problems())
         return None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "container": self.container,
             "directory": self.directory,
@@ -158,17 +159,17 @@ class WitnessCollection:
                     "pid": doc.get("pid"),
                     "module": r.get("module"),
                     "origin": r.get("origin"),
-                    "pyc": (r.get("bytecode") or {}).get("pyc"),
+                    "pyc": jv.member(r, "bytecode", "pyc"),
                     "patched_code_ran": bool(r.get("patched_code_ran")),
                 }
                 for doc in self.documents
-                for r in doc.get("records", [])
+                for r in jv.objs(doc.get("records", []), "records")
             ],
             "problems": self.problems(),
         }
 
 
-def describe(record: Mapping[str, Any]) -> str:
+def describe(record: Mapping[str, object]) -> str:
     """One line: why a record does (not) show the patched code."""
     if record.get("error"):
         return f"the hook failed: {record['error']}"
@@ -177,23 +178,29 @@ def describe(record: Mapping[str, Any]) -> str:
         parts.append(f"ran {record.get('origin')}, not {record.get('expected_path')}")
     if not record.get("source_matches_lock"):
         parts.append(f"source sha256 {str(record.get('source_sha256'))[:12]}… is not the lock's")
-    missing = [s.get("key") or s.get("qualname") for s in record.get("sentinels", []) if not s.get("present")]
+    missing = [
+        s.get("key") or s.get("qualname")
+        for s in jv.objs(record.get("sentinels", []), "sentinels")
+        if not s.get("present")
+    ]
     if missing:
         parts.append("sentinel(s) missing from the executed code: " + ", ".join(map(str, missing)))
     present = [
-        f"{f.get('qualname')}:{f.get('name')}" for f in record.get("forbidden", []) if f.get("present")
+        f"{f.get('qualname')}:{f.get('name')}"
+        for f in jv.objs(record.get("forbidden", []), "forbidden")
+        if f.get("present")
     ]
     if present:
         parts.append("forbidden name(s) in the executed code: " + ", ".join(present))
-    bytecode = record.get("bytecode") or {}
+    bytecode = jv.obj(record.get("bytecode") or {}, "bytecode")
     via = bytecode.get("pyc") or bytecode.get("how") or "?"
     return ("; ".join(parts) or "the patched code ran") + f" (code from {via})"
 
 
-def read_documents(data: bytes) -> tuple[list[tuple[str, bytes]], list[Mapping[str, Any]]]:
+def read_documents(data: bytes) -> tuple[list[tuple[str, bytes]], list[Mapping[str, object]]]:
     """The witness JSON files in a tar stream (what `get_archive` returns): (name, bytes) and parsed."""
     files: list[tuple[str, bytes]] = []
-    docs: list[Mapping[str, Any]] = []
+    docs: list[Mapping[str, object]] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar:
             name = posixpath.basename(member.name)
@@ -211,7 +218,10 @@ def read_documents(data: bytes) -> tuple[list[tuple[str, bytes]], list[Mapping[s
                 raise WitnessError(f"witness file {name} is not a witness document")
             files.append((name, raw))
             docs.append(doc)
-    order = sorted(range(len(docs)), key=lambda i: (int(docs[i].get("started_ns") or 0), files[i][0]))
+    order = sorted(
+        range(len(docs)),
+        key=lambda i: (jv.integer(docs[i].get("started_ns") or 0, "started_ns"), files[i][0]),
+    )
     return [files[i] for i in order], [docs[i] for i in order]
 
 

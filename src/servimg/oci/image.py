@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ImageError, ServimgError
 
@@ -40,8 +40,8 @@ class Descriptor:
     annotations: tuple[tuple[str, str], ...] = ()
     platform: tuple[tuple[str, str], ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mediaType": self.media_type, "digest": str(self.digest), "size": self.size}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"mediaType": self.media_type, "digest": str(self.digest), "size": self.size}
         if self.annotations:
             out["annotations"] = dict(self.annotations)
         if self.platform:
@@ -94,8 +94,8 @@ class Image:
 
     manifest_bytes: bytes
     config_bytes: bytes
-    manifest: Mapping[str, Any] = field(compare=False, repr=False)
-    config: Mapping[str, Any] = field(compare=False, repr=False)
+    manifest: Mapping[str, object] = field(compare=False, repr=False)
+    config: Mapping[str, object] = field(compare=False, repr=False)
 
     @classmethod
     def parse(cls, manifest_bytes: bytes, config_bytes: bytes) -> Image:
@@ -136,7 +136,7 @@ class Image:
 
     @classmethod
     def create(
-        cls, config: Mapping[str, Any], layers: list[Layer], *, manifest_media_type: str = OCI_MANIFEST
+        cls, config: Mapping[str, object], layers: list[Layer], *, manifest_media_type: str = OCI_MANIFEST
     ) -> Image:
         """Build a new image with canonical config and manifest bytes."""
         return cls.assemble(canonical.dumps(config), layers, manifest_media_type=manifest_media_type)
@@ -147,7 +147,7 @@ class Image:
     ) -> Image:
         """A canonical manifest around exact config bytes (e.g. as `docker save` returned them)."""
         config_media = OCI_CONFIG if manifest_media_type == OCI_MANIFEST else DOCKER_CONFIG
-        manifest: dict[str, Any] = {
+        manifest: dict[str, object] = {
             "schemaVersion": 2,
             "mediaType": manifest_media_type,
             "config": Descriptor(config_media, Digest.of_bytes(config_bytes), len(config_bytes)).to_json(),
@@ -182,7 +182,10 @@ class Image:
 
     @property
     def diff_ids(self) -> list[Digest]:
-        return [Digest.parse(d) for d in self.config.get("rootfs", {}).get("diff_ids", [])]
+        return [
+            Digest.parse(d)
+            for d in jv.texts(jv.member(self.config, "rootfs", "diff_ids") or [], "rootfs.diff_ids")
+        ]
 
     @property
     def layers(self) -> list[Layer]:
@@ -190,12 +193,13 @@ class Image:
 
     @property
     def labels(self) -> dict[str, str]:
-        return dict((self.config.get("config") or {}).get("Labels") or {})
+        labels = jv.obj(jv.member(self.config, "config", "Labels") or {}, "config.Labels")
+        return {key: jv.text(value, f"config.Labels.{key}") for key, value in labels.items()}
 
     @property
     def env(self) -> dict[str, str]:
         out: dict[str, str] = {}
-        for item in (self.config.get("config") or {}).get("Env") or []:
+        for item in jv.seq(jv.member(self.config, "config", "Env") or [], "config.Env"):
             key, _, value = str(item).partition("=")
             out[key] = value
         return out
@@ -221,7 +225,7 @@ class Image:
         return Image.create(config, [*base_layers, layer], manifest_media_type=media)
 
 
-def _config_problems(config: Mapping[str, Any]) -> list[str]:
+def _config_problems(config: Mapping[str, object]) -> list[str]:
     """The config fields servimg reads (rootfs.diff_ids, config.Env, config.Labels) have their spec'd
     shapes: a base image's config is untrusted input."""
     problems: list[str] = []
@@ -251,7 +255,7 @@ def _config_problems(config: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _json_object(data: bytes, what: str, problems: list[str]) -> dict[str, Any]:
+def _json_object(data: bytes, what: str, problems: list[str]) -> dict[str, object]:
     try:
         value = json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

@@ -30,7 +30,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Literal
+from typing import IO, BinaryIO, Literal
 
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, ServimgError, StoreError
@@ -137,7 +137,7 @@ class FileEntry:
             raise LayerError(f"malformed listing line {line!r}", problems=problems)
         return entry
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "path": self.path,
             "kind": self.kind,
@@ -391,7 +391,7 @@ class Change:
     after: FileEntry | None
     fields: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "path": self.path,
             "what": self.what,
@@ -476,7 +476,7 @@ class KeyChange:
     before: str | None
     after: str | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"key": self.key, "before": self.before, "after": self.after}
 
 
@@ -485,7 +485,11 @@ def _json_text(value: object) -> str:
 
 
 def json_changes(
-    a: Mapping[str, Any], b: Mapping[str, Any], *, nested: tuple[str, ...] = (), skip: tuple[str, ...] = ()
+    a: Mapping[str, object],
+    b: Mapping[str, object],
+    *,
+    nested: tuple[str, ...] = (),
+    skip: tuple[str, ...] = (),
 ) -> tuple[KeyChange, ...]:
     """The top-level keys whose values differ (keys in `nested` compared one level deeper, as
     `config.Env`), sorted. Values are compared as JSON, so key order and whitespace do not count."""
@@ -529,7 +533,7 @@ class LayerDiff:
         """Same content, other blob (compression, media type, annotations): still another digest."""
         return self.a is not None and self.b is not None and self.a.descriptor != self.b.descriptor
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "index": self.index,
             "status": self.status,
@@ -540,7 +544,7 @@ class LayerDiff:
         }
 
 
-def _layer_dict(layer: Layer | None) -> dict[str, Any] | None:
+def _layer_dict(layer: Layer | None) -> dict[str, object] | None:
     if layer is None:
         return None
     d = layer.descriptor
@@ -572,7 +576,7 @@ class ImageFileDiff:
     def differing_layers(self) -> tuple[LayerDiff, ...]:
         return tuple(x for x in self.layers if x.status != "identical" or x.blob_differs)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "identical": self.identical,
             "a": str(self.a),

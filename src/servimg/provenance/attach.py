@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 from servimg.backends import registry, transport
 from servimg.backends.target import Target, WriteOptions
@@ -221,7 +221,7 @@ def signed_attestations(target: Target, subject: Digest) -> int:
         return _count_signed(listed, lambda a: place.fetch(subject, a))
 
 
-def _count_signed(listed: Sequence[Mapping[str, Any]], fetch: Callable[[Digest], bytes]) -> int:
+def _count_signed(listed: Sequence[Mapping[str, object]], fetch: Callable[[Digest], bytes]) -> int:
     count = 0
     for descriptor in listed:
         try:
@@ -376,7 +376,7 @@ def build_and_push(
     builder: str | None = None,
     progress: Progress = NULL,
     seams: Seams = DEFAULT,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """`servimg build DEF --to REPO|oci:DIR --sign KEY`: the one build pipeline, verified once, published
     by an `AttestingSink` (the image with the signed provenance of this very build and its verify result)."""
     if not to:
@@ -400,7 +400,7 @@ def build_and_push(
 
 def predicate_from_file(
     data: bytes, predicate_type: str, manifest: Digest, config: Digest
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, dict[str, object]]:
     """What `servimg attest --file` attaches: a ladder receipt (made into a test-result), an in-toto
     statement about this image (its predicate), or a bare predicate of `predicate_type`."""
     try:
@@ -488,7 +488,7 @@ class Promoted:
         return {"tag": self.tag, "vsa": self.vsa.as_dict(), "check": self.report.as_dict()}
 
 
-def vsa_predicate(report: CheckReport, located: Located, policy: Policy, verifier: str) -> dict[str, Any]:
+def vsa_predicate(report: CheckReport, located: Located, policy: Policy, verifier: str) -> dict[str, object]:
     """A SLSA verification summary of a passed check: the policy (by digest) and the attestations the
     verdict rested on. Level 1: provenance exists and verifies; servimg makes no hosted-builder claim."""
     return attest.verification_summary(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.provenance import dsse
@@ -108,10 +109,10 @@ def resource(
     digest: Digest | None = None,
     media_type: str | None = None,
     download_location: str | None = None,
-    annotations: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    annotations: Mapping[str, object] | None = None,
+) -> dict[str, object]:
     """A ResourceDescriptor; at least one of `uri` or `digest` (resource_descriptor.md §Fields)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in (
         ("name", name),
         ("uri", uri),
@@ -131,14 +132,14 @@ def resource(
     return out
 
 
-def changed_file(path: str, sha256: str | None, mode: int, kind: str | None = None) -> dict[str, Any]:
+def changed_file(path: str, sha256: str | None, mode: int, kind: str | None = None) -> dict[str, object]:
     """A changed-files manifest entry as a ResourceDescriptor: name = path, digest, mode (octal string),
     kind (file, symlink, directory, deleted; servimg.provenance.statements.ChangedFile).
 
     An entry without a sha256 (a deletion: a whiteout; a directory the layer creates) has no digest; its
     `file:` URI keeps the descriptor valid. Only a deletion is annotated `deleted` (readers from before
     kinds were recorded read that annotation alone)."""
-    annotations: dict[str, Any] = {"mode": f"{mode & 0o7777:04o}"}
+    annotations: dict[str, object] = {"mode": f"{mode & 0o7777:04o}"}
     if kind is not None:
         annotations["kind"] = kind
     if sha256 is None:
@@ -160,7 +161,7 @@ def image_subjects(name: str, manifest: Digest, config: Digest) -> list[tuple[st
 
 
 def statement(
-    subjects: Sequence[tuple[str, Digest]], predicate_type: str, predicate: Mapping[str, Any]
+    subjects: Sequence[tuple[str, Digest]], predicate_type: str, predicate: Mapping[str, object]
 ) -> bytes:
     """A Statement v1 as canonical JSON (statement.md §Schema), validated before it is returned."""
     doc = {
@@ -178,8 +179,8 @@ def statement(
         raise AttestationError(f"the predicate is not JSON: {exc}") from None
 
 
-def _subject(name: str, digest: Digest) -> dict[str, Any]:
-    out: dict[str, Any] = {"digest": digest_set(digest)}
+def _subject(name: str, digest: Digest) -> dict[str, object]:
+    out: dict[str, object] = {"digest": digest_set(digest)}
     if name:
         out["name"] = name
     return out
@@ -191,7 +192,7 @@ class Statement:
 
     subjects: tuple[tuple[str, Digest], ...]
     predicate_type: str
-    predicate: Mapping[str, Any] = field(compare=False, repr=False)
+    predicate: Mapping[str, object] = field(compare=False, repr=False)
 
     def covers(self, digest: Digest) -> bool:
         """True if `digest` is one of the subjects (statement.md: matched purely by digest)."""
@@ -230,7 +231,7 @@ def _known_digest(algorithm: str, hex_: object) -> bool:
     return True
 
 
-def _statement_problems(doc: Mapping[str, Any]) -> list[str]:
+def _statement_problems(doc: Mapping[str, object]) -> list[str]:
     problems: list[str] = []
     if doc.get("_type") != STATEMENT_TYPE:
         problems.append(f"_type: must be {STATEMENT_TYPE}")
@@ -273,16 +274,16 @@ def _repeated_names(subjects: Sequence[tuple[str, Digest]]) -> list[str]:
 
 def provenance(
     *,
-    external_parameters: Mapping[str, Any],
-    resolved_dependencies: Sequence[Mapping[str, Any]],
+    external_parameters: Mapping[str, object],
+    resolved_dependencies: Sequence[Mapping[str, object]],
     builder_id: str,
     invocation_id: str,
     started_on: dt.datetime | str | None = None,
     finished_on: dt.datetime | str | None = None,
-    internal_parameters: Mapping[str, Any] | None = None,
-    byproducts: Sequence[Mapping[str, Any]] = (),
+    internal_parameters: Mapping[str, object] | None = None,
+    byproducts: Sequence[Mapping[str, object]] = (),
     build_type: str = BUILD_TYPE,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A SLSA Provenance v1 predicate (provenance/v1 §Schema: buildDefinition, runDetails).
 
     `external_parameters` is the image definition as JSON; `resolved_dependencies` the base manifest and
@@ -290,11 +291,11 @@ def provenance(
     `byproducts` the changed-files manifest (from `changed_file`). Start and finish times are left out
     when unknown (an image pushed long after its build): metadata never states a time nobody measured.
     """
-    metadata: dict[str, Any] = {"invocationId": invocation_id}
+    metadata: dict[str, object] = {"invocationId": invocation_id}
     for key, value in (("startedOn", started_on), ("finishedOn", finished_on)):
         if value is not None:
             metadata[key] = timestamp(value)
-    predicate: dict[str, Any] = {
+    predicate: dict[str, object] = {
         "buildDefinition": {
             "buildType": build_type,
             "externalParameters": dict(external_parameters),
@@ -312,20 +313,20 @@ def provenance(
 
 def test_result(
     *,
-    configuration: Sequence[Mapping[str, Any]],
+    configuration: Sequence[Mapping[str, object]],
     passed: Sequence[str] = (),
     warned: Sequence[str] = (),
     failed: Sequence[str] = (),
     url: str | None = None,
     result: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """An in-toto test-result v0.1 predicate (test-result.md §Schema).
 
     `result` defaults to the worst outcome present. A result better than the lists allow is refused, and
     so is PASSED when no test ran at all: not exercised is never a pass.
     """
     derived = "FAILED" if failed else "WARNED" if warned else "PASSED"
-    predicate: dict[str, Any] = {
+    predicate: dict[str, object] = {
         "result": result or derived,
         "configuration": [dict(c) for c in configuration],
         "passedTests": list(passed),
@@ -345,15 +346,15 @@ def verification_summary(
     verifier_id: str,
     time_verified: dt.datetime | str,
     resource_uri: str,
-    policy: Mapping[str, Any],
+    policy: Mapping[str, object],
     verification_result: str,
     verified_levels: Sequence[str],
-    input_attestations: Sequence[Mapping[str, Any]] = (),
+    input_attestations: Sequence[Mapping[str, object]] = (),
     dependency_levels: Mapping[str, int] | None = None,
     slsa_version: str = "1.0",
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A SLSA Verification Summary v1 predicate (verification_summary §Schema)."""
-    predicate: dict[str, Any] = {
+    predicate: dict[str, object] = {
         "verifier": {"id": verifier_id},
         "timeVerified": timestamp(time_verified),
         "resourceUri": resource_uri,
@@ -368,7 +369,7 @@ def verification_summary(
     return _validated(VSA_V1, predicate)
 
 
-def _validated(predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
+def _validated(predicate_type: str, predicate: dict[str, object]) -> dict[str, object]:
     problems: list[str] = []
     _PREDICATE_CHECKS[predicate_type](predicate, problems)
     if problems:
@@ -381,7 +382,7 @@ def _validated(predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]
 # ----------------------------------------------------------------------------------- predicate checks
 
 
-def _check_provenance(p: Mapping[str, Any], problems: list[str]) -> None:
+def _check_provenance(p: Mapping[str, object], problems: list[str]) -> None:
     """provenance/v1 §Fields: buildType and externalParameters required; builder.id required."""
     bd = _object(p, "buildDefinition", "predicate", problems)
     if bd is not None:
@@ -402,7 +403,7 @@ def _check_provenance(p: Mapping[str, Any], problems: list[str]) -> None:
     _resources(rd, "byproducts", "predicate.runDetails", problems)
 
 
-def _check_metadata(meta: Mapping[str, Any], problems: list[str]) -> None:
+def _check_metadata(meta: Mapping[str, object], problems: list[str]) -> None:
     where = "predicate.runDetails.metadata"
     if "invocationId" in meta and not isinstance(meta["invocationId"], str):
         problems.append(f"{where}.invocationId: not a string")
@@ -415,7 +416,7 @@ def _check_metadata(meta: Mapping[str, Any], problems: list[str]) -> None:
         problems.append(f"{where}: finishedOn is before startedOn")
 
 
-def _check_test_result(p: Mapping[str, Any], problems: list[str]) -> None:
+def _check_test_result(p: Mapping[str, object], problems: list[str]) -> None:
     """test-result.md §Fields: result enum and configuration required; the lists are strings."""
     result = p.get("result")
     if result not in TEST_RESULTS:
@@ -447,7 +448,7 @@ def _check_result_consistency(result: object, lists: Mapping[str, list[str]], pr
             seen.setdefault(name, key)
 
 
-def _check_vsa(p: Mapping[str, Any], problems: list[str]) -> None:
+def _check_vsa(p: Mapping[str, object], problems: list[str]) -> None:
     """verification_summary §Fields: verifier.id, timeVerified, resourceUri, policy.uri,
     verificationResult, verifiedLevels required; one level per SLSA track; FAILED iff result FAILED."""
     verifier = _object(p, "verifier", "predicate", problems)
@@ -471,7 +472,7 @@ def _check_vsa(p: Mapping[str, Any], problems: list[str]) -> None:
         problems.append("predicate.slsaVersion: not <MAJOR>.<MINOR>")
 
 
-def _check_levels(p: Mapping[str, Any], problems: list[str]) -> None:
+def _check_levels(p: Mapping[str, object], problems: list[str]) -> None:
     result = p.get("verificationResult")
     if result not in VSA_RESULTS:
         problems.append(f"predicate.verificationResult: must be one of {', '.join(VSA_RESULTS)}")
@@ -491,20 +492,20 @@ def _check_levels(p: Mapping[str, Any], problems: list[str]) -> None:
         problems.append("predicate.dependencyLevels: not a map of level to non-negative integer")
 
 
-def _check_bom(p: Mapping[str, Any], problems: list[str]) -> None:
+def _check_bom(p: Mapping[str, object], problems: list[str]) -> None:
     """The CycloneDX fields servimg relies on (the full schema is checked by cyclonedx's validator in the
     tests): bomFormat, specVersion 1.6, metadata.component, components as a list."""
     if p.get("bomFormat") != "CycloneDX":
         problems.append("predicate.bomFormat: must be CycloneDX")
     if p.get("specVersion") != "1.6":
         problems.append("predicate.specVersion: must be 1.6")
-    if not isinstance((p.get("metadata") or {}).get("component"), dict):
+    if not isinstance(jv.member(p, "metadata", "component"), dict):
         problems.append("predicate.metadata.component: missing (the image the BOM describes)")
     if not isinstance(p.get("components"), list):
         problems.append("predicate.components: missing or not a list")
 
 
-_PREDICATE_CHECKS: Mapping[str, Callable[[Mapping[str, Any], list[str]], None]] = {
+_PREDICATE_CHECKS: Mapping[str, Callable[[Mapping[str, object], list[str]], None]] = {
     PROVENANCE_V1: _check_provenance,
     TEST_RESULT_V01: _check_test_result,
     VSA_V1: _check_vsa,
@@ -541,8 +542,8 @@ def _check_timestamp(value: object, where: str, problems: list[str]) -> None:
 
 
 def _object(
-    parent: Mapping[str, Any], key: str, where: str, problems: list[str], *, required: bool = True
-) -> Mapping[str, Any] | None:
+    parent: Mapping[str, object], key: str, where: str, problems: list[str], *, required: bool = True
+) -> Mapping[str, object] | None:
     value = parent.get(key)
     if isinstance(value, dict):
         return value
@@ -552,7 +553,7 @@ def _object(
 
 
 def _strings(
-    parent: Mapping[str, Any], key: str, problems: list[str], *, required: bool = False
+    parent: Mapping[str, object], key: str, problems: list[str], *, required: bool = False
 ) -> list[str]:
     value = parent.get(key)
     if value is None and not required:
@@ -563,7 +564,7 @@ def _strings(
     return value
 
 
-def _resources(parent: Mapping[str, Any], key: str, where: str, problems: list[str]) -> list[Any]:
+def _resources(parent: Mapping[str, object], key: str, where: str, problems: list[str]) -> list[Any]:
     value = parent.get(key, [])
     if not isinstance(value, list):
         problems.append(f"{where}.{key}: not a list")

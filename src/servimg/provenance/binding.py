@@ -54,7 +54,7 @@ def tag_of(ref: str) -> str | None:
     return parsed.tag if parsed.digest is None else None
 
 
-def templates_of(definition: Mapping[str, Any] | None) -> tuple[str, ...]:
+def templates_of(definition: Mapping[str, object] | None) -> tuple[str, ...]:
     """The image's own template (from its definition) first, then the default one."""
     own = (definition or {}).get("tag")
     return tuple(dict.fromkeys([*([own] if isinstance(own, str) else []), DEFAULT_TEMPLATE]))
@@ -116,7 +116,7 @@ def tag_row(tag: str | None, templates: Sequence[str], sources: LockSources, mod
 
 
 def refuse_rebinding(
-    tag: str | None, definition: Mapping[str, Any] | None, lock: Digest, action: str
+    tag: str | None, definition: Mapping[str, object] | None, lock: Digest, action: str
 ) -> None:
     """Raise before anything moves when `tag` is template-shaped and names another lock than `lock`."""
     if tag is None:

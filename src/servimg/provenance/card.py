@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from servimg.core import jsonview as jv
 from servimg.provenance import attest, sbom
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import BASE_LABEL
@@ -54,7 +54,7 @@ class Card:
     source: str  # where the content came from: "signed provenance", "unsigned …", "the image itself"
     base: Mapping[str, str]
     builder: str | None
-    invocation: Mapping[str, Any]
+    invocation: Mapping[str, object]
     overlays: tuple[Overlay, ...]
     dists: Mapping[str, str]
     changed_files: tuple[ChangedFile, ...]
@@ -63,7 +63,7 @@ class Card:
     notes: tuple[str, ...] = field(default_factory=tuple)
     layer_files: tuple[ChangedFile, ...] | None = None  # re-derived from the overlay layer itself
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "ref": self.ref,
             "digest": self.digest,
@@ -253,9 +253,14 @@ def card(evidence: Evidence) -> Card:
 
 
 def _from_provenance(
-    p: Mapping[str, Any],
+    p: Mapping[str, object],
 ) -> tuple[
-    dict[str, str], str | None, dict[str, Any], tuple[Overlay, ...], dict[str, str], tuple[ChangedFile, ...]
+    dict[str, str],
+    str | None,
+    dict[str, object],
+    tuple[Overlay, ...],
+    dict[str, str],
+    tuple[ChangedFile, ...],
 ]:
     bases = provenance.provenance_dependencies(p, provenance.ROLE_BASE_MANIFEST)
     configs = provenance.provenance_dependencies(p, provenance.ROLE_BASE_CONFIG)
@@ -265,16 +270,15 @@ def _from_provenance(
         "config": f"sha256:{provenance.sha256_of(configs[0])}" if configs else "?",
     }
     patches = {
-        str((d.get("annotations") or {}).get("overlay")): provenance.sha256_of(d) or ""
+        str(jv.member(d, "annotations", "overlay")): provenance.sha256_of(d) or ""
         for d in provenance.provenance_dependencies(p, provenance.ROLE_PATCH)
     }
-    definition = (p.get("buildDefinition") or {}).get("externalParameters") or {}
+    definition = jv.obj(jv.member(p, "buildDefinition", "externalParameters") or {})
     dists = {
         str(d.get("name")): provenance.sha256_of(d) or ""
         for d in provenance.provenance_dependencies(p, provenance.ROLE_DIST)
     }
-    run = p.get("runDetails") or {}
-    invocation = dict(run.get("metadata") or {})
+    invocation = dict(jv.obj(jv.member(p, "runDetails", "metadata") or {}))
     return (
         base,
         provenance.builder_of(p),
@@ -285,9 +289,9 @@ def _from_provenance(
     )
 
 
-def _overlays(definition: Mapping[str, Any], patches: Mapping[str, str]) -> tuple[Overlay, ...]:
+def _overlays(definition: Mapping[str, object], patches: Mapping[str, str]) -> tuple[Overlay, ...]:
     out = []
-    for o in definition.get("overlays") or []:
+    for o in jv.seq(definition.get("overlays") or []):
         if not isinstance(o, dict):
             continue
         sentinels = tuple(_sentinel(s) for s in o.get("sentinels") or [] if isinstance(s, dict))
@@ -305,7 +309,7 @@ def _overlays(definition: Mapping[str, Any], patches: Mapping[str, str]) -> tupl
     return tuple(out)
 
 
-def _sentinel(s: Mapping[str, Any]) -> str:
+def _sentinel(s: Mapping[str, object]) -> str:
     what = f"name={s.get('name')}" if s.get("name") is not None else f"const={s.get('const')!r}"
     absent = " (absent in base)" if s.get("absent_in_base") else ""
     return f"{s.get('module')}:{s.get('qualname')} {what}{absent}"
@@ -320,20 +324,20 @@ def _results(bound: Sequence[Found]) -> list[Result]:
         if statement.predicate_type == attest.TEST_RESULT_V01:
             ladder = provenance.ladder_name(p)
             config = provenance.test_config(p) or {}
-            counts = (
-                f"{len(p.get('passedTests') or [])} passed, {len(p.get('warnedTests') or [])} warned, "
-                f"{len(p.get('failedTests') or [])} failed"
+            passed, warned, failed = (
+                len(jv.seq(p.get(k) or [])) for k in ("passedTests", "warnedTests", "failedTests")
             )
+            counts = f"{passed} passed, {warned} warned, {failed} failed"
             if ladder is not None:
-                verdict = str((config.get("annotations") or {}).get("verdict", ""))
+                verdict = str(jv.obj(config.get("annotations") or {}).get("verdict", ""))
                 receipt = (provenance.sha256_of(config) or "")[:12]
                 detail = f"verdict {verdict}; receipt sha256:{receipt}…; {counts}"
                 out.append(Result(f"ladder:{ladder}", str(p.get("result")), detail, trusted))
             else:
                 out.append(Result("verify", str(p.get("result")), counts, trusted))
         elif statement.predicate_type == attest.VSA_V1:
-            levels = ", ".join(p.get("verifiedLevels") or [])
-            detail = f"{(p.get('verifier') or {}).get('id')} at {p.get('timeVerified')}; {levels}"
+            levels = ", ".join(jv.texts(p.get("verifiedLevels") or []))
+            detail = f"{jv.member(p, 'verifier', 'id')} at {p.get('timeVerified')}; {levels}"
             out.append(Result("vsa", str(p.get("verificationResult")), detail, trusted))
         elif statement.predicate_type == attest.CYCLONEDX_BOM:
             spec = f"CycloneDX {p.get('specVersion')}"
@@ -371,7 +375,7 @@ class Diff:
             return head + "no differences in base, overlays, dists, changed files or results\n"
         return head + "\n".join(d.line() for d in self.differences) + "\n"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "a": {"ref": self.a.ref, "digest": self.a.digest},
             "b": {"ref": self.b.ref, "digest": self.b.digest},

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from servimg.builder.lock import Lock
 from servimg.builder.seams import DEFAULT, Seams
+from servimg.core import jsonview as jv
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings
 from servimg.core.progress import Log
@@ -61,13 +61,13 @@ class CheckReport(Findings):
     ref: str = ""
     digest: str = ""
     config_digest: str = ""
-    policy: Mapping[str, Any] = field(default_factory=dict)
+    policy: Mapping[str, object] = field(default_factory=dict)
     used: tuple[str, ...] = ()  # artifact digests of the attestations the verdict rests on
 
     def title(self) -> str:
         return f"check: {self.ref} ({self.digest})"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "ok": self.ok,
             "ref": self.ref,
@@ -203,7 +203,7 @@ def _describe(statement: attest.Statement) -> str:
         what = f"ladder {ladder}" if ladder else ("verify" if provenance.is_verify_result(p) else "test")
         return f"test-result ({what}): {p.get('result')}"
     if statement.predicate_type == attest.VSA_V1:
-        return f"verification summary: {p.get('verificationResult')} by {(p.get('verifier') or {}).get('id')}"
+        return f"verification summary: {p.get('verificationResult')} by {jv.member(p, 'verifier', 'id')}"
     if statement.predicate_type == attest.REBUILD_V1:
         verdict = "bit-identical" if p.get("match") is True else "MISMATCH"
         return f"rebuild by {rebuilds.rebuilder_of(p)}: {verdict}"
@@ -267,8 +267,7 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
 def lock_sources(ev: Evidence, provs: Sequence[attest.Statement]) -> binding.LockSources:
     """The image's lock digest as its label, its own lock and each verified provenance state it."""
     stated = [
-        str(((s.predicate.get("buildDefinition") or {}).get("internalParameters") or {}).get("lockDigest"))
-        for s in provs
+        str(jv.member(s.predicate, "buildDefinition", "internalParameters", "lockDigest")) for s in provs
     ]
     facts = ev.facts
     return binding.LockSources(
@@ -337,7 +336,7 @@ def _provenance_rows(policy: Policy, ev: Evidence, provs: Sequence[attest.Statem
     return rows
 
 
-def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[Finding]:
+def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, object]) -> list[Finding]:
     builder = provenance.builder_of(p)
     rows = [
         row("builder", PASS, f"{builder} is trusted")
@@ -368,7 +367,7 @@ def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, Any]) -> list[
             )
         )
     patches = {
-        str((d.get("annotations") or {}).get("overlay")): provenance.sha256_of(d)
+        str(jv.member(d, "annotations", "overlay")): provenance.sha256_of(d)
         for d in provenance.provenance_dependencies(p, provenance.ROLE_PATCH)
     }
     locked = {o.id: o.patch_sha256 for o in lock.overlays}
@@ -464,10 +463,12 @@ def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Finding:
         return row("verify", FAIL, f"the verify result(s) ran another probe spec than the image's ({spec})")
     failed = [s for s in mine if s.predicate.get("result") == "FAILED"]
     if failed:
-        tests = [t for s in failed for t in s.predicate.get("failedTests") or []]
+        tests = [str(t) for s in failed for t in jv.seq(s.predicate.get("failedTests") or [])]
         return row("verify", FAIL, f"verify FAILED: {_listed(tests)}")
     p = mine[0].predicate
-    counts = f"{len(p.get('passedTests') or [])} passed, {len(p.get('warnedTests') or [])} warned"
+    counts = (
+        f"{len(jv.seq(p.get('passedTests') or []))} passed, {len(jv.seq(p.get('warnedTests') or []))} warned"
+    )
     return row("verify", PASS, f"{p.get('result')}: {counts} (the image's own probe spec)")
 
 
@@ -501,7 +502,7 @@ def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]
             continue
         latest = max(results, key=lambda fs: (_finished(fs[1]), fs[0].created or ""))[1]
         config = provenance.test_config(latest.predicate) or {}
-        verdict = str((config.get("annotations") or {}).get("verdict", latest.predicate.get("result")))
+        verdict = str(jv.obj(config.get("annotations") or {}).get("verdict", latest.predicate.get("result")))
         accepted = policy.accepted_verdicts(name) if required else ("PASS",)
         passed = verdict in accepted and (latest.predicate.get("result") == "PASSED" or verdict != "PASS")
         receipt = (provenance.sha256_of(config) or "")[:12]
@@ -514,7 +515,7 @@ def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]
 
 def _finished(statement: attest.Statement) -> str:
     config = provenance.test_config(statement.predicate) or {}
-    return str((config.get("annotations") or {}).get("finished_at") or "")
+    return str(jv.member(config, "annotations", "finished_at") or "")
 
 
 def _deep_row(ev: Evidence) -> Finding:

@@ -88,7 +88,7 @@ class Envelope:
     payload: bytes
     signatures: tuple[Signature, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The JSON object: base64 (standard, padded) payload and signatures; `keyid` only when set."""
         return {
             "payload": _b64encode(self.payload),
@@ -119,7 +119,7 @@ class Envelope:
         return cls(payload_type, payload, signatures)
 
 
-def _json_object(data: bytes) -> dict[str, Any]:
+def _json_object(data: bytes) -> dict[str, object]:
     if not isinstance(data, bytes | bytearray):
         raise DsseError("malformed DSSE envelope", problems=["input is not bytes"])
     if len(data) > ENVELOPE_LIMIT:

@@ -17,13 +17,13 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.registry import RegistryClient
 from servimg.backends.target import Target
 from servimg.builder.lock import Lock
 from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
@@ -152,11 +152,11 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
         attrs = engine.inspect(name)
     except BackendError:  # no engine, or it lacks the image
         return None
-    image_id = Digest.parse(attrs["Id"])
+    image_id = Digest.parse(jv.text(attrs["Id"], "Id"))
     wanted = _name_of(ref)
     hint_name = _name_of(repo_hint) if repo_hint else None
     candidates = sorted(
-        (Reference.parse(text) for text in attrs.get("RepoDigests") or []),
+        (Reference.parse(text) for text in jv.texts(attrs.get("RepoDigests") or [], "RepoDigests")),
         key=lambda r: (r.name != wanted, r.name != hint_name, str(r)),
     )
     notes: list[Finding] = []
@@ -400,7 +400,7 @@ def _attestations(
 
 
 def found_from(
-    descriptor: Mapping[str, Any],
+    descriptor: Mapping[str, object],
     via: str,
     fetch: Callable[[Digest], bytes],
     trusted: Sequence[dsse.VerifyKey],
@@ -409,8 +409,8 @@ def found_from(
     """Fetch one listed attestation (`fetch` re-hashes and checks its binding), classify its signatures,
     and parse the statement only when it is signed by trusted keys or carries no signature at all."""
     artifact = str(descriptor.get("digest"))
-    annotations = descriptor.get("annotations") if isinstance(descriptor.get("annotations"), dict) else {}
-    created = (annotations or {}).get(referrers.ANNOTATION_CREATED)
+    created = jv.member(descriptor, "annotations", referrers.ANNOTATION_CREATED)
+    created = created if isinstance(created, str) else None
     base = Found(artifact, str(descriptor.get("artifactType") or "?"), via, created=created)
     try:
         data = fetch(Digest.parse(artifact))

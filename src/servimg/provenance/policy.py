@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -246,7 +245,7 @@ class Policy:
     def accepted_verdicts(self, ladder: str) -> tuple[str, ...]:
         return dict(self.verdicts).get(ladder, ("PASS",))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "require": list(self.require),
             "ladders": {name: list(self.accepted_verdicts(name)) for name in self.ladders},

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -33,6 +32,7 @@ from servimg.builder.definition import ImageDefinition, repo_root_for
 from servimg.builder.lock import Lock, lock_path_for
 from servimg.builder.pipeline import build
 from servimg.builder.seams import DEFAULT, Seams, StoreOnly
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, Finding
@@ -84,7 +84,7 @@ class Rebuilt:
             f"rebuilt {self.rebuilt}, this image is {self.reference} (this image → the rebuild): {why}",
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "reference": str(self.reference),
             "rebuilt": str(self.rebuilt) if self.rebuilt else None,
@@ -97,14 +97,14 @@ class Rebuilt:
         }
 
 
-def named_inputs(facts: ImageFacts, predicate: Mapping[str, Any] | None) -> tuple[dict[str, Any], Lock]:
+def named_inputs(facts: ImageFacts, predicate: Mapping[str, object] | None) -> tuple[dict[str, object], Lock]:
     """The definition and lock the provenance names: its externalParameters and the image's lock, whose
     digest must be the provenance's lockDigest (without provenance, the image's own files)."""
     if predicate is None:
         return dict(facts.definition), facts.lock
-    build_def = predicate.get("buildDefinition") or {}
+    build_def = jv.obj(predicate.get("buildDefinition") or {}, "buildDefinition")
     definition = build_def.get("externalParameters")
-    internal = build_def.get("internalParameters") or {}
+    internal = jv.obj(build_def.get("internalParameters") or {}, "buildDefinition.internalParameters")
     named = internal.get("lockDigest")
     if not isinstance(definition, dict):
         raise RebuildError("the provenance names no definition (buildDefinition.externalParameters)")
@@ -119,7 +119,7 @@ def named_inputs(facts: ImageFacts, predicate: Mapping[str, Any] | None) -> tupl
 def rebuild(
     image: Image,
     facts: ImageFacts,
-    predicate: Mapping[str, Any] | None,
+    predicate: Mapping[str, object] | None,
     checkout_definition: Path | None,
     store: BlobStore,
     log: Log,
@@ -160,7 +160,7 @@ def rebuild(
     return dataclasses.replace(done, differences=tuple(_explain(image, rebuilt, store, fetch_layer)))
 
 
-def _materialise(root: Path, definition: Mapping[str, Any], lock: Lock, checkout: Path) -> Path:
+def _materialise(root: Path, definition: Mapping[str, object], lock: Lock, checkout: Path) -> Path:
     """A scratch checkout: the named definition and lock, and the files they pin, from `checkout`."""
     parsed = ImageDefinition.from_mapping(definition, origin="the provenance's definition")
     path = root / "images" / f"{parsed.name}.yaml"
@@ -197,7 +197,7 @@ def _explain(a: Image, b: Image, store: BlobStore, fetch_layer: Callable[[Layer]
 # ------------------------------------------------------------------------------------------------ statement
 
 
-def rebuild_predicate(result: Rebuilt, rebuilder: str, when: str) -> dict[str, Any]:
+def rebuild_predicate(result: Rebuilt, rebuilder: str, when: str) -> dict[str, object]:
     """The rebuild statement's predicate: who rebuilt which digest, from which inputs, with what result."""
     return {
         "rebuilder": {"id": rebuilder},
@@ -211,22 +211,22 @@ def rebuild_predicate(result: Rebuilt, rebuilder: str, when: str) -> dict[str, A
     }
 
 
-def matching(predicate: Mapping[str, Any], digest: Digest) -> bool:
+def matching(predicate: Mapping[str, object], digest: Digest) -> bool:
     """A rebuild statement vouches for `digest` only if it says match and names that digest twice."""
     want = {"sha256": digest.hex}
     return (
         predicate.get("match") is True
-        and (predicate.get("image") or {}).get("digest") == want
-        and (predicate.get("rebuilt") or {}).get("digest") == want
+        and jv.member(predicate, "image", "digest") == want
+        and jv.member(predicate, "rebuilt", "digest") == want
     )
 
 
-def rebuilder_of(predicate: Mapping[str, Any]) -> str:
-    return str((predicate.get("rebuilder") or {}).get("id") or "?")
+def rebuilder_of(predicate: Mapping[str, object]) -> str:
+    return str(jv.member(predicate, "rebuilder", "id") or "?")
 
 
 def count_rows(
-    required: int, attested: Sequence[tuple[tuple[str, ...], Mapping[str, Any]]], digest: Digest
+    required: int, attested: Sequence[tuple[tuple[str, ...], Mapping[str, object]]], digest: Digest
 ) -> Finding:
     """`rebuilds`: at least `required` matching rebuild attestations, from distinct trusted keys."""
     keys: set[str] = set()

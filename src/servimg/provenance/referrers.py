@@ -30,12 +30,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from servimg.backends import layout
 from servimg.backends.registry import DEFAULT_ACCEPT, RegistryClient
 from servimg.backends.target import Target
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, RegistryError, ServimgError
 from servimg.core.reference import Reference
@@ -46,7 +47,7 @@ from servimg.provenance.attest import ENVELOPE_MEDIA_TYPE, timestamp
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY_BLOB = b"{}"
 # image-spec manifest.md §Guidance for an Empty Descriptor: `{}`, size 2, this digest.
-EMPTY_DESCRIPTOR: Mapping[str, Any] = {
+EMPTY_DESCRIPTOR: Mapping[str, object] = {
     "mediaType": EMPTY_MEDIA_TYPE,
     "digest": str(Digest.of_bytes(EMPTY_BLOB)),
     "size": len(EMPTY_BLOB),
@@ -88,7 +89,7 @@ def artifact_manifest(
     The envelope must parse as DSSE: a registry is no place to park bytes no verifier could read.
     """
     _check_artifact_inputs(subject, envelope_bytes, artifact_type, annotations)
-    manifest: dict[str, Any] = {
+    manifest: dict[str, object] = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": artifact_type,
@@ -125,11 +126,11 @@ def _check_artifact_inputs(
         raise ReferrersError("refusing to build an attestation artifact", problems=problems)
 
 
-def referrer_descriptor(manifest_bytes: bytes) -> dict[str, Any]:
+def referrer_descriptor(manifest_bytes: bytes) -> dict[str, object]:
     """The index entry for an artifact (§Pushing Manifests with Subject, step 4): mediaType, digest,
     size, `artifactType` (else the config mediaType), and every annotation of the manifest."""
     manifest = json.loads(manifest_bytes)
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "mediaType": manifest.get("mediaType", OCI_MANIFEST),
         "digest": str(Digest.of_bytes(manifest_bytes)),
         "size": len(manifest_bytes),
@@ -182,7 +183,7 @@ def _add_to_fallback(
     client: RegistryClient,
     repo: str,
     subject: Digest,
-    descriptor: Mapping[str, Any],
+    descriptor: Mapping[str, object],
     attempts: int,
     settle: float,
 ) -> None:
@@ -209,11 +210,11 @@ def _jittered(settle: float, attempt: int) -> float:
     return min(settle * 2.0**attempt, _MAX_BACKOFF) * (0.5 + random.random())
 
 
-def _lists(entries: list[dict[str, Any]], descriptor: Mapping[str, Any]) -> bool:
+def _lists(entries: list[dict[str, object]], descriptor: Mapping[str, object]) -> bool:
     return any(e.get("digest") == descriptor["digest"] for e in entries)
 
 
-def _index_bytes(entries: list[dict[str, Any]], descriptor: Mapping[str, Any]) -> bytes:
+def _index_bytes(entries: list[dict[str, object]], descriptor: Mapping[str, object]) -> bytes:
     """The merged index: one entry per digest (ours wins), sorted by canonical bytes, canonical JSON."""
     by_digest = {e["digest"]: e for e in entries}
     by_digest[descriptor["digest"]] = dict(descriptor)
@@ -221,7 +222,7 @@ def _index_bytes(entries: list[dict[str, Any]], descriptor: Mapping[str, Any]) -
     return canonical.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
 
 
-def _read_index(client: RegistryClient, repo: str, tag: str, *, strict: bool) -> list[dict[str, Any]]:
+def _read_index(client: RegistryClient, repo: str, tag: str, *, strict: bool) -> list[dict[str, object]]:
     """The tag index's entries ([] if the tag is absent).
 
     HEAD then GET by digest, so the bytes are exactly the version HEAD saw and are re-hashed. Something
@@ -262,7 +263,7 @@ _ALIASED_HINT = "use a registry with the referrers API, or attach to an OCI layo
 
 def _fallback_entries(
     client: RegistryClient, repo: str, subject: Digest
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[dict[str, object]], str | None]:
     """The fallback tag's entries that really refer to `subject`, and what was wrong, if anything.
 
     Some registries resolve `sha256-<hex>` to the subject itself (for a multi-platform subject that is an
@@ -285,7 +286,7 @@ def _fallback_entries(
     return named, f"{stray} do not name {subject.short} as their subject; ignored"
 
 
-def _names_subject(client: RegistryClient, repo: str, entry: Mapping[str, Any], subject: Digest) -> bool:
+def _names_subject(client: RegistryClient, repo: str, entry: Mapping[str, object], subject: Digest) -> bool:
     """True when the manifest `entry` points at has `subject.digest` = `subject` (§Pushing Manifests
     with Subject: that field, not the index, is what makes a manifest a referrer)."""
     try:
@@ -293,11 +294,11 @@ def _names_subject(client: RegistryClient, repo: str, entry: Mapping[str, Any], 
         doc = json.loads(data)
     except (ServimgError, ValueError, RecursionError):
         return False
-    named = (doc.get("subject") or {}).get("digest") if isinstance(doc, dict) else None
+    named = jv.member(doc, "subject", "digest") if isinstance(doc, dict) else None
     return named == str(subject)
 
 
-def _index_entries(data: bytes, media_type: str) -> list[dict[str, Any]] | None:
+def _index_entries(data: bytes, media_type: str) -> list[dict[str, object]] | None:
     try:
         doc = json.loads(data)
     except ValueError:
@@ -324,7 +325,7 @@ def _valid_digest(value: object) -> bool:
 
 def list_referrers(
     client: RegistryClient, repo: str, subject: Digest, artifact_type: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Descriptors of the artifacts that refer to `subject`: the referrers API, else the tag index.
 
     A registry that gained the API lists what the tag index held (§Enabling the Referrers API), so the
@@ -340,7 +341,7 @@ def list_referrers(
     return sorted(found, key=canonical.dumps)
 
 
-def discover(client: RegistryClient, repo: str, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+def discover(client: RegistryClient, repo: str, subject: Digest) -> tuple[list[dict[str, object]], str]:
     """Like `list_referrers` (unfiltered), and also say where the list came from: the referrers API or
     the fallback tag (a verifier reports it; a stale fallback index is a finding of its own)."""
     found = client.referrers(repo, subject)
@@ -406,7 +407,7 @@ def _envelope_layer(
 
 
 def _binding_problems(
-    manifest: Mapping[str, Any], media_type: str, subject: Digest, artifact_type: str | None
+    manifest: Mapping[str, object], media_type: str, subject: Digest, artifact_type: str | None
 ) -> list[str]:
     problems: list[str] = []
     if media_type != OCI_MANIFEST or manifest.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST:
@@ -444,7 +445,7 @@ def write_to_layout(
     return Digest.of_bytes(manifest)
 
 
-def _layout_index(layout_dir: Path) -> dict[str, Any]:
+def _layout_index(layout_dir: Path) -> dict[str, object]:
     try:
         index = json.loads((layout_dir / "index.json").read_bytes())
     except (OSError, ValueError):
@@ -457,13 +458,13 @@ def _layout_index(layout_dir: Path) -> dict[str, Any]:
     return index
 
 
-def layout_referrers(layout_dir: Path, subject: Digest) -> list[dict[str, Any]]:
+def layout_referrers(layout_dir: Path, subject: Digest) -> list[dict[str, object]]:
     """Descriptors of the attestations in an OCI layout whose manifest's subject is `subject`.
 
     A layout may hold several images and their attestations; the index entry only points, so each
     artifact manifest is read (and re-hashed) and kept only when its own `subject` binds it here."""
     out = []
-    for entry in _layout_index(layout_dir)["manifests"]:
+    for entry in jv.seq(_layout_index(layout_dir)["manifests"]):
         if not (isinstance(entry, dict) and entry.get("artifactType") and _valid_digest(entry.get("digest"))):
             continue
         try:
@@ -509,7 +510,7 @@ class Referrers(Protocol):
     the fallback tag) or an OCI layout (its index). Listing gives pointers only; `fetch` re-hashes what
     one points at and checks that it is bound to the subject."""
 
-    def discover(self, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+    def discover(self, subject: Digest) -> tuple[list[dict[str, object]], str]:
         """The descriptors that refer to `subject`, and where the list came from (for reports)."""
         ...
 
@@ -533,7 +534,7 @@ class RegistryReferrers:
     client: RegistryClient
     repository: str
 
-    def discover(self, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+    def discover(self, subject: Digest) -> tuple[list[dict[str, object]], str]:
         return discover(self.client, self.repository, subject)
 
     def fetch(self, subject: Digest, artifact: Digest) -> bytes:
@@ -560,7 +561,7 @@ class RegistryReferrers:
 class LayoutReferrers:
     root: Path
 
-    def discover(self, subject: Digest) -> tuple[list[dict[str, Any]], str]:
+    def discover(self, subject: Digest) -> tuple[list[dict[str, object]], str]:
         listed = layout_referrers(self.root, subject) if (self.root / "index.json").is_file() else []
         return listed, f"OCI layout {self.root}"
 
@@ -607,7 +608,7 @@ def already_attached(
             doc = json.loads(place.manifest(digest))
         except (ServimgError, ValueError):
             continue
-        bound = (doc.get("subject") or {}).get("digest") if isinstance(doc, dict) else None
+        bound = jv.member(doc, "subject", "digest") if isinstance(doc, dict) else None
         layers = doc.get("layers") if isinstance(doc, dict) else None
         if bound == str(subject) and any(
             isinstance(x, dict) and x.get("digest") == str(envelope) for x in layers or []

@@ -25,11 +25,11 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote
 
 from servimg import __version__
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.distname import canonical_name
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
@@ -131,10 +131,10 @@ def os_release(fs: LayeredFS) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------- the BOM
 
 
-def _deb_component(pkg: DebPackage, distro: str | None) -> dict[str, Any]:
+def _deb_component(pkg: DebPackage, distro: str | None) -> dict[str, object]:
     query = f"?arch={_purl_part(pkg.architecture)}" + (f"&distro={_purl_part(distro)}" if distro else "")
     purl = f"pkg:deb/debian/{_purl_part(pkg.name)}@{_purl_part(pkg.version)}{query}"
-    component: dict[str, Any] = {
+    component: dict[str, object] = {
         "type": "library",
         "bom-ref": purl,
         "name": pkg.name,
@@ -146,18 +146,18 @@ def _deb_component(pkg: DebPackage, distro: str | None) -> dict[str, Any]:
     return component
 
 
-def _issue(ref: str) -> dict[str, Any]:
-    issue: dict[str, Any] = {"type": "defect", "id": ref}
+def _issue(ref: str) -> dict[str, object]:
+    issue: dict[str, object] = {"type": "defect", "id": ref}
     if re.match(r"[a-z][a-z0-9+.-]*://", ref):
         issue["references"] = [ref]
     return issue
 
 
-def _patches(overlays: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _patches(overlays: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     patches = []
     for overlay in overlays:
-        upstream = [str(u) for u in overlay.get("upstream") or []]
-        patch: dict[str, Any] = {
+        upstream = [str(u) for u in jv.seq(overlay.get("upstream") or [])]
+        patch: dict[str, object] = {
             "type": "backport" if upstream else "unofficial",
             "diff": {"url": str(overlay["patch"])},
         }
@@ -171,10 +171,12 @@ def _overlay_property(overlay_id: str) -> str:
     return f"io.servimg:overlay:{overlay_id}:patch-sha256"
 
 
-def _overlays_by_package(facts: ImageFacts) -> dict[str, list[dict[str, Any]]]:
+def _overlays_by_package(facts: ImageFacts) -> dict[str, list[dict[str, object]]]:
     """Each locked overlay (id, patch path, sha256) with its definition's upstream refs, by import name."""
-    declared = {str(o.get("id")): o for o in facts.definition.get("overlays") or [] if isinstance(o, dict)}
-    by_package: dict[str, list[dict[str, Any]]] = {}
+    declared = {
+        str(o.get("id")): o for o in jv.seq(facts.definition.get("overlays") or []) if isinstance(o, dict)
+    }
+    by_package: dict[str, list[dict[str, object]]] = {}
     for overlay in facts.lock.overlays:
         upstream = declared.get(overlay.id, {}).get("upstream") or []
         entry = {
@@ -187,9 +189,9 @@ def _overlays_by_package(facts: ImageFacts) -> dict[str, list[dict[str, Any]]]:
     return by_package
 
 
-def _dist_component(dist: Dist, overlays: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _dist_component(dist: Dist, overlays: Sequence[Mapping[str, object]]) -> dict[str, object]:
     purl = pypi_purl(dist.name, dist.version)
-    component: dict[str, Any] = {
+    component: dict[str, object] = {
         "type": "library",
         "bom-ref": f"{purl}#{dist.path}",  # one distribution may be installed in two places
         "name": dist.name,
@@ -201,12 +203,12 @@ def _dist_component(dist: Dist, overlays: Sequence[Mapping[str, Any]]) -> dict[s
     properties = [{"name": "io.servimg:dist-info", "value": dist.path}]
     if overlays:
         component["pedigree"] = {"patches": _patches(overlays)}
-        properties += [{"name": _overlay_property(o["id"]), "value": o["sha256"]} for o in overlays]
+        properties += [{"name": _overlay_property(str(o["id"])), "value": str(o["sha256"])} for o in overlays]
     component["properties"] = properties
     return component
 
 
-def _interpreter(facts: ImageFacts) -> dict[str, Any]:
+def _interpreter(facts: ImageFacts) -> dict[str, object]:
     interp = facts.lock.interpreter
     purl = f"pkg:generic/cpython@{_purl_part(interp.version)}"
     return {
@@ -224,11 +226,11 @@ def _interpreter(facts: ImageFacts) -> dict[str, Any]:
     }
 
 
-def _operating_system(release: Mapping[str, str]) -> list[dict[str, Any]]:
+def _operating_system(release: Mapping[str, str]) -> list[dict[str, object]]:
     if not release.get("ID"):
         return []
     version = release.get("VERSION_ID", "")
-    component: dict[str, Any] = {
+    component: dict[str, object] = {
         "type": "operating-system",
         "bom-ref": f"os:{release['ID']}",
         "name": release["ID"],
@@ -247,7 +249,7 @@ def _import_name(dist: Dist, facts: ImageFacts) -> str | None:
     return None
 
 
-def build_sbom(image: Image, facts: ImageFacts, fs: LayeredFS, name: str) -> dict[str, Any]:
+def build_sbom(image: Image, facts: ImageFacts, fs: LayeredFS, name: str) -> dict[str, object]:
     """The SBOM document of `image` (whose merged filesystem is `fs`, whose own files are `facts`)."""
     release = os_release(fs)
     distro = (
@@ -313,13 +315,13 @@ class Summary:
         )
 
 
-def _components(bom: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _components(bom: Mapping[str, object]) -> list[Mapping[str, object]]:
     items = bom.get("components")
     return [c for c in items if isinstance(c, dict)] if isinstance(items, list) else []
 
 
-def _overlay_ids(component: Mapping[str, Any]) -> list[str]:
-    props = component.get("properties") or []
+def _overlay_ids(component: Mapping[str, object]) -> list[str]:
+    props = jv.seq(component.get("properties") or [])
     return sorted(
         m.group(1)
         for p in props
@@ -329,13 +331,13 @@ def _overlay_ids(component: Mapping[str, Any]) -> list[str]:
     )
 
 
-def summary(bom: Mapping[str, Any]) -> Summary:
+def summary(bom: Mapping[str, object]) -> Summary:
     components = _components(bom)
     purls = [str(c.get("purl", "")) for c in components]
     patched = tuple(
         f"{c.get('name')} {c.get('version')} ({', '.join(_overlay_ids(c))})"
         for c in components
-        if (c.get("pedigree") or {}).get("patches")
+        if jv.member(c, "pedigree", "patches")
     )
     interp = next((c for c in components if c.get("name") == "cpython"), None)
     return Summary(
@@ -346,19 +348,19 @@ def summary(bom: Mapping[str, Any]) -> Summary:
     )
 
 
-def problems(bom: Mapping[str, Any], image: Image, facts: ImageFacts) -> list[str]:
+def problems(bom: Mapping[str, object], image: Image, facts: ImageFacts) -> list[str]:
     """Where the SBOM disagrees with the image it is attached to (its own lock): every problem."""
     found: list[str] = []
     if bom.get("bomFormat") != "CycloneDX" or bom.get("specVersion") != SPEC_VERSION:
         found.append(f"not a CycloneDX {SPEC_VERSION} BOM")
-    about = ((bom.get("metadata") or {}).get("component") or {}).get("bom-ref")
+    about = jv.member(bom, "metadata", "component", "bom-ref")
     if about != str(image.digest):
         found.append(f"metadata.component is {about}, not this image ({image.digest})")
     components = _components(bom)
     by_path = {
         str(p.get("value")): c
         for c in components
-        for p in c.get("properties") or []
+        for p in jv.seq(c.get("properties") or [])
         if isinstance(p, dict) and p.get("name") == "io.servimg:dist-info"
     }
     overlays = _overlays_by_package(facts)
@@ -371,21 +373,21 @@ def problems(bom: Mapping[str, Any], image: Image, facts: ImageFacts) -> list[st
         if component.get("purl") != pypi_purl(pkg.distribution, pkg.version):
             found.append(f"{pkg.dist_info}: purl {component.get('purl')}, the lock says {what}")
         applied = overlays.get(pkg.import_name, [])
-        wanted, listed = sorted(o["id"] for o in applied), _overlay_ids(component)
+        wanted, listed = sorted(str(o["id"]) for o in applied), _overlay_ids(component)
         if listed != wanted:
             found.append(f"{what}: overlays {listed or 'none'}, the lock applies {wanted or 'none'}")
-        patches = (component.get("pedigree") or {}).get("patches") or []
+        patches = jv.seq(jv.member(component, "pedigree", "patches") or [])
         if len(patches) != len(wanted):
             found.append(f"{what}: {len(patches)} pedigree patches for {len(wanted)} overlays")
         props = {
             str(p.get("name")): p.get("value")
-            for p in component.get("properties") or []
+            for p in jv.seq(component.get("properties") or [])
             if isinstance(p, dict)
         }
         found += [
             f"{what}: overlay {o['id']} is not pinned to sha256 {o['sha256']}"
             for o in applied
-            if props.get(_overlay_property(o["id"])) != o["sha256"]
+            if props.get(_overlay_property(str(o["id"]))) != o["sha256"]
         ]
     interp = next((c for c in components if c.get("name") == "cpython"), None)
     if interp is None or interp.get("version") != facts.lock.interpreter.version:

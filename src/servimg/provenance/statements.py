@@ -34,6 +34,7 @@ from servimg import __version__
 from servimg.builder.lock import Lock
 from servimg.builder.verify import VerifyReport
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.oci.filesystem import LayeredFS
@@ -112,7 +113,7 @@ class ChangedFile:
             return "deleted" if self.kind in (DELETED, None) else str(self.kind)
         return f"sha256:{self.sha256[:16]}…" if self.kind in (FILE, None) else self.sha256
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"path": self.path, "kind": self.kind, "mode": self.mode, "sha256": self.sha256}
 
     @classmethod
@@ -138,7 +139,7 @@ class ImageFacts:
     """The files a servimg image carries about itself (read from its overlay layer)."""
 
     lock: Lock
-    definition: Mapping[str, Any]
+    definition: Mapping[str, object]
     definition_sha256: str
     changes: tuple[ChangedFile, ...]
     changes_sha256: str
@@ -263,13 +264,13 @@ def now() -> str:
     return attest.timestamp(dt.datetime.now(dt.UTC).replace(microsecond=0))
 
 
-def _role(role: str, **more: Any) -> dict[str, Any]:
+def _role(role: str, **more: Any) -> dict[str, object]:
     return {"role": role, **{k: v for k, v in more.items() if v is not None}}
 
 
-def resolved_dependencies(facts: ImageFacts) -> list[dict[str, Any]]:
+def resolved_dependencies(facts: ImageFacts) -> list[dict[str, object]]:
     lock = facts.lock
-    overlays = {o.get("id"): o for o in facts.definition.get("overlays") or [] if isinstance(o, dict)}
+    overlays = {o.get("id"): o for o in jv.seq(facts.definition.get("overlays") or []) if isinstance(o, dict)}
     deps = [
         attest.resource(
             name=lock.base.ref,
@@ -324,7 +325,7 @@ def resolved_dependencies(facts: ImageFacts) -> list[dict[str, Any]]:
     return deps
 
 
-def byproducts(facts: ImageFacts) -> list[dict[str, Any]]:
+def byproducts(facts: ImageFacts) -> list[dict[str, object]]:
     out = [
         attest.resource(
             name="/" + CHANGES_FILE,
@@ -335,15 +336,15 @@ def byproducts(facts: ImageFacts) -> list[dict[str, Any]]:
     ]
     for change in facts.changes:
         entry = attest.changed_file(change.path, change.sha256, change.mode, change.kind)
-        entry["annotations"] = {**entry["annotations"], "role": ROLE_CHANGED_FILE}
+        entry["annotations"] = {**jv.obj(entry["annotations"]), "role": ROLE_CHANGED_FILE}
         out.append(entry)
     return out
 
 
-def provenance_predicate(facts: ImageFacts, invocation: Invocation, builder: str) -> dict[str, Any]:
+def provenance_predicate(facts: ImageFacts, invocation: Invocation, builder: str) -> dict[str, object]:
     """SLSA Provenance v1 for the image `facts` describe (pure)."""
     lock = facts.lock
-    internal: dict[str, Any] = {
+    internal: dict[str, object] = {
         "lockDigest": str(lock.digest),
         "sourceDateEpoch": lock.source_date_epoch,
         "interpreter": {
@@ -389,7 +390,7 @@ def _test_names(checks: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
     return lists
 
 
-def verify_predicate(report: VerifyReport, facts: ImageFacts) -> dict[str, Any]:
+def verify_predicate(report: VerifyReport, facts: ImageFacts) -> dict[str, object]:
     """An in-toto test-result for a `servimg verify` report of the image `facts` describe.
 
     Refuses a report made for another lock or another probe spec: a result is evidence only about the
@@ -484,10 +485,11 @@ class LadderReceipt:
         )
 
 
-def _receipt_digests(doc: Mapping[str, Any]) -> list[str]:
+def _receipt_digests(doc: Mapping[str, object]) -> list[str]:
     found: list[str] = []
     candidates: list[Any] = [doc.get("image_digest"), doc.get("image")]
-    candidates += list(doc.get("images") or []) if isinstance(doc.get("images"), list) else []
+    images = doc.get("images")
+    candidates += list(images) if isinstance(images, list) else []
     for item in candidates:
         if isinstance(item, str):
             found.append(item)
@@ -496,7 +498,7 @@ def _receipt_digests(doc: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -> dict[str, Any]:
+def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -> dict[str, object]:
     """A test-result for a ladder receipt about this image. NOT_EXERCISED is never PASS (docs/design.md)."""
     if receipt.image_digests and not {str(manifest), str(config)} & set(receipt.image_digests):
         raise ProvenanceError(
@@ -531,55 +533,59 @@ def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -
 # ------------------------------------------------------------------------------------------ reading back
 
 
-def role_of(rd: Mapping[str, Any]) -> str | None:
+def role_of(rd: Mapping[str, object]) -> str | None:
     annotations = rd.get("annotations")
     role = annotations.get("role") if isinstance(annotations, dict) else None
     return role if isinstance(role, str) else None
 
 
-def with_role(items: object, role: str) -> list[Mapping[str, Any]]:
+def with_role(items: object, role: str) -> list[Mapping[str, object]]:
     if not isinstance(items, list):
         return []
     return [rd for rd in items if isinstance(rd, dict) and role_of(rd) == role]
 
 
-def sha256_of(rd: Mapping[str, Any]) -> str | None:
+def sha256_of(rd: Mapping[str, object]) -> str | None:
     digests = rd.get("digest")
     value = digests.get("sha256") if isinstance(digests, dict) else None
     return value if isinstance(value, str) else None
 
 
-def provenance_dependencies(predicate: Mapping[str, Any], role: str) -> list[Mapping[str, Any]]:
+def provenance_dependencies(predicate: Mapping[str, object], role: str) -> list[Mapping[str, object]]:
     build = predicate.get("buildDefinition")
     return with_role(build.get("resolvedDependencies") if isinstance(build, dict) else None, role)
 
 
-def provenance_byproducts(predicate: Mapping[str, Any]) -> tuple[ChangedFile, ...]:
+def provenance_byproducts(predicate: Mapping[str, object]) -> tuple[ChangedFile, ...]:
     """The changed files a provenance lists (the `changed-file` byproducts), in ChangedFile form."""
     run = predicate.get("runDetails")
     out = []
     for rd in with_role(run.get("byproducts") if isinstance(run, dict) else None, ROLE_CHANGED_FILE):
-        annotations = rd.get("annotations") or {}
+        annotations = jv.obj(rd.get("annotations") or {}, "byproducts[].annotations")
         try:
             mode = int(str(annotations.get("mode", "0")), 8)
         except ValueError:
             mode = -1
         sha = None if annotations.get("deleted") or annotations.get("kind") == DIRECTORY else sha256_of(rd)
         kind = annotations.get("kind")  # none in an attestation made before kinds were recorded
-        out.append(ChangedFile(str(rd.get("name", "")), sha, mode, kind if kind in KINDS else None))
+        out.append(
+            ChangedFile(
+                str(rd.get("name", "")), sha, mode, kind if isinstance(kind, str) and kind in KINDS else None
+            )
+        )
     return tuple(sorted(out, key=ChangedFile.key))
 
 
-def builder_of(predicate: Mapping[str, Any]) -> str | None:
+def builder_of(predicate: Mapping[str, object]) -> str | None:
     run = predicate.get("runDetails")
     builder = run.get("builder") if isinstance(run, dict) else None
     value = builder.get("id") if isinstance(builder, dict) else None
     return value if isinstance(value, str) else None
 
 
-def test_config(predicate: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def test_config(predicate: Mapping[str, object]) -> Mapping[str, object] | None:
     """The servimg configuration entry of a test-result (verify or ladder), if it has one."""
-    for rd in predicate.get("configuration") or []:
+    for rd in jv.seq(predicate.get("configuration") or []):
         if isinstance(rd, dict) and role_of(rd) in (ROLE_VERIFY, ROLE_LADDER):
             return rd
     return None
@@ -588,7 +594,7 @@ def test_config(predicate: Mapping[str, Any]) -> Mapping[str, Any] | None:
 test_config.__test__ = False  # type: ignore[attr-defined]
 
 
-def ladder_name(predicate: Mapping[str, Any]) -> str | None:
+def ladder_name(predicate: Mapping[str, object]) -> str | None:
     rd = test_config(predicate)
     if rd is None or role_of(rd) != ROLE_LADDER:
         return None
@@ -596,7 +602,7 @@ def ladder_name(predicate: Mapping[str, Any]) -> str | None:
     return name[len(LADDER_PREFIX) :] if name.startswith(LADDER_PREFIX) else None
 
 
-def is_verify_result(predicate: Mapping[str, Any]) -> bool:
+def is_verify_result(predicate: Mapping[str, object]) -> bool:
     rd = test_config(predicate)
     return rd is not None and role_of(rd) == ROLE_VERIFY
 

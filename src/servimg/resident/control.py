@@ -7,8 +7,8 @@ import fcntl
 import os
 import select
 import time
-from typing import Any
 
+from servimg.core import jsonview as jv
 from servimg.core.errors import ResidentError
 from servimg.resident import identity, wire
 from servimg.resident.client import spawn_server
@@ -27,7 +27,7 @@ def where() -> str:
     return found
 
 
-def ask(path: str, what: str, timeout: float = QUERY_TIMEOUT) -> dict[str, Any]:
+def ask(path: str, what: str, timeout: float = QUERY_TIMEOUT) -> dict[str, object]:
     """A control request (`status`, `stop`) to the server at `path`. OSError, EOFError or
     wire.ProtocolError when none answers there."""
     sock = wire.connect(path, timeout)
@@ -39,7 +39,7 @@ def ask(path: str, what: str, timeout: float = QUERY_TIMEOUT) -> dict[str, Any]:
     return reply
 
 
-def start(wait: float = 30.0) -> dict[str, Any]:
+def start(wait: float = 30.0) -> dict[str, object]:
     """The status of the server of this process's environment, started now unless it runs."""
     doc = identity.document()
     name = identity.name_of(doc)
@@ -52,7 +52,7 @@ def start(wait: float = 30.0) -> dict[str, Any]:
         except (OSError, EOFError, wire.ProtocolError):
             reply = {}
         if isinstance(reply.get("status"), dict):
-            return {**reply["status"], "started_now": spawned}
+            return {**jv.obj(reply["status"]), "started_now": spawned}
         if not spawned:
             spawn_server(name)
             spawned = True
@@ -64,10 +64,10 @@ def start(wait: float = 30.0) -> dict[str, Any]:
         time.sleep(POLL)
 
 
-def servers() -> list[tuple[str, dict[str, Any] | None]]:
+def servers() -> list[tuple[str, dict[str, object] | None]]:
     """Every server socket of this user, with the status its server gives (None: no server answers:
     it died and left its socket behind)."""
-    found: list[tuple[str, dict[str, Any] | None]] = []
+    found: list[tuple[str, dict[str, object] | None]] = []
     top = where()
     for entry in sorted(os.listdir(top)):
         if entry.endswith(".sock"):

@@ -38,7 +38,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from servimg.resident import identity, wire
 
@@ -61,7 +61,7 @@ class Job:
     cwd: int
 
     @classmethod
-    def parse(cls, message: dict[str, Any], fds: list[int]) -> Job:
+    def parse(cls, message: dict[str, object], fds: list[int]) -> Job:
         """A `run` request and its descriptors (stdin, stdout, stderr, cwd); every problem named."""
         argv, env = message.get("run"), message.get("env")
         argv0, umask = message.get("argv0"), message.get("umask")
@@ -301,7 +301,7 @@ class Server:
         else:
             wire.send(sock, {"refused": f"unknown control request {what!r}"})
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {
             "pid": os.getpid(),
             "name": self.name,

@@ -22,7 +22,6 @@ import os
 TYPE_CHECKING = False  # typing itself is ≈10 ms of a served command's start (resident.client)
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
 MAX_MESSAGE = 1 << 22  # an argv and an environment: far below this
 MAX_FDS = 4
@@ -44,7 +43,7 @@ def connect(path: str, timeout: float | None = None) -> _socket.socket:
     return sock
 
 
-def send(sock: _socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+def send(sock: _socket.socket, message: dict[str, object], fds: Sequence[int] = ()) -> None:
     body = marshal.dumps(message)
     data = len(body).to_bytes(4, "big") + body
     ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
@@ -53,7 +52,7 @@ def send(sock: _socket.socket, message: dict[str, Any], fds: Sequence[int] = ())
         sent += sock.send(data[sent:])
 
 
-def receive(sock: _socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
+def receive(sock: _socket.socket, max_fds: int = 0) -> tuple[dict[str, object], list[int]]:
     """One message and the descriptors that came with it (the caller owns and closes them). EOFError:
     the peer closed before a message began."""
     fds: list[int] = []
