@@ -30,6 +30,7 @@ import pytest
 import fakebase as fb
 from servimg.backends import registry as registry_module
 from servimg.backends.registry import RegistryClient
+from servimg.backends.target import ReadOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
@@ -441,7 +442,7 @@ def test_a_faulty_pull_leaves_nothing_in_the_cache(
     fresh = BlobStore(tmp_path / "fresh")
     with pytest.raises(ServimgError, match=fragment):
         expected = image.digest if fault != "not-json" else None
-        registry_module.pull(f"{proxy.host}/{repo}:v1", fresh, lambda _: None, expected=expected)
+        registry_module.pull(f"{proxy.host}/{repo}:v1", fresh, lambda _: None, ReadOptions(expected=expected))
     assert not fresh.has(layer)
     assert fb.cache_is_sound(tmp_path / "fresh") == []
     assert not [p for p in (tmp_path / "fresh" / "blobs" / "sha256").iterdir() if p.name.startswith(".")]

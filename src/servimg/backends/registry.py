@@ -1040,24 +1040,18 @@ def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd6
     )
 
 
-def pull(
-    ref_text: str,
-    store: BlobStore,
-    log: Log,
-    expected: Digest | None = None,
-    progress: Progress = NULL,
-    *,
-    rehash: bool = False,
-) -> Image:
-    """The image `ref_text` (or the pinned `expected` digest in its repository), every blob in `store`.
+def pull(ref_text: str, store: BlobStore, log: Log, how: ReadOptions | None = None) -> Image:
+    """The image `ref_text` (or the pinned `how.expected` digest in its repository), every blob in `store`.
 
-    With `rehash` every layer is fetched from the registry and hashed even when the store holds it
+    With `how.rehash` every layer is fetched from the registry and hashed even when the store holds it
     (`check --deep`, `verify`: what the registry serves is what is checked, not the local copy)."""
     ref = Reference.parse(ref_text)
+    how = how or ReadOptions()
+    expected, progress = how.expected, how.progress
     with RegistryClient(ref.registry) as client:
         image, _ = read_image(client, ref.repository, str(expected or ref.reference), expected=expected)
         for i, desc in enumerate(image.layer_descriptors):
-            if rehash and store.has(desc.digest, desc.size):
+            if how.rehash and store.has(desc.digest, desc.size):
                 log(f"re-fetching layer {desc.digest.short} ({desc.size / 1e6:.1f} MB) to hash it")
                 with progress.transfer(f"hash {desc.digest.short}", desc.size) as advance:
                     try:
@@ -1140,7 +1134,7 @@ class RegistryBackend:
     """`HOST[:PORT]/REPO[:TAG]` through servimg's own distribution client."""
 
     def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
-        return pull(target.location, store, log, how.expected, how.progress, rehash=how.rehash)
+        return pull(target.location, store, log, how)
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         progress = options.get("progress", NULL)

@@ -50,7 +50,15 @@ from servimg.builder.lock import (
 )
 from servimg.builder.overlay import apply_patch
 from servimg.builder.patch import Patch
-from servimg.builder.seams import DEFAULT, BaseSource, Seams, Staging, VerifiedSink, verify_or_refuse
+from servimg.builder.seams import (
+    DEFAULT,
+    BaseSource,
+    Seams,
+    Staging,
+    Verified,
+    VerifiedSink,
+    verify_or_refuse,
+)
 from servimg.builder.verify import (
     VerifyReport,
     base_sentinel_verdicts_in_image,
@@ -440,7 +448,7 @@ def build(
             raise BuildError(
                 "this destination publishes only verified images", hint="build without verify=False"
             )
-        destination = sink.publish_verified(image, target, store, log, report, **options)
+        destination = sink.publish_verified(Verified(image, report), target, store, log, **options)
     else:
         destination = sink.publish(image, target, store, log, **options)
     published_tag = target.tag if target.is_layout and target.tag else full_tag

@@ -232,19 +232,21 @@ class Staging(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Verified:
+    """An image together with the probe report that verified it (what a VerifiedSink publishes)."""
+
+    image: Image
+    report: VerifyReport
+
+
 @runtime_checkable
 class VerifiedSink(Protocol):
     """A sink that publishes an image together with the report that verified it (the signed route:
     `provenance.attach.AttestingSink` pushes the image with its signed provenance and verify result)."""
 
     def publish_verified(
-        self,
-        image: Image,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        report: VerifyReport,
-        **options: Unpack[WriteOptions],
+        self, verified: Verified, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
     ) -> str: ...
 
 

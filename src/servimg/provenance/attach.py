@@ -24,7 +24,7 @@ from typing import TypedDict, Unpack
 from servimg.backends import registry, transport
 from servimg.backends.target import Target, WriteOptions
 from servimg.builder.pipeline import build
-from servimg.builder.seams import DEFAULT, ProbeVerifier, Seams, verify_or_refuse
+from servimg.builder.seams import DEFAULT, ProbeVerifier, Seams, Verified, verify_or_refuse
 from servimg.builder.verify import VerifyFailed, VerifyReport
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
@@ -338,14 +338,9 @@ class AttestingSink:
         raise BuildError("a signed build publishes only a verified image", hint="build without verify=False")
 
     def publish_verified(
-        self,
-        image: Image,
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        report: VerifyReport,
-        **options: Unpack[WriteOptions],
+        self, verified: Verified, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
     ) -> str:
+        image, report = verified.image, verified.report
         store.put_bytes(image.config_bytes)  # push_image reads every blob from the store
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
         pushed = push_image(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.registry import RegistryClient
-from servimg.backends.target import Target
+from servimg.backends.target import ReadOptions, Target
 from servimg.builder.lock import Lock
 from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core import jsonview as jv
@@ -461,7 +461,7 @@ def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | 
             return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
         if located.source == "registry":
             ref = f"{located.name}@{located.digest}"
-            registry.pull(ref, store, log, expected=located.digest, rehash=True)
+            registry.pull(ref, store, log, ReadOptions(expected=located.digest, rehash=True))
         return verify_image_value(located.image, store, log), None
     except ServimgError as exc:
         return None, exc.message
