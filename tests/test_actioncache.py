@@ -19,7 +19,10 @@ import pytest
 
 import standin_engine
 from servimg import cli
+from servimg.backends import holding
+from servimg.backends.target import Target
 from servimg.builder import actioncache, resultstore
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.oci.image import REF_NAME
 
@@ -90,7 +93,11 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     fields = {"digest": manifest, "destination": f"oci:{layout}:{TAG}", "changed_files": 1, "b": 2, "a": 1}
     published = actioncache.Published(
         fields,
-        actioncache.oci_sink(str(layout), TAG, manifest, blobs),
+        actioncache.sink(
+            Target.layout(layout, TAG),
+            Digest.parse(manifest),
+            holding.blob_evidence(layout, [(Digest.parse(d), size) for d, size in blobs]),
+        ),
         layout,
         base_engine=("servimg/base:1", str(BASE_ID)),
     )
@@ -177,14 +184,14 @@ def test_a_destination_that_no_longer_holds_the_result_rebuilds(world: World) ->
 
 
 def test_a_truncated_blob_in_the_destination_rebuilds(world: World) -> None:
-    digest, *_ = world.published.sink["blobs"][1]
+    digest = str(jv.seq(jv.seq(jv.obj(world.published.sink["evidence"])["blobs"])[1])[0])
     (world.layout / "blobs" / "sha256" / digest.removeprefix("sha256:")).write_bytes(b"layer")
     assert world.hit() is None
 
 
 def test_a_blob_written_in_place_at_its_size_rebuilds(world: World) -> None:
     """Same inode, same size, mtime set back: the write moved ctime, which nothing can set back."""
-    digest, *_ = world.published.sink["blobs"][1]
+    digest = str(jv.seq(jv.seq(jv.obj(world.published.sink["evidence"])["blobs"])[1])[0])
     blob = world.layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
     before = blob.stat()
     with blob.open("r+b") as fh:
@@ -202,7 +209,7 @@ def test_a_deleted_destination_rebuilds(world: World) -> None:
 
 def test_the_engine_destination_must_give_the_tag_the_image_id(world: World) -> None:
     image = Digest.of_bytes(b"image config")
-    sink = actioncache.engine_sink("servimg/vllm:demo-1", str(image))
+    sink = actioncache.sink(Target.engine_image("servimg/vllm:demo-1"), image, {})
     published = actioncache.Published({"digest": "d"}, sink, None, base_engine=None)
     assert world.build() and actioncache.remember(world.cache, world.action, actioncache.Reads(), published)
     assert world.hit() is None  # not tagged in the engine

@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from servimg.backends import holding
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core import jsonview as jv
@@ -343,6 +344,16 @@ class LayoutBackend:
 
     def check_reachable(self, target: Target) -> None:
         return None
+
+    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
+        """Each blob of `image` (config, layers) with the stat fingerprint it has now, just written and
+        hashed by `write_layout`."""
+        named = [(image.config_digest, len(image.config_bytes))]
+        named += [(d.digest, d.size) for d in image.layer_descriptors]
+        return holding.blob_evidence(Path(target.location), named)
+
+    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
+        return holding.layout_holds(target, digest, evidence)
 
 
 BACKEND = LayoutBackend()

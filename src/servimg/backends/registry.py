@@ -1153,5 +1153,18 @@ class RegistryBackend:
         with RegistryClient(Reference.parse(target.location).registry) as client:
             client.ping()
 
+    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
+        return None  # the tag can move at any time, and asking needs the network
+
+    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
+        """Whether the registry names the manifest `digest` by the target's tag (one HEAD request)."""
+        ref = Reference.parse(target.location)
+        try:
+            with RegistryClient(ref.registry) as client:
+                head = client.head_manifest(ref.repository, str(ref.reference))
+        except ServimgError:
+            return False
+        return head is not None and head[0] == digest
+
 
 BACKEND = RegistryBackend()

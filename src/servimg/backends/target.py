@@ -7,15 +7,18 @@ from kind to backend. This module sits below every backend, so each can name the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
 from servimg.core.progress import NULL, Log, Progress
-from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+
+if TYPE_CHECKING:  # annotations only: `Target` is read on the action cache's replay path (backends.holding)
+    from servimg.oci.image import Image
+    from servimg.oci.store import BlobStore
 
 # `docker-daemon:` names an engine image, `oci:` a layout, `docker-archive:` a file, `docker://` (skopeo's
 # spelling) or no prefix a registry ref.
@@ -143,4 +146,15 @@ class Backend(Protocol):
 
     def check_reachable(self, target: Target) -> None:
         """Fail before any work when `target` cannot possibly accept an image."""
+        ...
+
+    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
+        """Right after `write`: what `holds` needs later to tell, without reading the image again, that
+        `target` still has `image` as it was written (canonical JSON, kept by the action cache). None where
+        no cheap answer exists: an archive is rewritten by every write, a registry's tag needs the network."""
+        ...
+
+    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
+        """Whether `target` still holds the image `digest` names here (a layout's manifest, the engine's
+        image ID) as `evidence` recorded it. False, never an error, when anything does not check out."""
         ...

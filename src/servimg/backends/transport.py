@@ -30,6 +30,7 @@ __all__ = [
     "Target",
     "backend",
     "check_reachable",
+    "evidence",
     "fetch",
     "fetch_argument",
     "in_engine",
@@ -100,6 +101,11 @@ def fetch(
 def publish(image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]) -> str:
     """Write `image` to `target` (its name last); returns a human description of where it went."""
     return backend(target).write(image, target, store, log, options)
+
+
+def evidence(target: Target, image: Image) -> dict[str, object] | None:
+    """What tells later that `target` still holds `image` as just written (`Backend.evidence`)."""
+    return backend(target).evidence(target, image)
 
 
 def check_reachable(target: Target) -> None:

@@ -46,18 +46,17 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servimg.backends.enginesocket import socket_image_id
+from servimg.backends import holding
+from servimg.backends.target import Target
 from servimg.builder import resultstore
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
-from servimg.oci.image import REF_NAME
 
 ACTION = "action"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -227,100 +226,32 @@ def inputs(
 
 
 # -- the destination and the base, as a rerun would find them ------------------------------------------
-def oci_sink(layout: str, tag: str, manifest: str, blobs: Sequence[tuple[str, int]]) -> dict[str, object]:
-    """An OCI layout holding `manifest` (digest) under `tag`, with `blobs` ((digest, size): its config and
-    layers), each with the stat fingerprint it has now, just written and hashed by the layout writer."""
-    root = Path(layout) / "blobs" / "sha256"
-    now = _file_clock(root)
-    return {
-        "kind": "oci",
-        "layout": os.path.abspath(layout),
-        "tag": tag,
-        "manifest": manifest,
-        "blobs": [
-            [digest, size, *_fingerprint(root / digest.partition(":")[2], now)] for digest, size in blobs
-        ],
-    }
-
-
-def _fingerprint(path: Path, now: int) -> tuple[int, int, int] | tuple[None, None, None]:
-    """(inode, mtime_ns, ctime_ns): every write into a file through the kernel moves its ctime, which no
-    caller can set back (utime sets only atime and mtime), and a replaced file is another inode. A layout
-    blob whose fingerprint is unchanged since the build wrote and hashed it still holds those bytes,
-    short of a disk fault (`servimg verify` and `servimg cache verify` hash everything for that).
-
-    The kernel stamps files from a coarse clock (a tick of milliseconds): a blob whose ctime is this very
-    tick (`now`) could be written again within it without its ctime moving, so it gets no fingerprint and
-    is re-hashed by the replay instead (git's "racily clean" entries)."""
-    fingerprint = _stat_fingerprint(path)
-    return (None, None, None) if fingerprint[2] >= now else fingerprint
-
-
-def _stat_fingerprint(path: Path) -> tuple[int, int, int]:
-    st = path.stat()
-    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
-
-
-def _file_clock(directory: Path) -> int:
-    """The clock the kernel stamps files with, now, on `directory`'s file system (an unnamed temp file)."""
-    with tempfile.TemporaryFile(dir=directory) as fh:
-        return os.fstat(fh.fileno()).st_ctime_ns
-
-
-def engine_sink(tag: str, image_id: str) -> dict[str, object]:
-    """The engine giving `tag` the image ID `image_id` (= the config digest)."""
-    return {"kind": "engine", "tag": tag, "id": image_id}
-
-
-def _layout_holds(sink: Mapping[str, object]) -> bool:
-    root = Path(jv.text(sink["layout"], "sink.layout"))
-    index = json.loads((root / "index.json").read_bytes())
-    tagged = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) == sink["tag"]]
-    if len(tagged) != 1 or tagged[0].get("digest") != sink["manifest"]:
-        return False
-    blobs = root / "blobs" / "sha256"
-    algorithm, _, hex_digest = str(sink["manifest"]).partition(":")
-    if algorithm != "sha256" or _sha256(blobs / hex_digest) != hex_digest:
-        return False
-    for entry in jv.seq(sink["blobs"], "sink.blobs"):
-        entry = jv.seq(entry, "sink.blobs[]")
-        if len(entry) != 5:
-            return False  # recorded before blobs had fingerprints: build again
-        digest, size, *fingerprint = entry
-        algorithm, _, hex_digest = str(digest).partition(":")
-        path = blobs / hex_digest
-        if algorithm != "sha256" or path.stat().st_size != size:
-            return False
-        if None in fingerprint:  # recorded within the tick it was written in: hashed instead
-            if _sha256(path) != hex_digest:
-                return False
-        elif [*_stat_fingerprint(path)] != fingerprint:
-            return False  # written in place since (or replaced): the build runs and mends it
-    return True
+def sink(target: Target, digest: Digest, evidence: Mapping[str, object]) -> dict[str, object]:
+    """Where the build put its image: the place with the name it was given (`target.text()`), the digest
+    it names the image by there, and what its backend recorded to tell later that it still does
+    (`Backend.evidence`)."""
+    return {"target": target.text(), "digest": str(digest), "evidence": dict(evidence)}
 
 
 def sink_holds(sink: Mapping[str, object]) -> bool:
-    if sink["kind"] == "oci":
-        return _layout_holds(sink)
-    if sink["kind"] == "engine":
-        found = socket_image_id(str(sink["tag"]))
-        return found is not None and str(found) == sink["id"]
-    return False
+    """Whether the place still holds the image (`backends.holding`: `Backend.holds`'s own code)."""
+    target = Target.parse(jv.text(sink["target"], "sink.target"))
+    digest = Digest.parse(jv.text(sink["digest"], "sink.digest"))
+    return holding.holds(target, digest, jv.obj(sink["evidence"], "sink.evidence"))
 
 
 def base_holds(base: Mapping[str, object] | None) -> bool:
     if base is None:  # a base read from a file (a layout's index.json is among the inputs)
         return True
-    found = socket_image_id(str(base["engine"]))
-    return found is not None and str(found) == base["id"]
+    engine_image = Target.engine_image(jv.text(base["engine"], "base.engine"))
+    return holding.holds(engine_image, Digest.parse(jv.text(base["id"], "base.id")), {})
 
 
 # -- record and lookup -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Published:
     """What a finished build hands the action cache: the OK line's fields as a rerun would print them,
-    the engine base (name, image ID) when the base is an engine image, and the destination (`oci_sink`,
-    `engine_sink`)."""
+    the engine base (name, image ID) when the base is an engine image, and the destination (`sink`)."""
 
     fields: Mapping[str, object]
     sink: Mapping[str, object]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from servimg.backends import engine
+from servimg.backends import engine, transport
 from servimg.backends.target import Target, WriteOptions
 from servimg.builder import actioncache, basefacts, resultcache, verify
 from servimg.builder.basescan import find_package, interpreter_lock
@@ -148,17 +148,23 @@ class BuildResult:
             base_files = (where / "index.json",) if source.is_layout else (where,)
         image = self.image
         if target.is_layout:
-            blobs = [(str(image.config_digest), len(image.config_bytes))]
-            blobs += [(str(d.digest), d.size) for d in image.layer_descriptors]
-            sink = actioncache.oci_sink(target.location, tag, str(image.digest), blobs)
-            layout = Path(target.location)
-            return actioncache.Published(self.as_dict(), sink, layout, engine_base, base_files)
-        if target.in_engine:
+            named, digest, fields = Target.layout(target.location, tag), image.digest, self.as_dict()
+        elif target.in_engine:
             # A rerun finds the image there already: it only tags it ("present").
-            rerun = {**self.as_dict(), "destination": engine.destination(tag, image.config_digest, "present")}
-            sink = actioncache.engine_sink(tag, str(image.config_digest))
-            return actioncache.Published(rerun, sink, None, engine_base, base_files)
-        return None
+            named, digest = Target.engine_image(tag), image.config_digest
+            fields = {
+                **self.as_dict(),
+                "destination": engine.destination(tag, image.config_digest, "present"),
+            }
+        else:
+            return None
+        evidence = transport.evidence(named, image)
+        if evidence is None:
+            return None
+        layout = Path(target.location) if target.is_layout else None
+        return actioncache.Published(
+            fields, actioncache.sink(named, digest, evidence), layout, engine_base, base_files
+        )
 
 
 # -- resolve --------------------------------------------------------------------------------------
