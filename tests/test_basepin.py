@@ -12,8 +12,8 @@ from servimg.bases import pinned as basepin
 from servimg.bases.assemble import image_from_trees, venv_base_config
 from servimg.bases.pinned import BaseDriftError, BasePin
 from servimg.oci.image import Image
+from servimg.oci.listing import parse_listing
 from servimg.oci.store import BlobStore
-from servimg.oci.treediff import parse_listing
 
 EPOCH = 1767225600
 

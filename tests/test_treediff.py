@@ -19,23 +19,25 @@ from servimg.backends.layout import write_layout
 from servimg.core.errors import LayerError
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
-from servimg.oci.store import BlobStore
-from servimg.oci.treediff import (
-    Change,
+from servimg.oci.listing import (
     FileEntry,
     LayerListing,
-    compare_images,
-    describe,
-    diff_images,
-    diff_listings,
     escape,
-    explain,
     listing_from_dir,
     listing_from_tar,
     parse_listing,
     render_listing,
-    summary,
     unescape,
+)
+from servimg.oci.store import BlobStore
+from servimg.oci.treediff import (
+    Change,
+    compare_images,
+    describe,
+    diff_images,
+    diff_listings,
+    explain,
+    summary,
 )
 
 MTIME = 1_767_225_600

@@ -24,16 +24,9 @@ from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
 from servimg.oci.image import Image
+from servimg.oci.listing import LayerListing, listing_from_tar, parse_listing, render_listing
 from servimg.oci.store import BlobStore
-from servimg.oci.treediff import (
-    LayerListing,
-    describe,
-    diff_listings,
-    json_changes,
-    listing_from_tar,
-    parse_listing,
-    render_listing,
-)
+from servimg.oci.treediff import describe, diff_listings, json_changes
 
 LAYER_NAMES = ("debian", "venv")
 
