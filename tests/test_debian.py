@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from servimg.bases import catalog as bases
-from servimg.bases import debian
-from servimg.bases.debian import ArchiveMovedError, DebianError, DebianPins, DebPin
+from servimg.bases import debfetch, debian, debpins
+from servimg.bases.debpins import ArchiveMovedError, DebianError, DebianPins, DebPin
 
 SHA = "a" * 64
 
@@ -69,7 +69,7 @@ def test_pin_file_errors_are_collected_and_say_how_to_repin() -> None:
 
 def test_the_committed_pins_match_what_each_base_asks_for() -> None:
     for name, base in bases.BASES.items():
-        pins = debian.load_pins(name)
+        pins = debpins.load_pins(name)
         assert (pins.suite, pins.variant, pins.include) == (
             base.suite,
             base.variant,
@@ -173,11 +173,11 @@ def test_pinned_files_are_downloaded_verified_and_cached(tmp_path: Path, archive
     pin = _pin_of(deb, "hello", "1.0")
     archive.publish([(deb, pin)])
     pins = _pins(pin, mirror=archive.url)
-    found = debian.fetch_debs(pins, tmp_path / "cache", lambda _: None)
+    found = debfetch.fetch_debs(pins, tmp_path / "cache", lambda _: None)
     assert found[pin].read_bytes() == deb.read_bytes()
     assert found[pin].name == f"{pin.sha256}.deb"
     shutil.rmtree(tmp_path / "www" / "debian")  # the cache alone suffices now: no network needed
-    assert debian.fetch_debs(pins, tmp_path / "cache", lambda _: None) == found
+    assert debfetch.fetch_debs(pins, tmp_path / "cache", lambda _: None) == found
 
 
 @needs_dpkg
@@ -196,7 +196,7 @@ def test_a_moved_archive_stops_the_build_naming_each_package_and_the_repin_comma
     # The point release: alpha 1.0 replaced by 1.1, gamma dropped, beta unchanged.
     archive.publish([(new_a, _pin_of(new_a, "alpha", "1.1")), (beta, _pin_of(beta, "beta", "2.0"))])
     with pytest.raises(ArchiveMovedError) as info:
-        debian.fetch_debs(pins, tmp_path / "cache", lambda _: None)
+        debfetch.fetch_debs(pins, tmp_path / "cache", lambda _: None)
     assert info.value.problems == (
         "alpha: pinned 1.0, the archive now serves 1.1",
         "gamma: pinned 3.0, the archive no longer serves gamma",
@@ -216,7 +216,7 @@ def test_a_file_with_other_bytes_under_the_pinned_name_is_refused(tmp_path: Path
     archive.publish([(deb, pin)])
     (tmp_path / "www/debian" / pin.filename).write_bytes(b"tampered")
     with pytest.raises(DebianError) as info:
-        debian.fetch_debs(_pins(pin, mirror=archive.url), tmp_path / "cache", lambda _: None)
+        debfetch.fetch_debs(_pins(pin, mirror=archive.url), tmp_path / "cache", lambda _: None)
     assert "hello=1.0" in str(info.value)
     assert not list((tmp_path / "cache").glob("*.deb"))
 
@@ -224,7 +224,7 @@ def test_a_file_with_other_bytes_under_the_pinned_name_is_refused(tmp_path: Path
 def test_an_unreachable_archive_is_reported_as_such(tmp_path: Path) -> None:
     pin = DebPin("hello", "1.0", "all", "required", 3, SHA, "pool/main/hello.deb")
     with pytest.raises(DebianError) as info:
-        debian.fetch_debs(_pins(pin), tmp_path / "cache", lambda _: None)
+        debfetch.fetch_debs(_pins(pin), tmp_path / "cache", lambda _: None)
     assert not isinstance(info.value, ArchiveMovedError)
     assert "unreachable" in info.value.message and "network" in info.value.hint
 
@@ -238,7 +238,7 @@ def test_the_local_mirror_holds_exactly_the_pins_with_the_archive_priority(tmp_p
         assert source.startswith("deb [trusted=yes] file:///tmp/servimg-debian-mirror-")
         root = Path(source.split()[2].removeprefix("file://"))
         packages = (root / "dists/bookworm/main/binary-amd64/Packages").read_text()
-        stanza = next(debian.parse_stanzas(packages))
+        stanza = next(debfetch.parse_stanzas(packages))
         assert stanza["Package"] == "hello" and stanza["Priority"] == "required"
         assert stanza["SHA256"] == pin.sha256 and int(stanza["Size"]) == pin.size
         assert (root / stanza["Filename"]).read_bytes() == deb.read_bytes()

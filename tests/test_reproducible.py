@@ -23,7 +23,7 @@ import pytest
 
 from conftest import REPO
 from servimg.bases import catalog as bases
-from servimg.bases import debian
+from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image
 from servimg.bases.demo import tree_manifest
@@ -114,7 +114,7 @@ def test_demo_base_under_another_clock_umask_tz_locale_home_cache_and_cwd_has_th
 @needs_build
 def test_without_the_clamps_the_shifted_clock_reaches_the_tree(tmp_path: Path) -> None:
     """Proof that the test above could fail: the faked clock reaches maintainer scripts in the chroot."""
-    pins = debian.load_pins("test-bookworm")
+    pins = debpins.load_pins("test-bookworm")
     shift_days = 40
     clock = debian.FaketimeClock(f"+{shift_days}d")
     epoch = bases.pinned_recipe("test-bookworm").source_date_epoch

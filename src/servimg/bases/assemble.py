@@ -19,7 +19,8 @@ from pathlib import Path
 from servimg.backends import engine, layout
 from servimg.backends.transport import Target, publish
 from servimg.bases import pinned as basepin
-from servimg.bases.debian import Clock, DebianPins
+from servimg.bases.debian import Clock
+from servimg.bases.debpins import DebianPins
 from servimg.bases.demo import VENV, build_rootfs, python_version
 from servimg.bases.recipe import Recipe
 from servimg.core.progress import Log

@@ -20,10 +20,10 @@ from pathlib import Path
 import yaml
 
 from servimg.backends.target import Target
-from servimg.bases import debian
+from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
-from servimg.bases.debian import DebianError, DebianPins
+from servimg.bases.debpins import DebianError, DebianPins
 from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
@@ -78,7 +78,7 @@ def get(name: str) -> Recipe:
 def pinned_recipe(name: str) -> Recipe:
     """The recipe of base `name` from its committed pins, refusing pins made for another request."""
     base = get(name)
-    pins = debian.load_pins(name)
+    pins = debpins.load_pins(name)
     wanted = (base.suite, base.variant, base.include)
     if (pins.suite, pins.variant, pins.include) != wanted:
         raise DebianError(
@@ -129,14 +129,14 @@ def repin(
     store: BlobStore,
     log: Log,
     *,
-    repo: Path = debian.REPO_ROOT,
+    repo: Path = debpins.REPO_ROOT,
     workdir: Path | None = None,
 ) -> dict[str, object]:
     """Re-pin one base deliberately; returns what moved. Nothing is written unless every step succeeded."""
     request = get(name)
     pin_dir = repo / "verify" / "bases"
     try:
-        old = debian.load_pins(name, pin_dir)
+        old = debpins.load_pins(name, pin_dir)
     except DebianError:
         old = None
     work = Path(tempfile.mkdtemp(prefix="servimg-repin-", dir=workdir))
@@ -145,7 +145,7 @@ def repin(
         pins = debian.resolve_pins(request.debian_pins, work, store.layout.debs, log)
         recipe = dataclasses.replace(request, debian_pins=pins)
         image, files = rebuilt_base(recipe, store, log, work, pin_dir)
-        files[debian.pin_path(name, pin_dir)] = pins.render().encode()
+        files[debpins.pin_path(name, pin_dir)] = pins.render().encode()
         files.update(relock_dependents(repo, recipe, image, work, store, log))
         write_all(files)
         tag = recipe.tag()

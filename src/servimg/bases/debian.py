@@ -41,177 +41,33 @@ that lacks the library, so the library is staged inside the tree for the build a
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import lzma
 import os
-import re
 import shutil
 import stat
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from servimg.bases.debfetch import fetch_debs, parse_stanzas
+from servimg.bases.debpins import (
+    ARCH,
+    DebianError,
+    DebianPins,
+    DebPin,
+)
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import BaseBuildError
 from servimg.core.progress import Log
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-PIN_DIR = REPO_ROOT / "verify" / "bases"
-ARCH = "amd64"
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 UMASK = 0o022
 AUTOMOUNT_HOOK = "/usr/share/mmdebstrap/hooks/file-mirror-automount"
-_DOWNLOAD_WORKERS = 4
-_LINE = re.compile(
-    r"^(?P<name>[a-z0-9][a-z0-9+.-]*)=(?P<version>\S+) (?P<arch>[a-z0-9-]+) (?P<priority>[a-z]+) "
-    r"(?P<size>[0-9]+) sha256:(?P<sha>[0-9a-f]{64}) (?P<file>pool/\S+\.deb)$"
-)
-_HEADER_KEYS = ("suite", "mirror", "variant", "include", "release")
-
-
-class DebianError(BaseBuildError):
-    """A Debian base could not be built from its pins (tool missing, pins malformed, build failed)."""
-
-
-class ArchiveMovedError(DebianError):
-    """Pinned packages are no longer served by the archive (a point release replaced them)."""
-
-
-# ---------------------------------------------------------------------------------------------- pins
-
-
-@dataclass(frozen=True, order=True)
-class DebPin:
-    """One .deb pinned by name, version, architecture, archive priority, size, sha256 and pool path."""
-
-    name: str
-    version: str
-    arch: str
-    priority: str
-    size: int
-    sha256: str
-    filename: str
-
-    def line(self) -> str:
-        return (
-            f"{self.name}={self.version} {self.arch} {self.priority} {self.size} "
-            f"sha256:{self.sha256} {self.filename}"
-        )
-
-    @property
-    def cache_name(self) -> str:
-        return f"{self.sha256}.deb"
-
-
-@dataclass(frozen=True)
-class DebianPins:
-    """A pin file: what to bootstrap (suite, mirror, variant, includes) and the closure it resolved to."""
-
-    suite: str
-    mirror: str
-    variant: str
-    include: tuple[str, ...]
-    release: str
-    packages: tuple[DebPin, ...]
-
-    @classmethod
-    def parse(cls, text: str, origin: str = "<pins>") -> DebianPins:
-        """Parse the pin file format (`render`); every malformed line is reported, then one error."""
-        header: dict[str, str] = {}
-        packages: list[DebPin] = []
-        problems: list[str] = []
-        for number, raw in enumerate(text.splitlines(), 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.partition(": ")
-            if sep and key in _HEADER_KEYS:
-                if key in header:
-                    problems.append(f"{origin}:{number}: {key} given twice")
-                header[key] = value.strip()
-                continue
-            match = _LINE.match(line)
-            if match is None:
-                problems.append(
-                    f"{origin}:{number}: not `name=version arch priority size sha256:<hex> pool/….deb`"
-                )
-                continue
-            packages.append(
-                DebPin(
-                    match["name"],
-                    match["version"],
-                    match["arch"],
-                    match["priority"],
-                    int(match["size"]),
-                    match["sha"],
-                    match["file"],
-                )
-            )
-        problems += [f"{origin}: missing `{k}: …` header" for k in _HEADER_KEYS if k not in header]
-        names = [p.name for p in packages]
-        problems += [
-            f"{origin}: {n} pinned more than once" for n in sorted({n for n in names if names.count(n) > 1})
-        ]
-        if not packages:
-            problems.append(f"{origin}: no packages pinned")
-        if problems:
-            raise DebianError(
-                f"{origin}: malformed Debian pin file",
-                problems=problems,
-                hint="re-pin it deliberately with `servimg base <base> --repin`",
-            )
-        return cls(
-            suite=header["suite"],
-            mirror=header["mirror"],
-            variant=header["variant"],
-            include=tuple(header["include"].split()),
-            release=header["release"],
-            packages=tuple(sorted(packages)),
-        )
-
-    def render(self) -> str:
-        """Canonical text: header, then one sorted line per package."""
-        lines = [
-            "# Debian packages pinned for one locally built base: the exact closure mmdebstrap installed,",
-            "# with size and sha256 from the archive's (signed) Packages index. Builds install only these",
-            "# files, from a local mirror. Change it only deliberately: servimg base <base> --repin",
-            f"suite: {self.suite}",
-            f"mirror: {self.mirror}",
-            f"variant: {self.variant}",
-            f"include: {' '.join(self.include)}",
-            f"release: {self.release}",
-        ]
-        lines += [p.line() for p in sorted(self.packages)]
-        return "\n".join(lines) + "\n"
-
-    def key(self) -> str:
-        """sha256 hex of the canonical text (the recipe cache keys include it)."""
-        return sha256_hex(self.render().encode())
-
-
-def pin_path(base: str, directory: Path | None = None) -> Path:
-    return (directory or PIN_DIR) / f"{base}.debian.txt"
-
-
-def load_pins(base: str, directory: Path | None = None) -> DebianPins:
-    path = pin_path(base, directory)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DebianError(
-            f"cannot read the Debian pins {path}: {exc.strerror}",
-            hint="run from a servimg checkout (verify/bases/), or re-pin with `servimg base <base> --repin`",
-        ) from None
-    return DebianPins.parse(text, str(path))
 
 
 # ---------------------------------------------------------------------------------------------- clock
@@ -354,169 +210,6 @@ def _stage_hooks(clock: Clock) -> list[str]:
         f'--setup-hook=mkdir -p "$1/{parent}" && cp -p {library} "$1/{rel}"',
         f'--customize-hook=rm -f "$1/{rel}" && rmdir --ignore-fail-on-non-empty "$1/{parent}"',
     ]
-
-
-# ---------------------------------------------------------------------------------------------- fetch
-
-
-def fetch_debs(pins: DebianPins, cache_dir: Path, log: Log) -> dict[DebPin, Path]:
-    """Every pinned .deb from the content-addressed cache, downloading what is missing; each is verified.
-
-    When some cannot be downloaded, the archive's current Packages index explains which moved, and the
-    build stops before any work with the one command that re-pins.
-    """
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in pins.packages if not (cache_dir / p.cache_name).is_file()]
-    if missing:
-        log(f"debian: downloading {len(missing)} of {len(pins.packages)} pinned packages from {pins.mirror}")
-        failed: list[tuple[DebPin, str]] = []
-        with concurrent.futures.ThreadPoolExecutor(_DOWNLOAD_WORKERS) as pool:
-            for pin, error in zip(
-                missing, pool.map(lambda p: _download(pins.mirror, p, cache_dir), missing), strict=True
-            ):
-                if error:
-                    failed.append((pin, error))
-        if failed:
-            raise _moved_error(pins, failed)
-    found: dict[DebPin, Path] = {}
-    for pin in pins.packages:
-        path = cache_dir / pin.cache_name
-        verify_deb(pin, path)
-        found[pin] = path
-    return found
-
-
-def verify_deb(pin: DebPin, path: Path) -> None:
-    """Raise unless `path` has the pinned size and sha256."""
-    size = path.stat().st_size
-    actual = Digest.of_file(str(path)).hex
-    if size != pin.size or actual != pin.sha256:
-        raise DebianError(
-            f"{path}: {pin.name}={pin.version} has size {size} and sha256 {actual}, pinned {pin.size} "
-            f"and {pin.sha256}",
-            hint=f"delete {path} and build again; if it recurs, the mirror serves other bytes",
-        )
-
-
-def _download(mirror: str, pin: DebPin, cache_dir: Path) -> str:
-    """Download one pinned file into the cache (temp name, verified, renamed); return an error or ""."""
-    url = f"{mirror.rstrip('/')}/{pin.filename}"
-    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=cache_dir)
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            shutil.copyfileobj(response, out, 1 << 20)
-        verify_deb(pin, Path(tmp))
-        os.replace(tmp, cache_dir / pin.cache_name)
-        return ""
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return str(getattr(exc, "reason", exc))
-    except DebianError as exc:
-        return exc.message
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def _moved_error(pins: DebianPins, failed: Sequence[tuple[DebPin, str]]) -> DebianError:
-    """Name each package whose pinned file is gone, with what the archive serves now (if it answers)."""
-    try:
-        served = archive_versions(pins.mirror, pins.suite)
-    except DebianError as exc:
-        return DebianError(
-            f"{len(failed)} pinned Debian package(s) could not be downloaded from {pins.mirror}, and its "
-            f"Packages index is unreachable too ({exc.message})",
-            problems=[f"{pin.name}={pin.version}: {error}" for pin, error in failed],
-            hint="check the network or proxy settings (the pins need the Debian archive once per machine)",
-        )
-    problems = []
-    moved = 0
-    for pin, error in failed:
-        now = served.get((pin.name, pin.arch))
-        if now is None:
-            problems.append(f"{pin.name}: pinned {pin.version}, the archive no longer serves {pin.name}")
-            moved += 1
-        elif now[0] != pin.version or now[1] != pin.sha256:
-            problems.append(f"{pin.name}: pinned {pin.version}, the archive now serves {now[0]}")
-            moved += 1
-        else:
-            problems.append(f"{pin.name}={pin.version}: still served, but the download failed: {error}")
-    if moved:
-        return ArchiveMovedError(
-            f"the Debian archive moved: {moved} pinned package(s) of {pins.suite} are gone "
-            f"(release pinned: {pins.release}); nothing was built",
-            problems=problems,
-            hint="re-pin deliberately, then review the diff: servimg base <base> --repin",
-        )
-    return DebianError(
-        f"{len(failed)} pinned Debian package(s) could not be downloaded from {pins.mirror}",
-        problems=problems,
-        hint="check the network or proxy settings and build again",
-    )
-
-
-def archive_versions(mirror: str, suite: str) -> dict[tuple[str, str], tuple[str, str]]:
-    """(package, arch) → (version, sha256) the archive's main/binary-<arch> Packages index serves now.
-
-    Only explains a failed download; nothing is installed from this answer, so it is read over plain
-    HTTP and its hash checked against the suite's Release file.
-    """
-    base = f"{mirror.rstrip('/')}/dists/{suite}"
-    name = f"main/binary-{ARCH}/Packages.xz"
-    release = _get(f"{base}/Release").decode("utf-8", "replace")
-    expected = _release_sha256(release).get(name)
-    data = _get(f"{base}/{name}")
-    if expected is not None and sha256_hex(data) != expected:
-        raise DebianError(f"{base}/{name} does not match the sha256 its Release file lists")
-    served: dict[tuple[str, str], tuple[str, str]] = {}
-    for stanza in parse_stanzas(lzma.decompress(data).decode("utf-8", "replace")):
-        key = (stanza.get("Package", ""), stanza.get("Architecture", ""))
-        served[key] = (stanza.get("Version", ""), stanza.get("SHA256", ""))
-    return served
-
-
-def _get(url: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            data: bytes = response.read()
-            return data
-    except (urllib.error.URLError, OSError) as exc:
-        raise DebianError(f"{url}: {getattr(exc, 'reason', exc)}") from None
-
-
-def _release_sha256(release: str) -> dict[str, str]:
-    """The `SHA256:` section of a Release file: path → sha256."""
-    found: dict[str, str] = {}
-    in_section = False
-    for line in release.splitlines():
-        if not line.startswith(" "):
-            in_section = line.strip() == "SHA256:"
-            continue
-        if in_section:
-            parts = line.split()
-            if len(parts) == 3:
-                found[parts[2]] = parts[0]
-    return found
-
-
-def parse_stanzas(text: str) -> Iterator[dict[str, str]]:
-    """RFC 822-style stanzas (Packages, status, control) as dicts; continuation lines are joined."""
-    stanza: dict[str, str] = {}
-    last = ""
-    for line in text.splitlines():
-        if not line.strip():
-            if stanza:
-                yield stanza
-            stanza, last = {}, ""
-        elif line[0] in " \t" and last:
-            stanza[last] += "\n" + line
-        else:
-            key, _, value = line.partition(":")
-            last = key
-            stanza[key] = value.strip()
-    if stanza:
-        yield stanza
 
 
 # ---------------------------------------------------------------------------------------------- mirror

@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from servimg.bases import debian, wheelpins
+from servimg.bases import debian, debpins, wheelpins
 from servimg.bases.debian import Clock, SystemClock
 from servimg.bases.recipe import Kind, PinnedWheel, Recipe, SourceWheel, WheelSource
 from servimg.core.digest import Digest, sha256_hex
@@ -63,7 +63,7 @@ _CHROOT_WHEELS = "/tmp/servimg-wheels"
 DEFAULT_FIND_LINKS = "/opt/wheels"
 
 
-DEFAULT_PINS = debian.REPO_ROOT / "verify" / "demo-wheels.txt"
+DEFAULT_PINS = debpins.REPO_ROOT / "verify" / "demo-wheels.txt"
 _PIN_LINE = re.compile(
     r"^(?P<name>[a-z0-9][a-z0-9-]*)==(?P<version>\S+) --hash=sha256:(?P<sha>[0-9a-f]{64})"
     r"\s+#\s*(?P<file>\S+\.whl)$"

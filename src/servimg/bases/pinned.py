@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg.bases.debian import PIN_DIR
+from servimg.bases.debpins import PIN_DIR
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from servimg.bases.debian import DebianPins
+from servimg.bases.debpins import DebianPins
 from servimg.core import canonical
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import BaseBuildError
