@@ -25,6 +25,7 @@ import pytest
 import wheelbase
 from servimg import cli
 from servimg.builder import pipeline
+from servimg.builder.defedit import definition_text
 from servimg.builder.definition import ImageDefinition, OverlaySpec, Sentinel
 from servimg.builder.lock import Lock
 from servimg.builder.patch import Patch
@@ -32,7 +33,6 @@ from servimg.builder.rebase import (
     NewBase,
     RebaseRequest,
     Verdict,
-    definition_text,
     judge,
     proposed_definition,
     rebase,

@@ -28,9 +28,9 @@ from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
+from servimg.builder.defedit import definition_text
 from servimg.builder.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.builder.pipeline import lock as lock_definition
-from servimg.builder.rebase import definition_text
 from servimg.core.atomic import atomic_write
 from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError
@@ -254,7 +254,7 @@ def _relock(
     versions: Mapping[str, str],
 ) -> dict[Path, bytes]:
     """The definition on the new base ref and digest, each package whose distribution is in `versions`
-    (canonical name → version) at that version — edited line by line (`rebase.definition_text`), the
+    (canonical name → version) at that version — edited line by line (`defedit.definition_text`), the
     rest as it was — and its new lock, computed in a copy of images/ and overlays/ so that nothing in the
     repository is touched yet."""
     text = definition.read_text(encoding="utf-8")
