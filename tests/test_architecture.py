@@ -401,7 +401,13 @@ def test_the_parser_imports_only_the_standard_library_and_the_parameters() -> No
     (loaded by importlib as the command runs), so nothing behind a command is imported to parse it."""
     loaded = _loaded_after("import servimg.cli; servimg.cli.parser().parse_args(['build', 'x.yaml'])")
     servimg = sorted(m for m in loaded if m.split(".")[0] == "servimg")
-    assert servimg == ["servimg", "servimg.cli", "servimg.commands", "servimg.commands.params"]
+    assert servimg == [
+        "servimg",
+        "servimg.cli",
+        "servimg.commands",
+        "servimg.commands.flags",
+        "servimg.commands.params",
+    ]
     assert _heavy(loaded) == []
 
 

@@ -1,0 +1,427 @@
+"""The command line's flags (one function per group of flags, as argparse adds them) and the parsed
+arguments turned into each command's typed parameters (`params`). Standard library and `params` only:
+`servimg --help` and every parse load this and nothing else of servimg (tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from servimg.commands import params
+
+
+# -- flags ---------------------------------------------------------------------------------------------
+def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    p.add_argument("--cache", type=Path, default=None, help="blob cache directory (default ~/.cache/servimg)")
+
+
+def runner(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runner",
+        default="auto",
+        choices=["auto", "warm", "docker", "chroot"],
+        help="who runs the image's interpreter to compile bytecode",
+    )
+
+
+def base_from(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--base-from",
+        default=None,
+        metavar="REF",
+        help="read the base from REF (e.g. oci:DIR) instead of the definition's base.ref; it must have the "
+        "pinned digest (the lock and labels keep base.ref)",
+    )
+
+
+def lock_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("definitions", nargs="+", type=Path)
+    runner(p)
+    base_from(p)
+
+
+def build_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("definitions", nargs="+", type=Path)
+    p.add_argument(
+        "--to",
+        default=None,
+        help="docker | oci:DIR[:TAG] | docker-archive:FILE | HOST[:PORT]/REPO[:TAG] "
+        "(default: docker when an engine runs, else oci:out/<name>)",
+    )
+    runner(p)
+    base_from(p)
+    p.add_argument("--tag", default=None, help="override the lock-derived tag")
+    p.add_argument(
+        "--sign",
+        type=Path,
+        default=None,
+        metavar="KEY",
+        help="attach signed provenance + verify result (needs --to HOST/REPO or oci:DIR)",
+    )
+    p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
+
+
+def rebase_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("definition", type=Path, help="images/<name>.yaml")
+    p.add_argument(
+        "--base",
+        default=None,
+        metavar="REF",
+        help="the new base: docker-daemon:, oci:DIR[:TAG], docker-archive:FILE or HOST/REPO:TAG",
+    )
+    p.add_argument(
+        "--package",
+        dest="packages",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="instead of --base, for a definition on a base servimg builds (servimg base NAME): move this "
+        "top-level requirement, re-resolve the base's wheel pins, build it and rebase onto it (repeatable)",
+    )
+    p.add_argument(
+        "--digest",
+        default=None,
+        help="the new base's manifest (or index) digest it must have (default: "
+        "the digest REF has now, pinned as read)",
+    )
+    p.add_argument(
+        "--version",
+        dest="versions",
+        action="append",
+        default=[],
+        metavar="NAME=VERSION",
+        help="the version a package must have in the new base (default: the one it installs)",
+    )
+    p.add_argument("--drop-absorbed", action="store_true", help="leave absorbed overlays out of the stack")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="replace the definition and its lock in place (default: "
+        "<name>.rebased.yaml and <name>.rebased.lock.json beside them); with --package also the wheel "
+        "pins and the base lock, and every other definition on that base is re-locked",
+    )
+    runner(p)
+
+
+# How every IMAGE argument is read (backends/resolve.py): as docker reads it, or with its transport.
+IMAGE_HELP = (
+    "engine name or (short) image ID (the engine's image when it has it, else the registry's), "
+    "HOST/REPO:TAG, docker://HOST/REPO:TAG, docker-daemon:NAME, oci:DIR[:TAG] or docker-archive:FILE"
+)
+
+
+def verify_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("images", nargs="+", help=IMAGE_HELP)
+    p.add_argument("--audit", action="store_true", help="also audit every pyc of the declared packages")
+
+
+def witness_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("containers", nargs="+", help="container name or ID (running or stopped)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="directory for the files (default witness/CONTAINER)"
+    )
+
+
+def ladder_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("image", help=f"the image under test (its arms run as containers): {IMAGE_HELP}")
+    p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="all | 0,1,… (docker device requests; none by default); --on k8s: N per Job",
+    )
+    p.add_argument("--out", type=Path, default=None, help="receipt directory (default ladder-out/<ladder>)")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a ladder variable")
+    p.add_argument("--endpoint", default=None, help="run every arm against this existing server URL")
+    p.add_argument("--attach", default=None, metavar="REPO", help="attach the receipt (test-result) there")
+    p.add_argument("--key", type=Path, default=None, help="private key to sign the attestation with")
+    p.add_argument(
+        "--on",
+        choices=("local", "slurm", "k8s"),
+        default="local",
+        help="slurm: each chain of arms as one Slurm job (IMAGE is then HOST/REPO@sha256:… or :TAG in a "
+        "registry; --out must be on a filesystem the nodes share); k8s: write one Kubernetes Job manifest "
+        "per chain into --emit DIR (--out is then the results volume's path, on the pods too)",
+    )
+    p.add_argument("--partition", default=None, help="--on slurm: the partition")
+    p.add_argument("--gres", default=None, help="--on slurm: generic resources per job, e.g. gpu:1")
+    p.add_argument("--nodes-max", type=int, default=None, help="--on slurm: at most N chains at once")
+    p.add_argument(
+        "--time-limit", default=None, help="--on slurm|k8s: per job (sbatch --time; activeDeadlineSeconds)"
+    )
+    p.add_argument("--sbatch-arg", action="append", default=[], help="--on slurm: one more sbatch argument")
+    p.add_argument("--emit", type=Path, default=None, help="--on k8s: write the manifests into DIR (new)")
+    p.add_argument("--force", action="store_true", help="--on k8s: replace a non-empty --emit DIR")
+    p.add_argument("--namespace", default="default", help="--on k8s: the Jobs' namespace")
+    p.add_argument("--gpu-resource", default="nvidia.com/gpu", help="--on k8s: the GPU extended resource")
+    p.add_argument("--results-claim", default=None, help="--on k8s: the PVC holding the results directory")
+    p.add_argument(
+        "--results-host-path", default=None, help="--on k8s: or the results directory on each node (hostPath)"
+    )
+    p.add_argument("--python", default=None, help="--on k8s: the image's interpreter (default: the server's)")
+    p.add_argument(
+        "--collect",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="judge what emitted Kubernetes Jobs wrote into RESULTS and write the receipt there",
+    )
+    p.add_argument(
+        "--k8s-jobs", type=Path, default=None, help="with --collect: `kubectl get jobs -o json` output"
+    )
+
+
+def base_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=params.BASES)
+    p.add_argument(
+        "--to",
+        action="append",
+        default=None,
+        help="where to publish (repeatable; default: docker when an engine runs)",
+    )
+    p.add_argument(
+        "--repin",
+        action="store_true",
+        help="resolve the base's packages on the live Debian archive and rewrite its pins, its pinned "
+        "digest and the definitions (and locks) built on it",
+    )
+    p.add_argument("--workdir", type=Path, default=None)
+
+
+def key_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="directory for the pair")
+    p.add_argument("--name", default="servimg", help="file name stem (default servimg)")
+    p.add_argument("--force", action="store_true", help="replace an existing pair")
+
+
+def overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
+    def flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("definition", type=Path, help="images/NAME.yaml")
+        p.add_argument("package", help="the import name under `packages:` (vllm, lmcache)")
+        p.add_argument("--dir", type=Path, required=True, help="the directory of the package's files")
+        if save:
+            p.add_argument("--id", required=True, help="the overlay's id: writes overlays/PACKAGE/ID.patch")
+        else:
+            p.add_argument(
+                "--with-stack", action="store_true", help="as the definition's overlays leave them"
+            )
+
+    return flags
+
+
+def init_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", required=True, help=f"the base to start from: {IMAGE_HELP}")
+    p.add_argument("--name", required=True, help="the image's name: writes images/NAME.yaml")
+    p.add_argument("--repository", default=None, help="where builds go (default servimg/NAME)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="the definition to write (default images/NAME.yaml)"
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing definition")
+
+
+def cache_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repair", action="store_true", help="remove them (the next read fetches them again)")
+
+
+def prune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-size",
+        default=None,
+        help="keep the most recently used entries up to this size (20G; default: SERVIMG_CACHE_MAX_SIZE)",
+    )
+    p.add_argument("--all", action="store_true", help="remove every entry")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="seconds to wait for running servimg commands to release the cache (default: refuse at once)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+
+
+def server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the server to answer (start) or end (stop)",
+    )
+
+
+def server(action: str) -> Callable[[argparse.Namespace], params.Server]:
+    return lambda a: params.Server(action, a.wait)
+
+
+def push_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("image", help=IMAGE_HELP)
+    p.add_argument("dest", help="HOST[:PORT]/REPO[:TAG] or oci:DIR[:TAG]")
+    p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
+    p.add_argument("--report", type=Path, default=None, help="a `servimg verify --json` report to attach")
+    p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
+    p.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="without --key, attach unsigned attestations even where the digest already has signed ones",
+    )
+
+
+REF_HELP = (
+    "engine name or (short) ID (the engine's image when it has it, else the registry's), HOST/REPO:TAG, "
+    "HOST/REPO@DIGEST, docker://HOST/REPO:TAG, oci:DIR[:TAG]"
+)
+
+
+def attest_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help=REF_HELP)
+    p.add_argument("--predicate-type", required=True, help="test-result | provenance | vsa | a URI")
+    p.add_argument("--file", type=Path, required=True, help="ladder receipt, predicate or statement JSON")
+    p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
+    p.add_argument("--repo", default=None, help="where a local image without RepoDigests was pushed")
+    p.add_argument("--remote", action="store_true", help="the registry's image, not a pulled copy")
+
+
+def lookup_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", type=Path, action="append", default=[], help="trusted public key (repeatable)")
+    p.add_argument("--repo", default=None, help="where a local image without RepoDigests was pushed")
+    p.add_argument("--remote", action="store_true", help="the registry's image, not a pulled copy")
+
+
+def policy_flags(p: argparse.ArgumentParser) -> None:
+    lookup_flags(p)
+    p.add_argument("--policy", type=Path, default=None, help="policy file (YAML/JSON)")
+    p.add_argument("--require-ladder", action="append", default=[], metavar="NAME", help="repeatable")
+    p.add_argument("--builder", action="append", default=[], help="trusted builder id (replaces defaults)")
+    p.add_argument("--threshold", type=int, default=None, help="distinct trusted keys that must sign")
+    p.add_argument("--allow-unsigned", action="store_true", help="unsigned mode: accept, but report, it")
+    p.add_argument("--deep", action="store_true", help="also pull the image and re-run the probe in it")
+    p.add_argument("--lock", type=Path, default=None, help="the image must be built from exactly this lock")
+    p.add_argument("--rebuilds", type=int, default=None, metavar="N", help="matching rebuild attestations")
+    p.add_argument(
+        "--tag-binding", choices=["warn", "require"], default=None, help="a tag not bound to a lock"
+    )
+
+
+def check_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help=REF_HELP)
+    policy_flags(p)
+    p.add_argument("--rebuild", action="store_true", help="rebuild it here; PASS only if bit-identical")
+    p.add_argument(
+        "--definition", type=Path, default=None, help="with --rebuild (default images/<name>.yaml)"
+    )
+    p.add_argument("--attach", action="store_true", help="with --rebuild: attach the signed result (--key)")
+    p.add_argument("--rebuilder-id", default=None, help="with --attach: who rebuilt")
+
+
+def promote_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help=REF_HELP)
+    p.add_argument("--tag", required=True, help="the promotion tag, e.g. qualified")
+    p.add_argument("--sign", type=Path, default=None, metavar="KEY", help="private key to sign the VSA")
+    p.add_argument("--verifier-id", default=None, help="VSA verifier id")
+    policy_flags(p)
+
+
+def show_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref")
+    p.add_argument("--markdown", action="store_true", help="Markdown instead of text")
+    lookup_flags(p)
+
+
+def diff_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help=f"with --files: {IMAGE_HELP}; else {REF_HELP}")
+    p.add_argument("b")
+    p.add_argument(
+        "--files",
+        action="store_true",
+        help="compare the images themselves: config keys, then layer by layer, the paths that differ",
+    )
+    p.add_argument("--limit", type=int, default=40, help="with --files: changes shown per layer (default 40)")
+    lookup_flags(p)
+
+
+# -- arguments → parameters -----------------------------------------------------------------------------
+def lookup(a: argparse.Namespace) -> params.Lookup:
+    return params.Lookup(tuple(a.key), a.repo, a.remote)
+
+
+def policy(a: argparse.Namespace) -> params.PolicyFlags:
+    return params.PolicyFlags(
+        a.policy,
+        tuple(a.require_ladder),
+        tuple(a.builder),
+        a.threshold,
+        a.allow_unsigned,
+        a.deep,
+        a.rebuilds,
+        a.tag_binding,
+        a.lock,
+    )
+
+
+def check(a: argparse.Namespace) -> params.Check:
+    asked = a.rebuild or a.definition or a.attach or a.rebuilder_id
+    rebuild = params.RebuildFlags(a.definition, a.attach, a.rebuilder_id, a.rebuild) if asked else None
+    return params.Check(a.ref, policy(a), lookup(a), rebuild)
+
+
+def ladder(a: argparse.Namespace) -> params.Ladder:
+    options = params.Slurm(a.partition, a.gres, a.nodes_max, a.time_limit, tuple(a.sbatch_arg))
+    kube = None
+    gpus = a.gpus
+    if a.on == "k8s":
+        kube = params.K8s(
+            a.namespace,
+            a.gpu_resource,
+            a.gpus,
+            a.results_claim,
+            a.results_host_path,
+            a.time_limit,
+            a.python,
+            a.force,
+        )
+        gpus = None  # the pod is given the GPUs; nothing for an engine to request
+    return params.Ladder(
+        a.image,
+        a.ladder,
+        gpus,
+        a.out,
+        tuple(a.var),
+        a.endpoint,
+        a.attach,
+        a.key,
+        a.on,
+        options,
+        kube,
+        a.emit,
+        a.collect,
+        a.k8s_jobs,
+    )
+
+
+def rebase(a: argparse.Namespace) -> params.Rebase:
+    return params.Rebase(
+        a.definition,
+        a.base,
+        a.digest,
+        tuple(a.versions),
+        a.drop_absorbed,
+        a.write,
+        a.runner,
+        tuple(a.packages),
+    )
+
+
+def base(a: argparse.Namespace) -> params.Base:
+    return params.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir)
+
+
+def promote(a: argparse.Namespace) -> params.Promote:
+    return params.Promote(a.ref, a.tag, a.sign, a.verifier_id, policy(a), lookup(a))
+
+
+def attest(a: argparse.Namespace) -> params.Attest:
+    lookup = params.Lookup(repo=a.repo, remote=a.remote)
+    return params.Attest(a.ref, a.predicate_type, a.file, a.key, lookup)
