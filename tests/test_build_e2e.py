@@ -222,7 +222,8 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
     demo_base: dict[str, Any], registry: Any, tmp_path: Path
 ) -> None:
     """Official images are pinned by index digest; the lock records the index and the platform manifest."""
-    from servimg.backends.registry import RegistryClient, push
+    from servimg.backends.registry import push
+    from servimg.backends.registryclient import RegistryClient
     from servimg.backends.transport import fetch
     from servimg.builder.pipeline import lock
     from servimg.core import canonical

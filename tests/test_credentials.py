@@ -20,7 +20,7 @@ import pytest
 from conftest import _require
 from registry_server import AUTH_PASSWORD, AUTH_USER, RegistryServer
 from servimg.backends import credentials
-from servimg.backends.registry import RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
 

@@ -29,7 +29,7 @@ import pytest
 
 import fakebase as fb
 from servimg.backends import registry as registry_module
-from servimg.backends.registry import RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import ReadOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError

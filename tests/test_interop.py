@@ -37,7 +37,7 @@ import fakebase as fb
 from conftest import _require, docker_available
 from servimg.backends import registry as registry_module
 from servimg.backends import transport
-from servimg.backends.registry import RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.bases import catalog as bases
 from servimg.builder.seams import Seams
 from servimg.builder.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.core import canonical
 from servimg.core.digest import Digest
-from servimg.oci.image import Descriptor, Image
+from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image
 from servimg.provenance import attest, referrers
 from servimg.provenance.dsse import Envelope, SigningKey
 from servimg.provenance.referrers import ReferrersError

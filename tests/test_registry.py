@@ -26,11 +26,12 @@ import requests
 
 from registry_server import RegistryServer, registry_available, write_htpasswd
 from servimg.backends import credentials
-from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
 from servimg.core.reference import DEFAULT_REGISTRY, Reference
+from servimg.oci.image import OCI_INDEX, OCI_MANIFEST
 
 HEX = "a" * 64
 DIGEST = f"sha256:{HEX}"

@@ -16,7 +16,8 @@ import pytest
 
 import fakebase as fb
 from conftest import _require, docker, docker_available
-from servimg.backends import engine, registry, transport
+from servimg.backends import engine, transport
+from servimg.backends.registryclient import RegistryClient
 from servimg.backends.resolve import EngineImage, resolve
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
@@ -155,5 +156,5 @@ def test_push_finds_engine_images_by_name_and_short_id(
     assert f"{short}: the Docker Engine's image" in said.err
 
 
-def registry_client(host: str) -> registry.RegistryClient:
-    return registry.RegistryClient(host, retries=0)
+def registry_client(host: str) -> RegistryClient:
+    return RegistryClient(host, retries=0)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
-from servimg.backends.registry import RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.cli import main
 from servimg.oci.layer import Entry
 from servimg.oci.store import BlobStore

@@ -22,12 +22,12 @@ import pytest
 
 from conftest import copy_checkout, docker
 from servimg.backends import engine
-from servimg.backends.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.oci.filesystem import LayeredFS
-from servimg.oci.image import Descriptor, Image, Layer
+from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
 from servimg.provenance import attest, check, dsse, evidence, keys, referrers
 from servimg.provenance.attach import build_statements, image_facts, push_image
@@ -695,9 +695,9 @@ def test_promote_refuses_and_leaves_no_tag(
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registry retries without their back-off sleeps (the fault is permanent until restarted)."""
-    import servimg.backends.registry as registry_module
+    import servimg.backends.registryclient as client_module
 
-    monkeypatch.setattr(registry_module.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(client_module.time, "sleep", lambda seconds: None)
 
 
 KILLED_REPO = "servimg/killed"

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Protocol
 
 from servimg.backends import engine
-from servimg.backends.registry import RegistryClient, read_image
+from servimg.backends.registry import read_image
+from servimg.backends.registryclient import RegistryClient
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError

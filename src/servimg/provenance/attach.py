@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypedDict, Unpack
 
 from servimg.backends import registry, transport
+from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import Target, WriteOptions
 from servimg.builder.pipeline import build
 from servimg.builder.seams import DEFAULT, ProbeVerifier, Seams, Verified, verify_or_refuse
@@ -245,7 +246,7 @@ def _push_registry(
     if ref.digest is not None:
         raise AttachError(f"{dest}: push to a repository (and tag), not a digest")
     chosen = ref.tag or tag
-    with registry.RegistryClient(ref.registry) as client:
+    with RegistryClient(ref.registry) as client:
         registry.write_image(client, ref.repository, image, store, log, progress=progress)
         subject = _subject(image)
         attached = [_attach_confirmed(client, ref.repository, subject, e, log) for e in envelopes]
@@ -260,9 +261,7 @@ def _subject(image: Image) -> Descriptor:
     return Descriptor(image.media_type, image.digest, len(image.manifest_bytes))
 
 
-def _confirm(
-    client: registry.RegistryClient, repo: str, reference: str, subject: Descriptor, when: str
-) -> None:
+def _confirm(client: RegistryClient, repo: str, reference: str, subject: Descriptor, when: str) -> None:
     """HEAD the image manifest: it must still be exactly `subject` (attaching never changes it)."""
     head = client.head_manifest(repo, reference)
     if head is None or head[0] != subject.digest or head[2] != subject.size:
@@ -275,7 +274,7 @@ def _confirm(
 
 
 def _attach_confirmed(
-    client: registry.RegistryClient, repo: str, subject: Descriptor, env: Envelope, log: Log
+    client: RegistryClient, repo: str, subject: Descriptor, env: Envelope, log: Log
 ) -> Attached:
     """`_attach` in a registry repository, the image manifest confirmed to be exactly the subject before
     and after (attaching never changes it)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servimg.backends import engine, registry, transport
-from servimg.backends.registry import RegistryClient
+from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import ReadOptions, Target
 from servimg.builder.lock import Lock
 from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
@@ -104,7 +104,7 @@ class Located:
             raise CheckError(f"{self.ref} has no registry location", hint="push it with `servimg push`")
         # Looked up on the module when called (here and below), so a caller's configured client class
         # (tests' fast retries) is the one used.
-        return registry.RegistryClient(self.registry)
+        return RegistryClient(self.registry)
 
 
 def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
@@ -135,7 +135,7 @@ def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, rem
 
 def _locate_registry(ref_text: str, log: Log) -> Located:
     ref = Reference.parse(ref_text)
-    with registry.RegistryClient(ref.registry) as client:
+    with RegistryClient(ref.registry) as client:
         image, media_type = registry.read_image(client, ref.repository, ref.reference)
     log(f"{ref_text} → {image.digest}")
     note = row(
@@ -164,7 +164,7 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
         assert candidate.digest is not None
         try:
             # One retry: a RepoDigest can name a registry long gone; that is a note, not a wait.
-            with registry.RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
+            with RegistryClient(candidate.registry, retries=1, backoff=0.2) as client:
                 image, _ = registry.read_image(client, candidate.repository, str(candidate.digest))
         except ServimgError as exc:
             notes.append(row("image", WARN, f"{candidate}: not usable: {exc.message}"))
@@ -229,7 +229,7 @@ def _tag_drift(ref: str, candidate: Reference, digest: Digest) -> list[Finding]:
     if parsed.tag is None or parsed.name != candidate.name:
         return []
     try:
-        with registry.RegistryClient(parsed.registry) as client:
+        with RegistryClient(parsed.registry) as client:
             head = client.head_manifest(parsed.repository, parsed.tag)
     except ServimgError:
         return []
@@ -242,7 +242,7 @@ def _tag_drift(ref: str, candidate: Reference, digest: Digest) -> list[Finding]:
 
 def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Reference] | None:
     hinted = Reference.parse(repo_text)
-    with registry.RegistryClient(hinted.registry) as client:
+    with RegistryClient(hinted.registry) as client:
         for tag in sorted(client.list_tags(hinted.repository)):
             if tag.startswith("sha256-"):
                 continue  # referrers fallback indexes

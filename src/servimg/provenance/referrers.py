@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from servimg.backends import layout
-from servimg.backends.registry import DEFAULT_ACCEPT, RegistryClient
+from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registrywire import DEFAULT_ACCEPT
 from servimg.backends.target import Target
 from servimg.core import canonical
 from servimg.core import jsonview as jv
