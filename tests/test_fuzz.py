@@ -41,8 +41,9 @@ from servimg.builder.overlay import apply_patch
 from servimg.builder.patch import Patch
 from servimg.core import canonical
 from servimg.core.digest import Digest
-from servimg.core.errors import DefinitionError, ImageError, LayerError, LockError, ServimgError
-from servimg.ladder.definition import LadderDefinition, LadderError, ProbeSet
+from servimg.core.errors import DefinitionError, ImageError, LadderError, LayerError, LockError, ServimgError
+from servimg.ladder.definition import LadderDefinition
+from servimg.ladder.probeset import ProbeSet
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer

@@ -11,7 +11,7 @@ import pytest
 import fakebase as fb
 from servimg.backends import transport
 from servimg.builder.definition import ImageDefinition
-from servimg.builder.pipeline import BASE_REF_LABEL, base_reference
+from servimg.builder.naming import BASE_REF_LABEL, base_reference
 from servimg.core.reference import Reference
 from servimg.oci.store import BlobStore
 

@@ -13,16 +13,9 @@ import yaml
 
 from conftest import REPO
 from servimg.core import canonical
+from servimg.core.errors import LadderError
 from servimg.ladder import receipt
-from servimg.ladder.definition import (
-    LadderDefinition,
-    LadderError,
-    ProbeSet,
-    as_json,
-    load,
-    probe_problems,
-    substitute,
-)
+from servimg.ladder.definition import LadderDefinition, load, substitute
 from servimg.ladder.evaluation import (
     ADAPTERS,
     FAIL,
@@ -41,6 +34,7 @@ from servimg.ladder.evaluation import (
     out_of_script_fraction,
     parse_prometheus,
 )
+from servimg.ladder.probeset import ProbeSet, probe_problems
 
 CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"
 
@@ -265,7 +259,7 @@ def test_probe_set_rules_report_every_problem() -> None:
 
 def test_parsed_ladders_serialise_exactly_as_the_schema_library_did() -> None:
     """The receipt records an arm's spec, the thresholds and the sampling, and pre-registers the
-    thresholds' sha256: the readers' `as_json` must give pydantic's `model_dump(mode="json")` bytes
+    thresholds' sha256: `canonical.plain` must give pydantic's `model_dump(mode="json")` bytes
     (pinned in the fixture before pydantic was taken off: floats stay floats, defaults included)."""
     pinned = json.loads((REPO / "tests" / "fixtures" / "ladder" / "pydantic-dumps.json").read_text())
     for name, want in pinned.items():
@@ -277,8 +271,8 @@ def test_parsed_ladders_serialise_exactly_as_the_schema_library_did() -> None:
         ladder = LadderDefinition.parse(data)
         assert ladder.canonical_bytes().decode() == want["canonical"], name
         assert ladder.thresholds_sha256 == want["thresholds_sha256"], name
-        assert [canonical.dumps(as_json(a)).decode() for a in ladder.arms] == want["arms"], name
-        assert canonical.dumps(as_json(ladder.sampling)).decode() == want["sampling"], name
+        assert [canonical.dumps(canonical.plain(a)).decode() for a in ladder.arms] == want["arms"], name
+        assert canonical.dumps(canonical.plain(ladder.sampling)).decode() == want["sampling"], name
     assert len(pinned) == 6
 
 

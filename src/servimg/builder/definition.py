@@ -5,17 +5,17 @@ Each problem names its YAML path (`overlays[1].sha256: …`) so the user can fix
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 
 from servimg.backends.target import Target
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ServimgError
 from servimg.core.fields import (
@@ -156,7 +156,7 @@ class ImageDefinition(canonical.Canonical):
         """Plain JSON values in field order (tuples as lists). `exclude_defaults` leaves out every field,
         at any depth, that equals its default, except a `witness: false` beside a `ladder` (there the
         default is true: without the key, the rendered definition would read back with the witness on)."""
-        data: dict[str, object] = _json(self, exclude_defaults)
+        data = dict(jv.obj(canonical.plain(self, exclude_defaults=exclude_defaults)))
         if exclude_defaults and self.ladder is not None and not self.witness:
             data["witness"] = False
         return data
@@ -210,23 +210,6 @@ def _cross_problems(
             if field_name not in TAG_FIELDS and field_name not in packages:
                 problems.append(f"tag: unknown field {{{field_name}}} (use one of {', '.join(TAG_FIELDS)})")
     return problems
-
-
-def _json(value: object, exclude_defaults: bool) -> Any:
-    """`value` as plain JSON: dataclasses as mappings in field order, tuples as lists."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, object] = {}
-        for f in dataclasses.fields(value):
-            item = getattr(value, f.name)
-            if exclude_defaults and f.default is not dataclasses.MISSING and item == f.default:
-                continue
-            out[f.name] = _json(item, exclude_defaults)
-        return out
-    if isinstance(value, tuple | list):
-        return [_json(v, exclude_defaults) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _json(v, exclude_defaults) for k, v in value.items()}
-    return value
 
 
 # -- reading ------------------------------------------------------------------------------------------

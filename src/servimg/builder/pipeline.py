@@ -11,7 +11,6 @@ import dataclasses
 import datetime as dt
 import os
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from servimg.backends import engine, transport
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import actioncache, basefacts, resultcache, verify
+from servimg.builder import actioncache, basefacts, naming, resultcache, verify
 from servimg.builder.basescan import find_package, interpreter_lock
 from servimg.builder.bytecode import (
     CompileJob,
@@ -30,11 +29,9 @@ from servimg.builder.bytecode import (
     stale_pycs,
 )
 from servimg.builder.definition import (
-    DEFAULT_TEMPLATE,
     ImageDefinition,
     OverlaySpec,
     Sentinel,
-    named_lock,
     repo_root_for,
 )
 from servimg.builder.lock import (
@@ -70,7 +67,6 @@ from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
-from servimg.core.reference import Reference
 from servimg.inimage import probe
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
@@ -436,12 +432,14 @@ def build(
     locked = Lock.load(lock_path_for(definition_path))
     resolution = resolve(definition_path, store, log, runner, seams)
     check_drift(locked, resolution.lock, definition_path)
-    _refuse_tag_of_another_lock(resolution.definition, locked, [tag, target.tag, _registry_tag(target)])
+    naming.refuse_tag_of_another_lock(
+        resolution.definition, locked, [tag, target.tag, naming.registry_tag(target)]
+    )
     image, layer = assemble(resolution, locked, store, log)
     base_config = resolution.base.config_digest
     report, staged = _verified(image, target, store, log, base_config, seams) if verify else (None, None)
-    chosen_tag = tag or derive_tag(resolution.definition, locked)
-    full_tag = _full_tag(resolution.definition, target, chosen_tag)
+    chosen_tag = tag or naming.derive_tag(resolution.definition, locked)
+    full_tag = naming.full_tag(resolution.definition, target, chosen_tag)
     options: WriteOptions = {
         "tag": full_tag,
         "base_config": base_config,
@@ -491,60 +489,10 @@ def _verified(
     return report, staged.result() if staged is not None else None
 
 
-def _registry_tag(target: Target) -> str | None:
-    return Reference.parse(target.location).tag if target.in_registry else None
-
-
-def _refuse_tag_of_another_lock(
-    definition: ImageDefinition, locked: Lock, tags: Sequence[str | None]
-) -> None:
-    """A tag made from the tag template names one lock: never publish another lock's image under it."""
-    templates = (definition.tag, DEFAULT_TEMPLATE)
-    for tag in tags:
-        named = named_lock(tag, templates) if tag else None
-        if named is not None and not locked.digest.hex.startswith(named):
-            raise BuildError(
-                f"refusing to tag this build {tag}: the tag names lock {named}, this build's lock is "
-                f"{locked.digest}; nothing was built or published",
-                hint="drop --tag to use the lock-derived tag, or choose a tag that is not template-shaped",
-            )
-
-
 def _default_target(definition_path: Path) -> Target:
     if engine.engine_available():
-        return Target("engine", "")
-    return Target("oci", str(Path("out") / definition_path.stem.removesuffix(".lock")))
-
-
-def _full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
-    if target.in_engine or target.is_archive:  # docker load refuses a bare tag in RepoTags
-        return f"{definition.repository}:{tag}"
-    return tag
-
-
-def derive_tag(definition: ImageDefinition, locked: Lock) -> str:
-    """`<name>-<vllm version>-<lock sha256[:12]>` by default: one tag names one set of inputs."""
-    fields: dict[str, str] = {
-        "name": definition.name,
-        "lock12": locked.digest.hex[:12],
-        "lock": locked.digest.hex,
-    }
-    for pkg in locked.packages:
-        fields[pkg.import_name] = pkg.version
-    fields.setdefault("version", fields.get("vllm", "0"))
-    try:
-        tag = definition.tag.format(**fields)
-    except KeyError as exc:
-        raise DefinitionError(
-            f"tag: template field {exc} has no value for this image",
-            hint="declare that package under `packages`",
-        ) from None
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag):
-        raise DefinitionError(
-            f"tag: {tag!r} is not a valid image tag",
-            hint="tags use [A-Za-z0-9_.-] and at most 128 characters",
-        )
-    return tag
+        return Target.parse("docker")
+    return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))
 
 
 def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -> tuple[Image, Descriptor]:
@@ -565,48 +513,15 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     docker_media = resolution.base.media_type == DOCKER_MANIFEST
     descriptor = Descriptor(DOCKER_LAYER if docker_media else blob.media_type, blob.digest, blob.size)
     created = dt.datetime.fromtimestamp(locked.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    tag = derive_tag(resolution.definition, locked)
+    tag = naming.derive_tag(resolution.definition, locked)
     image = resolution.base.with_layer(
         Layer(descriptor, blob.diff_id),
-        labels=labels(resolution.definition, locked, tag, created),
+        labels=naming.labels(resolution.definition, locked, tag, created),
         created=created,
         history=f"servimg build {resolution.definition.name} "
         f"overlays={','.join(o.id for o in locked.overlays) or '-'}",
     )
     return image, descriptor
-
-
-BASE_REF_LABEL = "io.servimg.base.ref"
-_IMAGE_ID = re.compile(r"(?:sha256:)?[a-f0-9]{12,64}")
-
-
-def base_reference(definition: ImageDefinition) -> str | None:
-    """`org.opencontainers.image.base.name` is an image reference (annotations spec, distribution's
-    grammar): the registry ref, or the engine's image name, as written; a layout or an archive has none.
-    Where the base came from, transport included, is `io.servimg.base.ref`."""
-    base = definition.base
-    if base.transport not in ("registry", "engine") or _IMAGE_ID.fullmatch(base.location):
-        return None  # a layout, an archive, or an engine image named by its ID: no reference names it
-    try:
-        Reference.parse(base.location)
-    except ServimgError:
-        return None
-    return base.location
-
-
-def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) -> dict[str, str]:
-    name = base_reference(definition)
-    return {
-        **({"org.opencontainers.image.base.name": name} if name else {}),
-        BASE_REF_LABEL: definition.base.ref,
-        "org.opencontainers.image.base.digest": locked.base.manifest_digest,
-        "org.opencontainers.image.created": created,
-        "org.opencontainers.image.version": tag,
-        "org.opencontainers.image.source": definition.source,
-        "io.servimg.definition": definition.name,
-        "io.servimg.lock.digest": str(locked.digest),
-        "io.servimg.overlays": ",".join(o.id for o in locked.overlays),
-    }
 
 
 def plan_layer(resolution: Resolution, locked: Lock, log: Log, cache_root: Path) -> list[Entry]:

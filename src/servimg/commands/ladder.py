@@ -13,9 +13,9 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.signed import signing_key
 from servimg.core import jsonview as jv
-from servimg.core.errors import UsageError
+from servimg.core.errors import LadderError, UsageError
 from servimg.ladder import k8s, receipt, runner, server, slurm
-from servimg.ladder.definition import LadderError, LoadedLadder, load
+from servimg.ladder.definition import LoadedLadder, load
 from servimg.provenance import attach
 from servimg.provenance.attest import TEST_RESULT_V01
 

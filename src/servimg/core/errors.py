@@ -121,3 +121,11 @@ class ResidentError(ServimgError):
 
 class WitnessError(ServimgError):
     """A serving process ran code that is not the patched code, or its witness records are unusable."""
+
+
+class LadderError(ServimgError):
+    """A ladder definition or probe set is malformed, or does not match its pin."""
+
+
+class LadderRunError(ServimgError):
+    """The ladder could not run (no image, a bad variable, a server that never came up …)."""

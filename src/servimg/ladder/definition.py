@@ -8,65 +8,29 @@ validates; every problem is reported at once with its YAML path, like image defi
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import ServimgError
+from servimg.core.errors import LadderError, ServimgError
 from servimg.core.strictyaml import StrictLoader
 from servimg.ladder import readers as r
+from servimg.ladder.probeset import ProbeSet, probe_problems
 
 CACHED_ROLES = ("cold", "warm", "restart")
-_ID = r"[a-z0-9][a-z0-9._-]{0,63}"
 _VAR = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
 _SHA = r"[a-f0-9]{64}"
-_IDENT = r.text(pattern=_ID, meaning="an id: lowercase letters, digits, '.', '_', '-'")
 _ABSOLUTE_PATH = r.text(pattern="/.*", meaning="an absolute path")
 _ROLES = ("control", "noise_floor", "cold", "warm", "restart")
-_STR = r.scalar(r.string)
-_ENV = r.mapping(_STR, _STR)
-_ARGS = r.items(_STR)
-
-
-class LadderError(ServimgError):
-    """A ladder definition or probe set is malformed, or does not match its pin."""
-
-
-class LadderRunError(ServimgError):
-    """The ladder could not run (no image, a bad variable, a server that never came up …)."""
-
-
-def as_json(value: object) -> Any:
-    """A parsed value as JSON-ready data: dataclasses as mappings (fields in declaration order), tuples
-    as lists; what the receipt records of an arm, the thresholds and the sampling."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _field_json(f, getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple | list):
-        return [as_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: as_json(v) for k, v in value.items()}
-    return value
-
-
-def _field_json(f: dataclasses.Field[Any], value: object) -> Any:
-    # A float field keeps an integer default as written (`value: float = 0`), and that integer is what
-    # evaluation records; its JSON is a float, as the schema library always wrote it.
-    if f.type in ("float", "float | None") and isinstance(value, int):
-        return float(value)
-    return as_json(value)
-
-
-def _shape(value: object, path: str, problems: list[str], what: str) -> r.Fields:
-    return r.Fields(value, path, problems, what=what)
+_ENV = r.mapping(r.STRING, r.STRING)
+_ARGS = r.items(r.STRING)
 
 
 # ------------------------------------------------------------------------------------------- the ladder
@@ -81,7 +45,7 @@ class ImagePin:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ImagePin:
-        f = _shape(value, path, problems, "ref, digest")
+        f = r.shape(value, path, problems, "ref, digest")
         return f.made(cls(ref=f.take("ref", r.text(min_length=1)), digest=f.take("digest", _digest)))
 
 
@@ -104,7 +68,7 @@ class ProbeRef:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ProbeRef:
-        f = _shape(value, path, problems, "path, sha256")
+        f = r.shape(value, path, problems, "path, sha256")
         sha256 = r.text(pattern=_SHA, meaning="a sha256: 64 lowercase hex digits")
         return f.made(cls(path=f.take("path", r.text(min_length=1)), sha256=f.take("sha256", sha256)))
 
@@ -118,7 +82,7 @@ class ModelSpec:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ModelSpec:
-        f = _shape(value, path, problems, "served_name, generate")
+        f = r.shape(value, path, problems, "served_name, generate")
         served_name = f.take("served_name", r.text(min_length=1))
         generate = f.take("generate", r.optional(r.choice("tiny-copy")), None)
         return f.made(cls(served_name=served_name, generate=generate))  # type: ignore[arg-type]
@@ -132,7 +96,7 @@ class Mount:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> Mount:
-        f = _shape(value, path, problems, "source, target, read_only")
+        f = r.shape(value, path, problems, "source, target, read_only")
         source = f.take("source", r.text(min_length=1))
         target = f.take("target", _ABSOLUTE_PATH)
         return f.made(cls(source=source, target=target, read_only=f.take("read_only", r.boolean, True)))
@@ -154,15 +118,15 @@ class ServerSpec:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ServerSpec:
-        f = _shape(value, path, problems, "command, args, env, port, …")
+        f = r.shape(value, path, problems, "command, args, env, port, …")
         return f.made(
             cls(
-                command=f.take("command", r.items(_STR, min_length=1)),
+                command=f.take("command", r.items(r.STRING, min_length=1)),
                 args=f.take("args", _ARGS, ()),
                 env=f.take("env", _ENV, {}),
                 port=f.take("port", r.integer(ge=1, le=65535), 8000),
-                shm_size=f.take("shm_size", _STR, "1g"),
-                health_path=f.take("health_path", _STR, "/health"),
+                shm_size=f.take("shm_size", r.STRING, "1g"),
+                health_path=f.take("health_path", r.STRING, "/health"),
                 startup_timeout_s=f.take("startup_timeout_s", r.floating(gt=0), 900),
                 request_timeout_s=f.take("request_timeout_s", r.floating(gt=0), 300),
                 mounts=f.take("mounts", r.items(Mount.read), ()),
@@ -181,7 +145,7 @@ class CacheSpec:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> CacheSpec:
-        f = _shape(value, path, problems, "target, env")
+        f = r.shape(value, path, problems, "target, env")
         return f.made(cls(target=f.take("target", _ABSOLUTE_PATH), env=f.take("env", _ENV, {})))
 
 
@@ -195,7 +159,7 @@ class Gate:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> Gate:
-        f = _shape(value, path, problems, "metric, op, value")
+        f = r.shape(value, path, problems, "metric, op, value")
         return f.made(
             cls(
                 metric=f.take("metric", r.text(min_length=1)),
@@ -226,15 +190,15 @@ class ArmSpec:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ArmSpec:
-        f = _shape(value, path, problems, "id, role, server, args, …")
+        f = r.shape(value, path, problems, "id, role, server, args, …")
         modules = r.items(r.text(pattern=r"[A-Za-z_][A-Za-z0-9_.]*", meaning="a dotted module name"))
         return f.made(
             cls(
-                id=f.take("id", _IDENT),
+                id=f.take("id", r.IDENT),
                 role=f.take("role", r.choice(*_ROLES)),  # type: ignore[arg-type]
                 server=f.take(
                     "server",
-                    r.text(pattern=rf"fresh|reuse:{_ID}", meaning="fresh or reuse:<an earlier arm>"),
+                    r.text(pattern=rf"fresh|reuse:{r.ID_PATTERN}", meaning="fresh or reuse:<an earlier arm>"),
                     "fresh",
                 ),
                 args=f.take("args", _ARGS, ()),
@@ -261,7 +225,7 @@ class Detectors:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> Detectors:
-        f = _shape(value, path, problems, "replacement_char_max, ngram_n, …")
+        f = r.shape(value, path, problems, "replacement_char_max, ngram_n, …")
         fraction = r.optional(r.floating(ge=0, le=1))
         return f.made(
             cls(
@@ -291,7 +255,7 @@ class Thresholds:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> Thresholds:
-        f = _shape(value, path, problems, "max_corrupted, flip_margin, …")
+        f = r.shape(value, path, problems, "max_corrupted, flip_margin, …")
         count = r.optional(r.integer(ge=0))
         return f.made(
             cls(
@@ -316,7 +280,7 @@ class Sampling:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> Sampling:
-        f = _shape(value, path, problems, "temperature, top_p, seed, max_tokens, logprobs")
+        f = r.shape(value, path, problems, "temperature, top_p, seed, max_tokens, logprobs")
         sampling = cls(
             temperature=f.take("temperature", r.floating(), 0.0),
             top_p=f.take("top_p", r.floating(), 1.0),
@@ -355,14 +319,14 @@ class LadderDefinition:
 
     # -- derived ------------------------------------------------------------------------------------
     def as_json(self) -> dict[str, object]:
-        return dict(as_json(self))
+        return dict(jv.obj(canonical.plain(self)))
 
     def canonical_bytes(self) -> bytes:
         return canonical.dumps(self.as_json())
 
     @property
     def thresholds_sha256(self) -> str:
-        return sha256_hex(canonical.dumps(as_json(self.thresholds)))
+        return sha256_hex(canonical.dumps(canonical.plain(self.thresholds)))
 
     def arm(self, arm_id: str) -> ArmSpec:
         for arm in self.arms:
@@ -399,19 +363,19 @@ class LadderDefinition:
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> LadderDefinition:
-        f = _shape(value, path, problems, "a ladder definition")
+        f = r.shape(value, path, problems, "a ladder definition")
         var_name = r.text(pattern=r"[a-z_][a-z0-9_]*", meaning="a variable name")
         ladder = cls(
             ladder_version=f.take("ladder_version", r.version(1), 1),  # type: ignore[arg-type]
-            name=f.take("name", _IDENT),
-            description=f.take("description", _STR, ""),
+            name=f.take("name", r.IDENT),
+            description=f.take("description", r.STRING, ""),
             engine=f.take("engine", r.choice("vllm"), "vllm"),  # type: ignore[arg-type]
             image=f.take("image", r.optional(ImagePin.read), None),
             probes=f.take("probes", ProbeRef.read),
             model=f.take("model", ModelSpec.read),
             server=f.take("server", ServerSpec.read),
-            caches=f.take("caches", r.mapping(_IDENT, CacheSpec.read), {}),
-            vars=f.take("vars", r.mapping(var_name, _STR), {}),
+            caches=f.take("caches", r.mapping(r.IDENT, CacheSpec.read), {}),
+            vars=f.take("vars", r.mapping(var_name, r.STRING), {}),
             cache_block_tokens=f.take("cache_block_tokens", r.integer(ge=1), 16),
             probe_tokens=f.take("probe_tokens", r.choice("frozen", "server"), "frozen"),  # type: ignore[arg-type]
             sampling=f.take("sampling", Sampling.read),
@@ -528,158 +492,6 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
         return values[name]
 
     return _VAR.sub(one, text)
-
-
-# ------------------------------------------------------------------------------------------ probe sets
-
-
-@dataclass(frozen=True, kw_only=True)
-class Expect:
-    """What a correct answer starts with: token ids (compared exactly), else text (stripped prefix)."""
-
-    token_ids: tuple[int, ...] = ()
-    text: str = ""
-
-    @classmethod
-    def read(cls, value: object, path: str, problems: list[str]) -> Expect:
-        f = _shape(value, path, problems, "token_ids, text")
-        expect = cls(token_ids=f.take("token_ids", r.items(r.integer()), ()), text=f.take("text", _STR, ""))
-        if f.ok and not expect.token_ids and not expect.text.strip():
-            problems.append(r.problem(path, "give the expected token_ids or text"))
-        f.done()
-        return expect
-
-
-@dataclass(frozen=True, kw_only=True)
-class Prompt:
-    id: str
-    token_ids: tuple[int, ...] = ()  # required when the ladder's probe_tokens is frozen
-    text: str
-    expect: Expect | None = None
-
-    @classmethod
-    def read(cls, value: object, path: str, problems: list[str]) -> Prompt:
-        f = _shape(value, path, problems, "id, token_ids, text, expect")
-        return f.made(
-            cls(
-                id=f.take("id", _IDENT),
-                token_ids=f.take("token_ids", r.items(r.integer(ge=0)), ()),
-                text=f.take("text", r.text(min_length=1)),
-                expect=f.take("expect", r.optional(Expect.read), None),
-            )
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Family:
-    """Prompts sharing a prefix: the first warms the cache, the later ones re-use it across a block edge."""
-
-    id: str
-    description: str = ""
-    prompts: tuple[Prompt, ...]
-
-    @classmethod
-    def read(cls, value: object, path: str, problems: list[str]) -> Family:
-        f = _shape(value, path, problems, "id, description, prompts")
-        return f.made(
-            cls(
-                description=f.take("description", _STR, ""),
-                id=f.take("id", _IDENT),
-                prompts=f.take("prompts", r.items(Prompt.read, min_length=1)),
-            )
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbeSet:
-    probe_set_version: Literal[1] = 1
-    name: str
-    description: str = ""
-    tokenizer: str = ""  # what the token ids are for (e.g. the tiny model's recipe key)
-    families: tuple[Family, ...]
-
-    @property
-    def prompts(self) -> tuple[tuple[Family, Prompt], ...]:
-        return tuple((f, p) for f in self.families for p in f.prompts)
-
-    def as_json(self) -> dict[str, object]:
-        return dict(as_json(self))
-
-    @classmethod
-    def parse(cls, data: bytes, *, origin: str = "<probes>") -> ProbeSet:
-        try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError):
-            raise LadderError(f"{origin}: not valid JSON", hint="regenerate the probe set") from None
-        problems: list[str] = []
-        probes = r.read(cls.read, doc, "", problems)
-        if probes is None:
-            raise LadderError(f"{origin}: {len(problems)} problem(s) in the probe set", problems=problems)
-        return probes
-
-    @classmethod
-    def read(cls, value: object, path: str, problems: list[str]) -> ProbeSet:
-        f = _shape(value, path, problems, "a probe set")
-        probes = cls(
-            probe_set_version=f.take("probe_set_version", r.version(1), 1),  # type: ignore[arg-type]
-            name=f.take("name", _IDENT),
-            description=f.take("description", _STR, ""),
-            tokenizer=f.take("tokenizer", _STR, ""),
-            families=f.take("families", r.items(Family.read, min_length=1)),
-        )
-        if probes.families is not None:
-            ids = [p.id for fam in probes.families for p in fam.prompts] + [fam.id for fam in probes.families]
-            dups = sorted({i for i in ids if ids.count(i) > 1})
-            if dups:
-                problems.append(
-                    r.problem(
-                        "families", f"ids must be unique across families and prompts: {', '.join(dups)}"
-                    )
-                )
-        f.done()
-        return probes
-
-
-def common_prefix(a: tuple[object, ...], b: tuple[object, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def probe_problems(ladder: LadderDefinition, probes: ProbeSet) -> list[str]:
-    """A family must re-use a prefix across a cache-block edge, or no arm can exercise the cache; every
-    prompt plus its answer must fit the tokens the expectation names."""
-    block = ladder.cache_block_tokens
-    frozen = ladder.probe_tokens == "frozen"
-    # Text probes: a token holds at least one character, so a shared text prefix shorter than a block
-    # in characters cannot hold a block of tokens (a necessary condition only).
-    unit = "tokens" if frozen else "characters"
-    problems = []
-    for family in probes.families:
-        if len(family.prompts) < 2:
-            problems.append(f"family {family.id}: needs at least 2 prompts sharing a prefix")
-            continue
-        seqs: list[tuple[object, ...]] = [p.token_ids if frozen else tuple(p.text) for p in family.prompts]
-        shared = min(common_prefix(a, b) for a, b in itertools.pairwise(seqs))
-        if shared < block:
-            problems.append(
-                f"family {family.id}: its prompts share {shared} {unit}, less than one cache block "
-                f"({block} tokens): no prompt can hit the prefix cache"
-            )
-        if max(len(s) for s in seqs) <= block:
-            problems.append(f"family {family.id}: no prompt is longer than one block ({block} tokens)")
-    for family, prompt in probes.prompts:
-        if frozen and not prompt.token_ids:
-            problems.append(f"{family.id}/{prompt.id}: no token_ids (the ladder's probe_tokens is frozen)")
-        if prompt.expect is not None and len(prompt.expect.token_ids) > ladder.sampling.max_tokens:
-            problems.append(
-                f"{family.id}/{prompt.id}: expects {len(prompt.expect.token_ids)} tokens, "
-                f"max_tokens is {ladder.sampling.max_tokens}"
-            )
-    return problems
 
 
 # ------------------------------------------------------------------------------------------- loading

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from servimg.core.findings import FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
-from servimg.ladder.definition import CACHED_ROLES, Detectors, Expect, Gate, LadderDefinition, Thresholds
+from servimg.ladder.definition import CACHED_ROLES, Detectors, Gate, LadderDefinition, Thresholds
+from servimg.ladder.probeset import Expect
 
 # ------------------------------------------------------------------------------------------ metrics
 

@@ -30,11 +30,11 @@ import yaml
 
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
-from servimg.core.errors import ServimgError
+from servimg.core.errors import LadderError, LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder import remote
-from servimg.ladder.definition import LadderError, LadderRunError, LoadedLadder, load, substitute
+from servimg.ladder.definition import LoadedLadder, load, substitute
 from servimg.ladder.plan import Chain, chains
 from servimg.ladder.runner import finish, prepare
 from servimg.ladder.server import RunConfig

@@ -267,3 +267,15 @@ def strings_in(value: object) -> list[str]:
         return []
     decoded = (_decoded(bytes(v)) if isinstance(v, bytes | bytearray) else v for v in value)
     return [v for v in decoded if isinstance(v, str)]
+
+
+# ------------------------------------------------------------------------------------------ shared
+ID_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
+IDENT = text(pattern=ID_PATTERN, meaning="an id: lowercase letters, digits, '.', '_', '-'")
+"""An id in the ladder formats (arm, family, prompt, probe set)."""
+STRING = scalar(string)
+
+
+def shape(value: object, path: str, problems: list[str], what: str) -> Fields:
+    """The keys of a mapping in the ladder formats (`what` the mapping is, said when it is no mapping)."""
+    return Fields(value, path, problems, what=what)

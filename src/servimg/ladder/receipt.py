@@ -24,7 +24,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Status
-from servimg.ladder.definition import ArmSpec, LoadedLadder, as_json
+from servimg.ladder.definition import ArmSpec, LoadedLadder
 from servimg.ladder.evaluation import (
     ArmOutcome,
     ArmVerdict,
@@ -303,8 +303,8 @@ def build_receipt(
             "name": ladder.name,
             "engine": ladder.engine,
             "sha256": inputs.ladder_sha256,
-            "thresholds": as_json(ladder.thresholds),
-            "sampling": as_json(ladder.sampling),
+            "thresholds": canonical.plain(ladder.thresholds),
+            "sampling": canonical.plain(ladder.sampling),
         },
         "image": dict(image),
         "inputs": inputs.as_json(),
@@ -340,7 +340,7 @@ def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, object]:
         "verdict": v.result,
         "reasons": list(v.reasons),
         "error": record.outcome.error,
-        "spec": as_json(record.spec),
+        "spec": canonical.plain(record.spec),
         "corrupted": v.corrupted,
         "metrics_delta": dict(record.outcome.metrics_delta),
         "gates": [

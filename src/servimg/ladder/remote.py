@@ -38,9 +38,9 @@ from servimg.backends import engine
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
-from servimg.core.errors import ServimgError
+from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
-from servimg.ladder.definition import LadderRunError, LoadedLadder, load
+from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.plan import Chain
 from servimg.ladder.prereg import capture_inputs

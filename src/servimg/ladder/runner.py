@@ -40,10 +40,10 @@ from servimg.core import canonical
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import BackendError, ServimgError
+from servimg.core.errors import BackendError, LadderError, LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.ladder import receipt, vllm
-from servimg.ladder.definition import ArmSpec, LadderDefinition, LadderError, LadderRunError, LoadedLadder
+from servimg.ladder.definition import ArmSpec, LadderDefinition, LoadedLadder
 from servimg.ladder.evaluation import (
     ADAPTERS,
     ArmOutcome,

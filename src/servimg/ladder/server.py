@@ -23,9 +23,9 @@ from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
 from servimg.core import jsonview as jv
 from servimg.core.digest import sha256_hex
-from servimg.core.errors import ServimgError
+from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
-from servimg.ladder.definition import ArmSpec, LadderRunError, LoadedLadder, substitute
+from servimg.ladder.definition import ArmSpec, LoadedLadder, substitute
 from servimg.ladder.witness import collect, collect_dir
 from servimg.oci.store import BlobStore
 

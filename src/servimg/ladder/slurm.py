@@ -31,11 +31,11 @@ from servimg.backends.registry import read_image
 from servimg.backends.registryclient import RegistryClient
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
-from servimg.core.errors import ServimgError
+from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder import remote
-from servimg.ladder.definition import LadderRunError, LoadedLadder
+from servimg.ladder.definition import LoadedLadder
 from servimg.ladder.plan import Chain, chains
 from servimg.ladder.receipt import ArmRecord
 from servimg.ladder.runner import finish, image_facts, prepare

@@ -10,8 +10,10 @@ from collections.abc import Mapping, Sequence
 import requests
 
 from servimg.core import jsonview as jv
-from servimg.ladder.definition import LadderDefinition, LadderRunError, Prompt
+from servimg.core.errors import LadderRunError
+from servimg.ladder.definition import LadderDefinition
 from servimg.ladder.evaluation import Output
+from servimg.ladder.probeset import Prompt
 
 
 def metrics_text(url: str) -> str:

@@ -302,7 +302,7 @@ def _push_layout(
 ) -> Pushed:
     root = Path(target.location)
     chosen = target.tag or tag
-    transport.publish(image, Target("oci", str(root), chosen), store, log, tag=chosen)
+    transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
     place = referrers.LayoutReferrers(root)
     attached = tuple(_attach(place, _subject(image), e, log) for e in envelopes)
     return Pushed(image.digest, image.config_digest, Target.layout(root, chosen).text(), chosen, attached)
