@@ -23,7 +23,7 @@ from servimg.builder.lock import (
 from servimg.builder.probespec import ProbeSpec
 from servimg.builder.verify import build_probe_spec
 from servimg.core import canonical
-from servimg.core.digest import sha256_hex
+from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import LockError
 
 
@@ -33,9 +33,9 @@ def sample() -> Lock:
         definition_sha256="d" * 64,
         base=BaseLock(
             "docker-daemon:x",
-            "sha256:" + "1" * 64,
-            "sha256:" + "2" * 64,
-            ("sha256:" + "3" * 64,),
+            Digest("sha256", "1" * 64),
+            Digest("sha256", "2" * 64),
+            (Digest("sha256", "3" * 64),),
             "2026-01-01T00:00:00Z",
         ),
         interpreter=InterpreterLock(

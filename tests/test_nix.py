@@ -215,8 +215,8 @@ def test_lock_nix_reads_every_lock_like_the_python_reader(nix: dict[str, str]) -
         assert got["base_transport"] == kind
         # The aliases the derivations use.
         assert got["source_date_epoch"] == lock.source_date_epoch
-        assert got["base"]["manifest_digest"] == lock.base.manifest_digest
-        assert got["base"]["diff_ids"] == list(lock.base.diff_ids)
+        assert got["base"]["manifest_digest"] == str(lock.base.manifest_digest)
+        assert got["base"]["diff_ids"] == [str(d) for d in lock.base.diff_ids]
         assert [o["id"] for o in got["overlays"]] == [o.id for o in lock.overlays]
     assert nix_eval(nix, "(import ./nix/lock.nix { }).ok") is True
 
@@ -247,7 +247,7 @@ def test_a_definition_that_no_longer_pins_the_lock_throws(nix: dict[str, str], t
     proc = nix_lock(nix, repo, "images.demo")
     assert proc.returncode != 0 and DRIFT in proc.stderr
     assert f"images/demo.yaml does not pin the locked {lock.overlays[1].patch_sha256}" in proc.stderr
-    definition.write_text(text.replace(lock.base.manifest_digest, "sha256:" + "0" * 64))
+    definition.write_text(text.replace(str(lock.base.manifest_digest), "sha256:" + "0" * 64))
     proc = nix_lock(nix, repo, "images.demo")
     assert proc.returncode != 0 and f"does not pin the locked {lock.base.manifest_digest}" in proc.stderr
 
@@ -351,8 +351,8 @@ def test_flake_outputs_are_wired(nix: dict[str, str], tmp_path: Path) -> None:
         "SOURCE_DATE_EPOCH": str(lock.source_date_epoch),
         "SERVIMG_DEFINITION": "images/demo.yaml",
         "SERVIMG_LOCK_DIGEST": str(lock.digest),
-        "SERVIMG_BASE_MANIFEST": lock.base.manifest_digest,
-        "SERVIMG_BASE_INDEX": lock.base.index_digest or "",
+        "SERVIMG_BASE_MANIFEST": str(lock.base.manifest_digest),
+        "SERVIMG_BASE_INDEX": str(lock.base.index_digest or ""),
         "DOCKER_HOST": "unix:///nonexistent/servimg-nix-build-has-no-docker.sock",
         "mode": "build-image",
     }

@@ -277,7 +277,7 @@ def test_lock_refuses_a_sentinel_the_base_already_has(tiny: Tiny, tmp_path: Path
     from servimg.builder.pipeline import lock
     from tinyimage import prepare_repo
 
-    base = {"oci_ref": tiny.definition.base.ref, "digest": tiny.definition.base.digest}
+    base = {"oci_ref": tiny.definition.base.ref, "digest": str(tiny.definition.base.digest)}
     extra = (
         "      - module: tinypkg.core\n        qualname: Scheduler.schedule\n"
         "        name: clamp\n        absent_in_base: true\n    forbidden:\n"

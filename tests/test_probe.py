@@ -28,6 +28,7 @@ import pytest
 from servimg.builder import verify
 from servimg.builder.definition import ImageDefinition, Sentinel
 from servimg.builder.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
+from servimg.core.digest import Digest
 from servimg.inimage import probe
 from servimg.render import findings_table
 
@@ -683,7 +684,7 @@ def _lock_for(image: FakeImage, definition: ImageDefinition, absent: tuple[str, 
     return Lock(
         name="testimg",
         definition_sha256=definition.digest.hex,
-        base=BaseLock("docker-daemon:base", "sha256:" + "0" * 64, "sha256:" + "1" * 64, (), ""),
+        base=BaseLock("docker-daemon:base", Digest("sha256", "0" * 64), Digest("sha256", "1" * 64), (), ""),
         interpreter=InterpreterLock(
             sys.executable,
             sys.executable,

@@ -46,7 +46,7 @@ def facts() -> ImageFacts:
 def image(facts: ImageFacts) -> Image:
     diff_id = Digest.of_bytes(b"layer")
     labels = {
-        check.BASE_LABEL: facts.lock.base.manifest_digest,
+        check.BASE_LABEL: str(facts.lock.base.manifest_digest),
         check.LOCK_LABEL: str(facts.lock.digest),
     }
     config = {

@@ -336,10 +336,11 @@ def test_backport_onto_0_28_0_drops_the_absorbed_overlay_and_the_rebased_stack_b
     definition = ImageDefinition.load(proposed)
     assert [o.id for o in definition.overlays] == ["vllm-computed-tokens-gate"]
     assert (
-        definition.base.digest == wheel_bases.mid.digest and definition.packages["vllm"].version == "0.28.0"
+        str(definition.base.digest) == wheel_bases.mid.digest
+        and definition.packages["vllm"].version == "0.28.0"
     )
     lock = Lock.load(proposed.with_name("backport.rebased.lock.json"))
-    assert lock.base.manifest_digest == wheel_bases.mid.digest
+    assert str(lock.base.manifest_digest) == wheel_bases.mid.digest
     # The proposed lock is exactly what `servimg lock` gives the proposed definition.
     relocked, changed = pipeline.lock(proposed, store, print, runner="chroot")
     assert not changed and relocked == lock

@@ -32,6 +32,7 @@ from servimg.builder.defedit import definition_text
 from servimg.builder.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.builder.pipeline import lock as lock_definition
 from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
 from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError
 from servimg.core.progress import Log
@@ -228,7 +229,7 @@ def relock_dependents(
     if any(Target.parse(ref).in_engine for ref in refs.values()):
         publish_base(image, recipe.tag(), ["docker"], store, log)
     for definition, ref in refs.items():
-        files.update(_relock(repo, definition, ref, str(image.digest), work, store, log, versions or {}))
+        files.update(_relock(repo, definition, ref, image.digest, work, store, log, versions or {}))
     return files
 
 
@@ -247,7 +248,7 @@ def _relock(
     repo: Path,
     definition: Path,
     ref: str,
-    digest: str,
+    digest: Digest,
     work: Path,
     store: BlobStore,
     log: Log,

@@ -163,7 +163,7 @@ def rebase_packages(
         if Target.parse(ref).in_engine:
             publish_base(image, new.tag(), ["docker"], store, log)
         judged, proposal = rebasing.propose(
-            dataclasses.replace(request, base=ref, digest=str(image.digest)), store, log, seams
+            dataclasses.replace(request, base=ref, digest=image.digest), store, log, seams
         )
         # Proposals left beside by an earlier rebase are no definitions of the repository yet.
         proposals = [d for d in catalog.dependents(repo, recipe, store) if f"{BESIDE}." in d.name]

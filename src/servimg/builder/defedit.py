@@ -67,7 +67,7 @@ def _edit(text: str, old: ImageDefinition, new: ImageDefinition) -> str | None:
         hits = [i for i in range(start + 1, end) if re.match(rf"^\s+{key}:\s*\S", lines[i])]
         if len(hits) != 1:
             return None
-        lines[hits[0]] = _set_value(lines[hits[0]], key, value)
+        lines[hits[0]] = _set_value(lines[hits[0]], key, str(value))
     start, end = blocks["packages"]
     for name, spec in new.packages.items():
         if old.packages[name].version == spec.version:

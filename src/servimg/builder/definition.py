@@ -57,13 +57,13 @@ class BaseSpec:
     """The pinned base: where to get it (`ref`) and what it must be (`digest` of its manifest)."""
 
     ref: str
-    digest: str
+    digest: Digest
     # When `digest` names a multi-platform index, the manifest for this platform is used (and locked).
     platform: str = "linux/amd64"
 
     @property
     def manifest_digest(self) -> Digest:
-        return Digest.parse(self.digest)
+        return self.digest
 
     @property
     def target(self) -> Target:
@@ -213,13 +213,11 @@ def _cross_problems(
 
 
 # -- reading ------------------------------------------------------------------------------------------
-def _digest(value: object, path: str, problems: list[str]) -> str:
-    digest = _string(value, path, problems)
+def _digest(value: object, path: str, problems: list[str]) -> Digest:
     try:
-        Digest.parse(digest)
+        return Digest.parse(_string(value, path, problems))
     except ServimgError as exc:
         raise Invalid(f"{exc.message} ({exc.hint})") from None
-    return digest
 
 
 def _const(value: object, path: str, problems: list[str]) -> str | int:

@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servimg import __version__
 from servimg.core import canonical
+from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
 from servimg.core.errors import LockError
-from servimg.core.fields import Reader, exact_integer, items, mapping, optional, read_all, record, text
+from servimg.core.fields import (
+    Reader,
+    digest,
+    exact_integer,
+    items,
+    mapping,
+    optional,
+    read_all,
+    record,
+    text,
+)
 
 LOCK_VERSION = 1
 
@@ -24,11 +36,11 @@ LOCK_VERSION = 1
 @dataclass(frozen=True)
 class BaseLock:
     ref: str
-    manifest_digest: str
-    config_digest: str
-    diff_ids: tuple[str, ...]
+    manifest_digest: Digest
+    config_digest: Digest
+    diff_ids: tuple[Digest, ...]
     created: str
-    index_digest: str | None = None  # the pinned multi-platform index, when the pin named one
+    index_digest: Digest | None = None  # the pinned multi-platform index, when the pin named one
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class Lock(canonical.Canonical):
     ladder: LadderLock | None = None
 
     def to_json(self) -> dict[str, object]:
-        data: dict[str, object] = json.loads(json.dumps(asdict(self)))  # tuples → lists, plain JSON only
+        data = dict(jv.obj(canonical.plain(self)))  # tuples → lists, digests as text: plain JSON only
         if data.get("ladder") is None:
             data.pop("ladder", None)
         return data
@@ -165,9 +177,11 @@ def _strings(*names: str) -> dict[str, Reader[Any]]:
 _base = record(
     BaseLock,
     {
-        **_strings("ref", "manifest_digest", "config_digest", "created"),
-        "diff_ids": items(_string),
-        "index_digest": _optional_string,
+        **_strings("ref", "created"),
+        "manifest_digest": digest,
+        "config_digest": digest,
+        "diff_ids": items(digest),
+        "index_digest": optional(digest),
     },
     unknown=_UNKNOWN,
 )

@@ -93,7 +93,7 @@ def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) ->
     return {
         **({"org.opencontainers.image.base.name": name} if name else {}),
         BASE_REF_LABEL: definition.base.ref,
-        "org.opencontainers.image.base.digest": locked.base.manifest_digest,
+        "org.opencontainers.image.base.digest": str(locked.base.manifest_digest),
         "org.opencontainers.image.created": created,
         "org.opencontainers.image.version": tag,
         "org.opencontainers.image.source": definition.source,

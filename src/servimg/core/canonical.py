@@ -29,8 +29,11 @@ def dumps_pretty(value: Any) -> bytes:
 def plain(value: object, *, exclude_defaults: bool = False) -> object:
     """`value` as JSON-ready data: dataclasses as mappings (fields in declaration order; with
     `exclude_defaults`, a field equal to its default left out), tuples and lists as lists, mappings as
-    dicts. A float field holding an integer (`value: float = 0`) is written as a float, as the schema
-    library that once read these values wrote it (receipts and definitions keep their bytes)."""
+    dicts, a `Digest` as its text. A float field holding an integer (`value: float = 0`) is written as a
+    float, as the schema library that once read these values wrote it (receipts and definitions keep
+    their bytes)."""
+    if isinstance(value, Digest):
+        return str(value)  # a digest is written as `sha256:<hex>`, not as the dataclass it is
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, object] = {}
         for f in dataclasses.fields(value):

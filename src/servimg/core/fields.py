@@ -17,6 +17,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from servimg.core.digest import Digest
+from servimg.core.errors import ServimgError
+
 T = TypeVar("T")
 K = TypeVar("K")
 Reader = Callable[[object, str, list[str]], T]
@@ -200,6 +203,16 @@ def exact_integer(value: object, path: str, problems: list[str]) -> int:
 
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+def digest(value: object, path: str, problems: list[str]) -> Digest:
+    """A digest as `Digest.parse` reads it (`sha256:<64 lowercase hex>`)."""
+    if not isinstance(value, str):
+        raise Invalid(f"must be a digest string, not {describe(value)}")
+    try:
+        return Digest.parse(value)
+    except ServimgError as exc:
+        raise Invalid(exc.message) from None
 
 
 def boolean(value: object, path: str, problems: list[str]) -> bool:

@@ -207,8 +207,8 @@ def card(evidence: Evidence) -> Card:
         source = "the image's own /opt/servimg files (no provenance attached)"
         base = {
             "ref": facts.lock.base.ref,
-            "manifest": facts.lock.base.manifest_digest,
-            "config": facts.lock.base.config_digest,
+            "manifest": str(facts.lock.base.manifest_digest),
+            "config": str(facts.lock.base.config_digest),
         }
         builder, invocation = None, {}
         overlays = _overlays(facts.definition, {o.id: o.patch_sha256 for o in facts.lock.overlays})

@@ -292,7 +292,7 @@ def _image_rows(ev: Evidence) -> list[Finding]:
         return [row("lock", FAIL, f"cannot read the lock inside the image: {ev.facts_problem}")]
     facts, labels = ev.facts, ev.located.image.labels
     rows = []
-    label, locked = labels.get(BASE_LABEL), facts.lock.base.manifest_digest
+    label, locked = labels.get(BASE_LABEL), str(facts.lock.base.manifest_digest)
     if label is None:
         rows.append(row("base label", FAIL, f"the image has no {BASE_LABEL} label"))
     elif label != locked:
@@ -353,7 +353,7 @@ def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, object]) -> li
     bases = [
         provenance.sha256_of(d) for d in provenance.provenance_dependencies(p, provenance.ROLE_BASE_MANIFEST)
     ]
-    want = lock.base.manifest_digest.removeprefix("sha256:")
+    want = lock.base.manifest_digest.hex
     label = labels.get(BASE_LABEL, "").removeprefix("sha256:")
     if bases == [want] and label == want:
         rows.append(row("base digest", PASS, f"provenance = label = lock = sha256:{want}"))

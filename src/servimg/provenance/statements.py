@@ -275,12 +275,12 @@ def resolved_dependencies(facts: ImageFacts) -> list[dict[str, object]]:
         attest.resource(
             name=lock.base.ref,
             uri=lock.base.ref,
-            digest=Digest.parse(lock.base.manifest_digest),
+            digest=lock.base.manifest_digest,
             annotations=_role(ROLE_BASE_MANIFEST),
         ),
         attest.resource(
             name=lock.base.ref + attest.CONFIG_SUBJECT_SUFFIX,
-            digest=Digest.parse(lock.base.config_digest),
+            digest=lock.base.config_digest,
             annotations=_role(ROLE_BASE_CONFIG),
         ),
     ]
