@@ -3,6 +3,7 @@ JSON shapes the reports keep, and a CLI whose subcommands come from a single tab
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import typing
@@ -94,19 +95,31 @@ def test_a_witness_without_records_fails_and_says_why() -> None:
 
 
 def test_a_receipt_reads_back_as_the_ladder_verdict() -> None:
-    doc = {
-        "ladder": {"name": "smoke"},
-        "valid": True,
-        "verdict": "NOT_EXERCISED",
-        "deviations": ["no noise floor was measured"],
-        "arms": [
-            {"id": "control", "role": "control", "verdict": "PASS", "reasons": []},
-            {"id": "warm", "role": "warm", "verdict": "NOT_EXERCISED", "reasons": ["gate not met"]},
-        ],
-    }
+    doc = receipt.Receipt(
+        receipt_version=1,
+        run_id="r",
+        ladder={"name": "smoke"},
+        image={},
+        inputs={},
+        preregistration={},
+        valid=True,
+        verdict="NOT_EXERCISED",
+        verdict_reasons=(),
+        deviations=("no noise floor was measured",),
+        noise_floor={},
+        gates=(),
+        arms=(
+            receipt.ReceiptArm("control", "control", "PASS", ()),
+            receipt.ReceiptArm("warm", "warm", "NOT_EXERCISED", ("gate not met",)),
+        ),
+        timing={},
+        started_at="",
+        finished_at="",
+    )
     verdict = receipt.verdict(doc)
-    assert verdict.verdict == doc["verdict"] and verdict.counts()["WARN"] == 1
-    assert receipt.verdict({**doc, "valid": False}).verdict == FAIL, "an invalid run is a FAIL"
+    assert verdict.verdict == doc.verdict and verdict.counts()["WARN"] == 1
+    invalid = dataclasses.replace(doc, valid=False)
+    assert receipt.verdict(invalid).verdict == FAIL, "an invalid run is a FAIL"
 
 
 def test_the_cli_has_one_registry_of_commands() -> None:

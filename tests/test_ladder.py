@@ -451,30 +451,40 @@ def test_an_arm_error_fails_it() -> None:
 
 
 def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) -> None:
-    doc = {
-        "ladder": {"name": "x", "thresholds": {"max_corrupted": 0, "max_logprob_delta_over_noise": 0.05}},
+    arm = {
+        "id": "cold",
+        "role": "cold",
         "verdict": "FAIL",
-        "image": {"config_digest": "sha256:" + "a" * 64},
-        "arms": [
-            {
-                "id": "cold",
-                "role": "cold",
-                "verdict": "FAIL",
-                "corrupted": 3,
-                "requests": [{}] * 9,
-                "comparison": {
-                    "forward_flips": 3,
-                    "requests": [{"max_logprob_delta": 0.5, "divergent": True}],
-                },
-            }
-        ],
+        "reasons": ["3 corrupted"],
+        "corrupted": 3,
+        "requests": [{}] * 9,
+        "comparison": {"forward_flips": 3, "requests": [{"max_logprob_delta": 0.5, "divergent": True}]},
     }
+    doc = receipt.Receipt(
+        receipt_version=1,
+        run_id="r1",
+        ladder={"name": "x", "thresholds": {"max_corrupted": 0, "max_logprob_delta_over_noise": 0.05}},
+        image={"config_digest": "sha256:" + "a" * 64},
+        inputs={},
+        preregistration={},
+        valid=True,
+        verdict="FAIL",
+        verdict_reasons=("cold: 3 corrupted",),
+        deviations=(),
+        noise_floor={},
+        gates=(),
+        arms=(receipt.ReceiptArm.from_json(arm),),
+        timing={},
+        started_at="2026-12-04T00:00:00Z",
+        finished_at="2026-12-04T00:01:00Z",
+    )
+    assert receipt.Receipt.from_json(doc.to_json()) == doc  # the typed receipt reads back what it writes
     path = receipt.write(tmp_path, doc)
     sealed = receipt.load(path)
-    assert receipt.check_seal(sealed)
+    assert receipt.check_seal(sealed) and receipt.read(path) == doc.sealed()
     svg = (tmp_path / "receipt.svg").read_text()
     assert svg.startswith("<svg") and "3/9" in svg
-    assert receipt.plot_svg(sealed) == svg
+    assert receipt.plot_svg(receipt.read(path)) == svg
     tampered = json.loads(path.read_bytes())
     tampered["verdict"] = "PASS"
     path.write_text(json.dumps(tampered))

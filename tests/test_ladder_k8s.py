@@ -33,6 +33,7 @@ from servimg import cli
 from servimg.ladder import k8s, receipt, remote
 from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.plan import chains
+from servimg.ladder.receipt import Placement
 from servimg.ladder.runner import image_facts
 from servimg.ladder.server import RunConfig
 
@@ -316,7 +317,7 @@ def test_the_jobs_commands_run_the_chains_and_collect_writes_the_receipt(tmp_pat
     assert [_run_job(j) for j in jobs] == [0, 0, 0]
     status = json.loads(remote.status_path(results, remote.read_plan(results).chains[2]).read_text())
     assert status["inputs_unchanged"] is True and status["job_id"] == jobs[2]["metadata"]["name"]
-    doc = k8s.collect(results, f"{REPOSITORY}@{DIGEST}", lambda _: None)
+    doc = k8s.collect(results, f"{REPOSITORY}@{DIGEST}", lambda _: None).to_json()
     assert doc["verdict"] == "PASS", doc["verdict_reasons"]
     assert doc == receipt.load(results / "receipt.json")
     placement = doc["placement"]
@@ -337,7 +338,9 @@ def test_the_jobs_commands_run_the_chains_and_collect_writes_the_receipt(tmp_pat
     records, unchanged = runner.run_arms(
         loaded, [a.id for a in loaded.definition.arms], config, prepared, "local", lambda _: None
     )
-    local = runner.finish(loaded, config.out, prepared, records, unchanged, {}, 0.0, lambda _: None)
+    local = runner.finish(
+        loaded, config.out, prepared, records, unchanged, Placement("local"), 0.0, lambda _: None
+    ).to_json()
     assert receipt.differences(receipt.comparable(doc), receipt.comparable(local)) == []
 
     # a chain whose pod never started, and one killed at its deadline, FAIL with the reason
@@ -359,7 +362,7 @@ def test_the_jobs_commands_run_the_chains_and_collect_writes_the_receipt(tmp_pat
             },
         ],
     }
-    doc = k8s.collect(results, None, lambda _: None, states)
+    doc = k8s.collect(results, None, lambda _: None, states).to_json()
     verdicts = {a["id"]: (a["verdict"], a["error"]) for a in doc["arms"]}
     assert doc["verdict"] == "FAIL" and verdicts["control"] == ("PASS", None)
     assert "no status in the results volume" in str(verdicts["noise"][1]) and verdicts["noise"][0] == "FAIL"
@@ -522,7 +525,7 @@ def test_the_jobs_run_inside_the_real_image_under_its_own_python(cpu_clean: Any,
     }
     ran = [_docker_run_job(j, image_id, results) for j in jobs]
     assert [r.returncode for r in ran] == [0] * len(jobs), [r.stderr[-2000:] for r in ran]
-    doc = k8s.collect(results, None, print)
+    doc = k8s.collect(results, None, print).to_json()
     assert doc["verdict"] == "PASS", doc["verdict_reasons"]
     for arm in doc["arms"]:  # the image's witness hook wrote into the results volume; collected per arm
         assert arm["witness"]["directory"].startswith(str(results / "witness-raw"))

@@ -28,7 +28,7 @@ from servimg.ladder import receipt, remote, slurm
 from servimg.ladder.definition import load
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.plan import chains
-from servimg.ladder.receipt import ArmRecord
+from servimg.ladder.receipt import ArmRecord, Placement
 from servimg.ladder.server import RunConfig
 
 TOY = REPO / "tests" / "fixtures" / "ladder"
@@ -129,7 +129,9 @@ def test_arms_of_a_job_that_did_not_complete_fail_with_slurms_reason(tmp_path: P
     assert by_id["control"].outcome.error is None
     for arm in ("cold", "warm"):
         assert "slurm job 9_2 TIMEOUT, reason TimeLimit" in str(by_id[arm].outcome.error)
-    assert placement["arms"]["warm"] == {"job_id": "9_2", "node": "n1"}
+    assert placement.arms["warm"] == {"job_id": "9_2", "node": "n1"}
+    assert placement.to_json()["array_job_id"] == "9" and [j.chain for j in placement.jobs] == [0, 1, 2]
+    assert Placement.from_json(placement.to_json()) == placement  # the receipt's placement reads back
     from servimg.ladder.evaluation import evaluate
 
     verdict = evaluate(loaded.definition, [r.outcome for r in records])
@@ -288,7 +290,7 @@ def test_a_cancelled_job_fails_its_arms_with_slurms_reason(toy_image: str, tmp_p
             subprocess.run(["scancel", f"{array}_2"], check=True)
             cancelled.append(array)
 
-    doc = slurm.run(loaded, toy_image, config, slurm.SlurmOptions(nodes_max=1), log)
+    doc = slurm.run(loaded, toy_image, config, slurm.SlurmOptions(nodes_max=1), log).to_json()
     arms = {a["id"]: a for a in doc["arms"]}
     assert doc["verdict"] == "FAIL" and [a["id"] for a in doc["arms"]] == ["control", "noise", "cold", "warm"]
     assert arms["control"]["verdict"] == arms["noise"]["verdict"] == "PASS"

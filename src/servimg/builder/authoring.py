@@ -31,7 +31,7 @@ from servimg.builder.seams import DEFAULT, Seams
 from servimg.builder.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
-from servimg.core.digest import sha256_hex
+from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import OverlayError
 from servimg.core.progress import Log
 from servimg.oci.store import BlobStore
@@ -55,7 +55,7 @@ class Saved:
     sha256: str
     files: tuple[str, ...]
     sentinels: tuple[Sentinel, ...]
-    lock_digest: str
+    lock_digest: Digest
 
 
 def edit(
@@ -154,7 +154,7 @@ def save(
     # The tree is now what the stack, this overlay included, leaves: a second save of it is "no change".
     files = {**manifest.files, **{rel: sha256_hex((directory / rel).read_bytes()) for rel in changed}}
     _write_manifest(directory, replace(manifest, stack=(*manifest.stack, overlay_id), files=files))
-    return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, str(locked.digest))
+    return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, locked.digest)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from servimg.builder.lock import InterpreterLock
 from servimg.core import jsonview as jv
+from servimg.core.digest import Digest
 
 SPEC_VERSION = 1
 
@@ -137,7 +138,7 @@ class SpecLayer:
 @dataclass(frozen=True)
 class ProbeSpec:
     image: str
-    lock_digest: str
+    lock_digest: Digest
     entry: str  # module | script:PATH | command | none: how the service starts (sys.path[0])
     interpreter: InterpreterLock
     modules: tuple[SpecModule, ...]
@@ -154,7 +155,7 @@ class ProbeSpec:
             **({"layer": self.layer.to_json()} if self.layer is not None else {}),
             "spec_version": self.spec_version,
             "image": self.image,
-            "lock_digest": self.lock_digest,
+            "lock_digest": str(self.lock_digest),
             "entry": self.entry,
             "interpreter": interpreter_json(self.interpreter),
             "modules": [m.to_json() for m in self.modules],
@@ -170,7 +171,7 @@ class ProbeSpec:
         layer = doc.get("layer")
         return cls(
             image=jv.text(doc.get("image"), "image"),
-            lock_digest=jv.text(doc.get("lock_digest"), "lock_digest"),
+            lock_digest=Digest.parse(jv.text(doc.get("lock_digest"), "lock_digest")),
             entry=jv.text(doc.get("entry"), "entry"),
             interpreter=_interpreter(jv.obj(doc.get("interpreter"), "interpreter")),
             modules=tuple(_module(m) for m in jv.objs(doc.get("modules"), "modules")),

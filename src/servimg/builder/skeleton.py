@@ -19,6 +19,7 @@ from servimg.builder.definition import DEFAULT_TEMPLATE, ImageDefinition
 from servimg.builder.pipeline import base_fs
 from servimg.builder.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError
 from servimg.core.progress import Log
 from servimg.oci.store import BlobStore
@@ -41,7 +42,7 @@ class Skeleton:
     name: str
     repository: str
     base_ref: str
-    base_digest: str
+    base_digest: Digest
     python: str
     python_version: str
     packages: tuple[FoundPackage, ...]
@@ -103,7 +104,7 @@ def inspect(
         name,
         repository or f"servimg/{name}",
         found.ref,
-        str(base.digest),
+        base.digest,
         python,
         facts.version,
         tuple(packages),

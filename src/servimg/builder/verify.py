@@ -131,7 +131,7 @@ def build_probe_spec(
     )
     return ProbeSpec(
         image=lock.name,
-        lock_digest=str(lock.digest),
+        lock_digest=lock.digest,
         entry=entry,
         interpreter=interp,
         modules=_spec_modules(lock, final),
@@ -517,7 +517,7 @@ class VerifyReport(Findings):
     interpreter: Mapping[str, object] = field(default_factory=dict)
     environment: Mapping[str, object] = field(default_factory=dict)
     image: str | None = None
-    lock_digest: str | None = None
+    lock_digest: Digest | None = None
     spec_sha256: str | None = None
     audit: bool = False
 
@@ -546,7 +546,7 @@ class VerifyReport(Findings):
             dict(jv.obj(data.get("interpreter") or {}, "interpreter")),
             dict(jv.obj(data.get("environment") or {}, "environment")),
             jv.optional_text(data.get("image"), "image"),
-            jv.optional_text(data.get("lock_digest"), "lock_digest"),
+            _optional_digest(data.get("lock_digest"), "lock_digest"),
             jv.optional_text(data.get("spec_sha256"), "spec_sha256"),
             bool(data.get("audit", False)),
         )
@@ -568,7 +568,7 @@ class VerifyReport(Findings):
         return {
             "ok": self.ok,
             "image": self.image,
-            "lock_digest": self.lock_digest,
+            "lock_digest": None if self.lock_digest is None else str(self.lock_digest),
             "spec_sha256": self.spec_sha256,
             "audit": self.audit,
             "summary": self.counts(),
@@ -652,3 +652,11 @@ def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> 
     # Every blob it relies on is hashed where it is relied on: the source's here (rehash), the store's
     # copy where the probe runs on it (verify_image_value).
     return verify_image_value(transport.fetch(found.ref, store, log, rehash=True), store, log, audit=audit)
+
+
+def _optional_digest(value: object, where: str) -> Digest | None:
+    text = jv.optional_text(value, where)
+    try:
+        return None if text is None else Digest.parse(text)
+    except ServimgError as exc:
+        raise VerifyError(f"malformed probe report: {where}: {exc.message}", hint=exc.hint) from None

@@ -12,10 +12,10 @@ from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.signed import signing_key
-from servimg.core import jsonview as jv
 from servimg.core.errors import LadderError, UsageError
 from servimg.ladder import k8s, receipt, runner, server, slurm
 from servimg.ladder.definition import LoadedLadder, load
+from servimg.ladder.receipt import Receipt
 from servimg.provenance import attach
 from servimg.provenance.attest import TEST_RESULT_V01
 
@@ -84,11 +84,11 @@ def _emit_k8s(p: params.Ladder, loaded: LoadedLadder, config: server.RunConfig, 
     return Outcome(p.image, {"emitted": str(p.emit), **index})
 
 
-def _ladder_outcome(p: params.Ladder, doc: dict[str, object], out: Path, on: str, ctx: Context) -> Outcome:
+def _ladder_outcome(p: params.Ladder, doc: Receipt, out: Path, on: str, ctx: Context) -> Outcome:
     """OK only on PASS (FAIL and NOT_EXERCISED fail); the receipt attached when asked."""
     fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
-    if on != "local":
-        fields["placement"] = doc["placement"]
+    if on != "local" and doc.placement is not None:
+        fields["placement"] = doc.placement.to_json()
     if p.attach:
         attached = attach.attest_file(
             p.image,
@@ -101,10 +101,10 @@ def _ladder_outcome(p: params.Ladder, doc: dict[str, object], out: Path, on: str
         )
         fields["attestation"] = attached.as_dict()
     error = None
-    if doc["verdict"] != "PASS":
+    if doc.verdict != "PASS":
         error = LadderError(
-            f"ladder {jv.member(doc, 'ladder', 'name')}: {doc['verdict']}",
-            problems=jv.texts(doc["verdict_reasons"], "verdict_reasons")[:20],
+            f"ladder {doc.name}: {doc.verdict}",
+            problems=list(doc.verdict_reasons[:20]),
             hint=f"see {out / 'receipt.json'} and {out / 'receipt.svg'}",
         )
     return Outcome(p.image, fields, findings=receipt.verdict(doc), error=error)

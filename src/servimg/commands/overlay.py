@@ -44,7 +44,7 @@ def save(p: params.OverlaySave, ctx: Context) -> Iterator[Outcome]:
                 "files": ", ".join(saved.files),
                 "sentinels": ", ".join(sentinels)
                 or "none proposed (add one by hand: docs/getting-started.md)",
-                "lock_digest": saved.lock_digest,
+                "lock_digest": str(saved.lock_digest),
                 "next": f"servimg build {p.definition}",
             },
         )

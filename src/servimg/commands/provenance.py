@@ -91,7 +91,7 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             remote=p.lookup.remote,
             rebuild=Rebuild(p.rebuild.definition, ctx.seams) if p.rebuild is not None else None,
         )
-        brief: dict[str, object] = {"digest": report.digest, "summary": report.counts()}
+        brief: dict[str, object] = {"digest": str(report.digest or ""), "summary": report.counts()}
         full: dict[str, object] = dict(report.as_dict())
         if evidence.rebuild is not None:
             full["rebuild"] = evidence.rebuild.as_dict()

@@ -41,7 +41,7 @@ class ImagePin:
     """The image the ladder is about: a ref and its expected digest (manifest or config)."""
 
     ref: str
-    digest: str
+    digest: Digest
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ImagePin:
@@ -49,13 +49,11 @@ class ImagePin:
         return f.made(cls(ref=f.take("ref", r.text(min_length=1)), digest=f.take("digest", _digest)))
 
 
-def _digest(value: object, path: str, problems: list[str]) -> str:
-    got = r.string(value)
+def _digest(value: object, path: str, problems: list[str]) -> Digest:
     try:
-        Digest.parse(got)
+        return Digest.parse(r.string(value))
     except ServimgError as exc:
         raise r.Invalid(exc.message) from None
-    return got
 
 
 @dataclass(frozen=True, kw_only=True)

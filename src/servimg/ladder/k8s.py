@@ -36,6 +36,7 @@ from servimg.core.reference import Reference
 from servimg.ladder import remote
 from servimg.ladder.definition import LoadedLadder, load, substitute
 from servimg.ladder.plan import Chain, chains
+from servimg.ladder.receipt import PlacedJob, Placement, Receipt
 from servimg.ladder.runner import finish, prepare
 from servimg.ladder.server import RunConfig
 
@@ -455,7 +456,7 @@ def job_states(doc: Mapping[str, object]) -> dict[str, str]:
 
 def collect(
     results: Path, ref_text: str | None, log: Log, jobs_json: Mapping[str, object] | None = None
-) -> dict[str, object]:
+) -> Receipt:
     """The receipt of a run whose Jobs have ended: the same as a local run's, placement `k8s`. A chain
     without a status, or one whose job did not end done, makes every arm of it FAIL with the reason."""
     results = results.resolve()
@@ -463,7 +464,7 @@ def collect(
     emitted = remote.read_json(results / INDEX) or {}
     if ref_text is not None:
         ref = _maybe_ref(ref_text)
-        if ref is not None and ref.digest is not None and str(ref.digest) != plan.manifest:
+        if ref is not None and ref.digest is not None and ref.digest != plan.manifest:
             raise K8sError(
                 f"{results} holds a run of {plan.manifest}, not of {ref.digest}",
                 hint="collect with the image the manifests were emitted for",
@@ -478,8 +479,7 @@ def collect(
     scheduler = K8sPlacement(names, states, jv.optional_text(emitted.get("namespace"), "namespace"))
     records, all_unchanged, placement = remote.collect(loaded, results, plan.chains, scheduler)
     unchanged = unchanged and all_unchanged
-    jobs = jv.objs(placement["jobs"], "placement.jobs")
-    return finish(loaded, results, prepared, records, unchanged, placement, _span(plan, jobs), log)
+    return finish(loaded, results, prepared, records, unchanged, placement, _span(plan, placement), log)
 
 
 @dataclass(frozen=True)
@@ -501,8 +501,8 @@ class K8sPlacement:
             f"k8s job {name}",
         )
 
-    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, object]:
-        return {"scheduler": "k8s", "namespace": self.namespace, "jobs": list(jobs), "arms": dict(arms)}
+    def placement(self, jobs: Sequence[PlacedJob], arms: remote.ArmPlaces) -> Placement:
+        return Placement("k8s", {"namespace": self.namespace}, tuple(jobs), arms)
 
 
 def _failure(name: str, status: Mapping[str, object], kubernetes: str | None) -> str | None:
@@ -525,14 +525,13 @@ def _failure(name: str, status: Mapping[str, object], kubernetes: str | None) ->
     return text
 
 
-def _span(plan: remote.JobPlan, jobs: Sequence[Mapping[str, object]]) -> float:
+def _span(plan: remote.JobPlan, placement: Placement) -> float:
     """Seconds from the pre-registration to the last job's finish (what the jobs recorded)."""
-    ends = [str(j["finished_at"]) for j in jobs if j.get("finished_at")]
-    if not ends:
+    last = placement.last_finish
+    if last is None:
         return 0.0
     fmt = "%Y-%m-%dT%H:%M:%SZ"
-    start = dt.datetime.strptime(plan.started_at, fmt)
-    return max((dt.datetime.strptime(e, fmt) - start).total_seconds() for e in ends)
+    return (dt.datetime.strptime(last, fmt) - dt.datetime.strptime(plan.started_at, fmt)).total_seconds()
 
 
 def _maybe_ref(text: str) -> Reference | None:

@@ -10,10 +10,11 @@ against the noise-floor limit. Deterministic for a given receipt.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,122 @@ class ReceiptError(ServimgError):
 RECEIPT_VERSION = 1
 
 
+@dataclass(frozen=True)
+class ReceiptArm:
+    """One arm of a receipt: who it is, its verdict and reasons; `facts` holds the rest as recorded
+    (spec, gates, comparison, requests, server, caches, witness, timing …)."""
+
+    id: str
+    role: str
+    verdict: str
+    reasons: tuple[str, ...]
+    facts: Mapping[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.facts,
+            "id": self.id,
+            "role": self.role,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> ReceiptArm:
+        own = ("id", "role", "verdict", "reasons")
+        return cls(
+            jv.text(doc.get("id"), "arms[].id"),
+            jv.text(doc.get("role"), "arms[].role"),
+            jv.text(doc.get("verdict"), "arms[].verdict"),
+            tuple(jv.texts(doc.get("reasons") or [], "arms[].reasons")),
+            {k: v for k, v in doc.items() if k not in own},
+        )
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A ladder receipt (`receipt.json`) as typed values. `to_json` is the document `seal` hashes (its
+    canonical JSON), `from_json` reads one back: every key a reader relies on is typed here, the facts
+    an arm or the image recorded stay JSON (`ReceiptArm.facts`, `image`, `inputs`)."""
+
+    receipt_version: int
+    run_id: str
+    ladder: Mapping[str, object]  # name, engine, sha256, thresholds, sampling
+    image: Mapping[str, object]
+    inputs: Mapping[str, object]
+    preregistration: Mapping[str, object]
+    valid: bool
+    verdict: str
+    verdict_reasons: tuple[str, ...]
+    deviations: tuple[str, ...]
+    noise_floor: Mapping[str, object]
+    gates: tuple[Mapping[str, object], ...]
+    arms: tuple[ReceiptArm, ...]
+    timing: Mapping[str, object]
+    started_at: str
+    finished_at: str
+    placement: Placement | None = None
+    sha256: str | None = None  # set once sealed
+
+    @property
+    def name(self) -> str:
+        return jv.text(self.ladder.get("name"), "ladder.name")
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "receipt_version": self.receipt_version,
+            "run_id": self.run_id,
+            "ladder": dict(self.ladder),
+            "image": dict(self.image),
+            "inputs": dict(self.inputs),
+            "preregistration": dict(self.preregistration),
+            "valid": self.valid,
+            "verdict": self.verdict,
+            "verdict_reasons": list(self.verdict_reasons),
+            "deviations": list(self.deviations),
+            "noise_floor": dict(self.noise_floor),
+            "gates": [dict(g) for g in self.gates],
+            "arms": [a.to_json() for a in self.arms],
+            "timing": dict(self.timing),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+        if self.placement is not None:
+            out["placement"] = self.placement.to_json()
+        if self.sha256 is not None:
+            out["sha256"] = self.sha256
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> Receipt:
+        placement = doc.get("placement")
+        return cls(
+            jv.integer(doc.get("receipt_version"), "receipt_version"),
+            jv.text(doc.get("run_id"), "run_id"),
+            jv.obj(doc.get("ladder"), "ladder"),
+            jv.obj(doc.get("image"), "image"),
+            jv.obj(doc.get("inputs"), "inputs"),
+            jv.obj(doc.get("preregistration"), "preregistration"),
+            jv.flag(doc.get("valid"), "valid"),
+            jv.text(doc.get("verdict"), "verdict"),
+            tuple(jv.texts(doc.get("verdict_reasons"), "verdict_reasons")),
+            tuple(jv.texts(doc.get("deviations"), "deviations")),
+            jv.obj(doc.get("noise_floor"), "noise_floor"),
+            tuple(jv.objs(doc.get("gates"), "gates")),
+            tuple(ReceiptArm.from_json(a) for a in jv.objs(doc.get("arms"), "arms")),
+            jv.obj(doc.get("timing"), "timing"),
+            jv.text(doc.get("started_at"), "started_at"),
+            jv.text(doc.get("finished_at"), "finished_at"),
+            None if placement is None else Placement.from_json(jv.obj(placement, "placement")),
+            jv.optional_text(doc.get("sha256"), "sha256"),
+        )
+
+    def sealed(self) -> Receipt:
+        """This receipt with its seal: sha256 of the canonical JSON of everything else."""
+        body = dataclasses.replace(self, sha256=None).to_json()
+        return dataclasses.replace(self, sha256=sha256_hex(canonical.dumps(body)))
+
+
 def seal(doc: Mapping[str, object]) -> dict[str, object]:
     body = {k: v for k, v in doc.items() if k != "sha256"}
     return {**body, "sha256": sha256_hex(canonical.dumps(body))}
@@ -66,32 +183,27 @@ def load(path: Path) -> dict[str, object]:
     return doc
 
 
-def verdict(doc: Mapping[str, object]) -> LadderVerdict:
+def read(path: Path) -> Receipt:
+    """The sealed receipt at `path` as typed values (`load` checks the seal)."""
+    doc = load(path)
+    try:
+        return Receipt.from_json(doc)
+    except jv.JsonShapeError as exc:
+        raise ReceiptError(f"{path}: not a receipt of this servimg version: {exc.message}") from None
+
+
+def verdict(doc: Receipt) -> LadderVerdict:
     """A receipt's verdict as findings (one per arm), for the table `servimg ladder` prints."""
-    arms = [
-        arm_finding(
-            str(a.get("id")),
-            str(a.get("role")),
-            Status(str(a.get("verdict"))),
-            jv.texts(a.get("reasons") or []),
-        )
-        for a in jv.objs(doc.get("arms") or [], "arms")
-    ]
-    name = str(jv.member(doc, "ladder", "name"))
-    return ladder_verdict(
-        name,
-        arms,
-        valid=bool(doc.get("valid")),
-        deviations=jv.texts(doc.get("deviations") or [], "deviations"),
-    )
+    arms = [arm_finding(a.id, a.role, Status(a.verdict), a.reasons) for a in doc.arms]
+    return ladder_verdict(doc.name, arms, valid=doc.valid, deviations=doc.deviations)
 
 
-def write(out: Path, doc: Mapping[str, object]) -> Path:
+def write(out: Path, doc: Receipt) -> Path:
     """Write `receipt.json` (canonical, sealed) and `receipt.svg` atomically into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    sealed = seal(doc)
+    sealed = doc.sealed()
     path = out / "receipt.json"
-    _atomic(path, canonical.dumps_pretty(sealed))
+    _atomic(path, canonical.dumps_pretty(sealed.to_json()))
     _atomic(out / "receipt.svg", plot_svg(sealed).encode())
     return path
 
@@ -115,8 +227,9 @@ def _el(tag: str, text: str | None = None, **attrs: object) -> str:
     return f"<{tag} {parts}/>" if text is None else f"<{tag} {parts}>{escape(text)}</{tag}>"
 
 
-def plot_svg(receipt: Mapping[str, object]) -> str:
+def plot_svg(sealed: Receipt) -> str:
     """Two panels: counts per arm (corrupted, forward flips) vs limits; logprob deltas vs the limit."""
+    receipt = sealed.to_json()
     arms = jv.objs(receipt.get("arms") or [], "arms")
     thresholds = jv.obj(jv.member(receipt, "ladder", "thresholds") or {}, "ladder.thresholds")
     noise = jv.obj(receipt.get("noise_floor") or {}, "noise_floor")
@@ -288,7 +401,7 @@ def build_receipt(
     verdict: Verdict,
     started_at: str,
     run_id: str,
-) -> dict[str, object]:
+) -> Receipt:
     """The receipt (before sealing): the ladder, image, pre-registered inputs, verdict, every arm."""
     ladder = loaded.definition
     by_arm = {a.arm: a for a in verdict.arms}
@@ -296,38 +409,38 @@ def build_receipt(
     timings = [jv.obj(a["timing"], "arm.timing") for a in arms if "timing" in a]
     wall = sum(jv.number(t["wall_s"], "timing.wall_s") for t in timings)
     harness = sum(jv.number(t["harness_s"], "timing.harness_s") for t in timings)
-    return {
-        "receipt_version": RECEIPT_VERSION,
-        "run_id": run_id,
-        "ladder": {
+    return Receipt(
+        RECEIPT_VERSION,
+        run_id,
+        {
             "name": ladder.name,
             "engine": ladder.engine,
             "sha256": inputs.ladder_sha256,
             "thresholds": canonical.plain(ladder.thresholds),
             "sampling": canonical.plain(ladder.sampling),
         },
-        "image": dict(image),
-        "inputs": inputs.as_json(),
-        "preregistration": {"sha256": prereg["sha256"], "registered_at": prereg["registered_at"]},
-        "valid": verdict.valid,
-        "verdict": verdict.result,
-        "verdict_reasons": list(verdict.reasons),
-        "deviations": list(verdict.deviations),
-        "noise_floor": {
+        dict(image),
+        inputs.as_json(),
+        {"sha256": prereg["sha256"], "registered_at": prereg["registered_at"]},
+        verdict.valid,
+        verdict.result,
+        tuple(verdict.reasons),
+        tuple(verdict.deviations),
+        {
             "measured": verdict.noise.measured,
             "divergent": verdict.noise.divergent,
             "max_logprob_delta": verdict.noise.max_logprob_delta,
         },
-        "gates": [{"arm": a["id"], **g} for a in arms for g in jv.objs(a["gates"])],
-        "arms": arms,
-        "timing": {
+        tuple({"arm": a["id"], **g} for a in arms for g in jv.objs(a["gates"])),
+        tuple(ReceiptArm.from_json(a) for a in arms),
+        {
             "arms_wall_s": round(wall, 3),
             "harness_s": round(harness, 3),
             "harness_fraction": round(harness / wall, 4) if wall else None,
         },
-        "started_at": started_at,
-        "finished_at": now(),
-    }
+        started_at,
+        now(),
+    )
 
 
 def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, object]:
@@ -395,3 +508,77 @@ def _comparison_json(c: Comparison) -> dict[str, object]:
             for r in c.requests
         ],
     }
+
+
+# -- placement: where the arms ran ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlacedJob:
+    """One chain's job as the receipt's placement lists it: its arms, the scheduler's own fields for the
+    job (Slurm: job_id, node, state, reason, exit_code; Kubernetes: job_name, node, kubernetes), what the
+    harness in it said (state, start, finish) and why its arms cannot pass (None: it ran to the end)."""
+
+    chain: int
+    arms: tuple[str, ...]
+    scheduler_fields: Mapping[str, object]
+    job_status: str | None
+    started_at: str | None
+    finished_at: str | None
+    error: str | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "chain": self.chain,
+            "arms": list(self.arms),
+            **self.scheduler_fields,
+            "job_status": self.job_status,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> PlacedJob:
+        own = ("chain", "arms", "job_status", "started_at", "finished_at", "error")
+        return cls(
+            jv.integer(doc.get("chain"), "placement.jobs[].chain"),
+            tuple(jv.texts(doc.get("arms"), "placement.jobs[].arms")),
+            {k: v for k, v in doc.items() if k not in own},
+            jv.optional_text(doc.get("job_status"), "placement.jobs[].job_status"),
+            jv.optional_text(doc.get("started_at"), "placement.jobs[].started_at"),
+            jv.optional_text(doc.get("finished_at"), "placement.jobs[].finished_at"),
+            jv.optional_text(doc.get("error"), "placement.jobs[].error"),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's arms ran, as its receipt records it: the scheduler (`local`, `slurm`, `k8s`), what
+    names the run there (`host`; `array_job_id`; `namespace`), one row per chain's job, and per arm where
+    it ran (its job and node)."""
+
+    scheduler: str
+    context: Mapping[str, object] = field(default_factory=dict)
+    jobs: tuple[PlacedJob, ...] = ()
+    arms: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"scheduler": self.scheduler, **self.context}
+        if self.jobs or self.arms:
+            out.update(jobs=[j.to_json() for j in self.jobs], arms={a: dict(w) for a, w in self.arms.items()})
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> Placement:
+        arms = jv.obj(doc.get("arms") or {}, "placement.arms")
+        return cls(
+            jv.text(doc.get("scheduler"), "placement.scheduler"),
+            {k: v for k, v in doc.items() if k not in ("scheduler", "jobs", "arms")},
+            tuple(PlacedJob.from_json(j) for j in jv.objs(doc.get("jobs") or [], "placement.jobs")),
+            {a: {k: jv.text(v) for k, v in jv.obj(w).items()} for a, w in arms.items()},
+        )
+
+    @property
+    def last_finish(self) -> str | None:
+        """When the last of its jobs finished (what the jobs recorded), if any did."""
+        ends = [j.finished_at for j in self.jobs if j.finished_at]
+        return max(ends) if ends else None

@@ -44,7 +44,7 @@ from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.plan import Chain
 from servimg.ladder.prereg import capture_inputs
-from servimg.ladder.receipt import ArmRecord
+from servimg.ladder.receipt import ArmRecord, PlacedJob, Placement
 from servimg.ladder.runner import Prepared, run_arms
 from servimg.ladder.server import RunConfig
 
@@ -63,8 +63,8 @@ class JobPlan:
     started_at: str
     ladder_path: str  # absolute: the node re-reads (and re-hashes) the same file
     repository: str  # HOST[:PORT]/REPO of the image under test
-    manifest: str  # the image's manifest digest: what each node pulls
-    config_digest: str  # the image ID the pull must produce
+    manifest: Digest  # the image's manifest digest: what each node pulls
+    config_digest: Digest  # the image ID the pull must produce
     image: Mapping[str, object]  # the receipt's image facts, as the submitter resolved them
     variables: Mapping[str, str]
     model_dir: str | None
@@ -81,8 +81,8 @@ class JobPlan:
             "started_at": self.started_at,
             "ladder_path": self.ladder_path,
             "repository": self.repository,
-            "manifest": self.manifest,
-            "config_digest": self.config_digest,
+            "manifest": str(self.manifest),
+            "config_digest": str(self.config_digest),
             "image": dict(self.image),
             "variables": dict(self.variables),
             "model_dir": self.model_dir,
@@ -102,8 +102,8 @@ class JobPlan:
             str(doc["started_at"]),
             str(doc["ladder_path"]),
             str(doc["repository"]),
-            str(doc["manifest"]),
-            str(doc["config_digest"]),
+            Digest.parse(jv.text(doc["manifest"], "manifest")),
+            Digest.parse(jv.text(doc["config_digest"], "config_digest")),
             dict(jv.obj(doc["image"], "image")),
             {key: jv.text(value, f"variables.{key}") for key, value in jv.obj(doc["variables"]).items()},
             jv.optional_text(doc.get("model_dir"), "model_dir"),
@@ -132,8 +132,8 @@ class JobPlan:
             prepared.started_at,
             str(loaded.ladder_path.resolve()),
             repository,
-            str(image["digest"]),
-            str(image["config_digest"]),
+            Digest.parse(jv.text(image["digest"], "image.digest")),
+            Digest.parse(jv.text(image["config_digest"], "image.config_digest")),
             dict(image),
             dict(prepared.variables),
             None if prepared.model_dir is None else str(prepared.model_dir.resolve()),
@@ -288,7 +288,6 @@ def arm_path(results: Path, arm_id: str) -> Path:
     return results / "arms" / f"{arm_id}.json"
 
 
-Jobs = Sequence[Mapping[str, object]]  # the placement's `jobs`: one row per chain
 ArmPlaces = Mapping[str, Mapping[str, str]]  # the placement's `arms`: arm id → where it ran
 
 
@@ -309,18 +308,18 @@ class Scheduler(Protocol):
 
     def outcome(self, chain: Chain, status: Mapping[str, object]) -> ChainOutcome: ...
 
-    def placement(self, jobs: Jobs, arms: ArmPlaces) -> dict[str, object]: ...
+    def placement(self, jobs: Sequence[PlacedJob], arms: ArmPlaces) -> Placement: ...
 
 
 def collect(
     loaded: LoadedLadder, results: Path, chains: Sequence[Chain], scheduler: Scheduler
-) -> tuple[list[ArmRecord], bool, dict[str, object]]:
+) -> tuple[list[ArmRecord], bool, Placement]:
     """Every arm's record in declared order, whatever the scheduler: the arms of a job that did not end
     done carry the scheduler's reason as their error (so they FAIL), and an arm with no record fails the
     same way. Returns the records, whether the inputs stayed unchanged in every job, and the placement."""
     found: dict[str, ArmRecord] = {}
     unchanged = True
-    jobs: list[dict[str, object]] = []
+    jobs: list[PlacedJob] = []
     arms: dict[str, Mapping[str, str]] = {}
     for chain in chains:
         status = read_json(status_path(results, chain)) or {}
@@ -328,15 +327,15 @@ def collect(
             unchanged = False
         outcome = scheduler.outcome(chain, status)
         jobs.append(
-            {
-                "chain": chain.index,
-                "arms": list(chain.arms),
-                **outcome.job,
-                "job_status": status.get("state"),
-                "started_at": status.get("started_at"),
-                "finished_at": status.get("finished_at"),
-                "error": outcome.failure,
-            }
+            PlacedJob(
+                chain.index,
+                tuple(chain.arms),
+                outcome.job,
+                jv.optional_text(status.get("state"), "status.state"),
+                jv.optional_text(status.get("started_at"), "status.started_at"),
+                jv.optional_text(status.get("finished_at"), "status.finished_at"),
+                outcome.failure,
+            )
         )
         arms.update({a: outcome.where for a in chain.arms})
         found.update(chain_records(loaded, results, chain, outcome.failure, outcome.name))
@@ -418,7 +417,7 @@ def _run(
         log(f"{chain.name} on {status['node']}: inside {plan.repository}@{plan.manifest}")
     else:
         log(f"{chain.name} on {status['node']}: pulling {plan.repository}@{plan.manifest}")
-        engine.pull_by_digest(plan.repository, Digest.parse(plan.manifest), Digest.parse(plan.config_digest))
+        engine.pull_by_digest(plan.repository, plan.manifest, plan.config_digest)
     prepared = plan.prepared(loaded)
     status["inputs_sha256"] = prepared.inputs.sha256
     if prepared.inputs.sha256 != plan.inputs_sha256:
@@ -430,7 +429,7 @@ def _run(
         )
         log(f"{chain.name}: the pre-registered inputs differ on this node: no arm runs")
         return 3
-    config = RunConfig(plan.config_digest, results, plan.variables, plan.gpus)
+    config = RunConfig(str(plan.config_digest), results, plan.variables, plan.gpus)
     if in_container:
         config = replace(config, command=True, link_mounts=True)
 

@@ -23,6 +23,7 @@ This module orchestrates; the parts are their own modules: `ladder.prereg` (the 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import socket
@@ -55,7 +56,7 @@ from servimg.ladder.evaluation import (
     parse_prometheus,
 )
 from servimg.ladder.prereg import Inputs, capture_inputs, now
-from servimg.ladder.receipt import ArmRecord, build_receipt
+from servimg.ladder.receipt import ArmRecord, Placement, Receipt, build_receipt
 from servimg.ladder.server import (
     RunConfig,
     Server,
@@ -116,13 +117,13 @@ def prepare(
     return Prepared(run_id, started_at, facts, variables, model_dir, pre, prereg, deviations)
 
 
-def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> dict[str, object]:
+def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> Receipt:
     """Run the ladder; write `receipt.json` + `receipt.svg` into `config.out`; return the sealed receipt."""
     run_started = time.monotonic()
     prepared = prepare(loaded, config, log)
     arm_ids = [a.id for a in loaded.definition.arms]
     records, unchanged = run_arms(loaded, arm_ids, config, prepared, prepared.run_id, log)
-    placement = {"scheduler": "local", "host": socket.gethostname()}
+    placement = Placement("local", {"host": socket.gethostname()})
     return finish(
         loaded, config.out, prepared, records, unchanged, placement, time.monotonic() - run_started, log
     )
@@ -183,10 +184,10 @@ def finish(
     prepared: Prepared,
     records: Sequence[ArmRecord],
     unchanged: bool,
-    placement: Mapping[str, object],
+    placement: Placement,
     wall_s: float,
     log: Log,
-) -> dict[str, object]:
+) -> Receipt:
     """Judge the records (pure), write the sealed receipt + plot into `out`, return the receipt."""
     ladder = loaded.definition
     deviations = list(prepared.deviations)
@@ -206,11 +207,10 @@ def finish(
         prepared.started_at,
         prepared.run_id,
     )
-    doc["timing"] = {**jv.obj(doc["timing"], "timing"), "run_wall_s": round(wall_s, 3)}
-    doc["placement"] = dict(placement)
+    doc = dataclasses.replace(doc, timing={**doc.timing, "run_wall_s": round(wall_s, 3)}, placement=placement)
     receipt.write(out, doc)
-    sealed = receipt.load(out / "receipt.json")
-    seal = jv.text(sealed["sha256"], "sha256")
+    sealed = receipt.read(out / "receipt.json")
+    seal = sealed.sha256 or ""
     log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256 {seal[:16]}…)")
     return sealed
 
@@ -470,8 +470,8 @@ def image_facts(
             "the image's manifest digest is unknown here (engine image); config digest used"
         )
     if ladder.image is not None:
-        facts["expected_digest"] = ladder.image.digest
-        if ladder.image.digest not in (manifest, config_digest):
+        facts["expected_digest"] = str(ladder.image.digest)
+        if str(ladder.image.digest) not in (manifest, config_digest):
             raise LadderRunError(
                 f"the ladder is about {ladder.image.digest}, the image {ref} is {manifest or config_digest}",
                 hint="run the ladder against the image it names, or update image.digest in the ladder",
@@ -533,16 +533,16 @@ def bundled_ladder(image: str, dest: Path) -> Path:
     return found[0]
 
 
-def summary(doc: Mapping[str, object]) -> dict[str, object]:
+def summary(doc: Receipt) -> dict[str, object]:
     """The CLI's one-line result: verdict, reasons, per-arm verdicts, receipt hash."""
     return {
-        "verdict": doc["verdict"],
-        "valid": doc["valid"],
-        "reasons": jv.texts(doc["verdict_reasons"], "verdict_reasons")[:10],
-        "arms": {str(a["id"]): a["verdict"] for a in jv.objs(doc["arms"], "arms")},
-        "receipt_sha256": doc["sha256"],
-        "harness_fraction": jv.member(doc, "timing", "harness_fraction"),
-        "image": jv.member(doc, "image", "config_digest"),
+        "verdict": doc.verdict,
+        "valid": doc.valid,
+        "reasons": list(doc.verdict_reasons[:10]),
+        "arms": {a.id: a.verdict for a in doc.arms},
+        "receipt_sha256": doc.sha256,
+        "harness_fraction": doc.timing.get("harness_fraction"),
+        "image": doc.image.get("config_digest"),
     }
 
 

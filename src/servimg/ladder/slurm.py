@@ -37,7 +37,7 @@ from servimg.core.reference import Reference
 from servimg.ladder import remote
 from servimg.ladder.definition import LoadedLadder
 from servimg.ladder.plan import Chain, chains
-from servimg.ladder.receipt import ArmRecord
+from servimg.ladder.receipt import ArmRecord, PlacedJob, Placement, Receipt
 from servimg.ladder.runner import finish, image_facts, prepare
 from servimg.ladder.server import RunConfig
 
@@ -274,7 +274,7 @@ def run(
     options: SlurmOptions,
     log: Log,
     scheduler: Scheduler | None = None,
-) -> dict[str, object]:
+) -> Receipt:
     """Submit, wait, collect, judge; the receipt is `runner.finish`'s (the local run's) plus placement."""
     scheduler = scheduler or SlurmCli()
     started = time.monotonic()
@@ -366,13 +366,13 @@ class SlurmPlacement:
             f"slurm job {state.job_id}",
         )
 
-    def placement(self, jobs: remote.Jobs, arms: remote.ArmPlaces) -> dict[str, object]:
-        return {"scheduler": "slurm", "array_job_id": self.array_id, "jobs": list(jobs), "arms": dict(arms)}
+    def placement(self, jobs: Sequence[PlacedJob], arms: remote.ArmPlaces) -> Placement:
+        return Placement("slurm", {"array_job_id": self.array_id}, tuple(jobs), arms)
 
 
 def collect(
     loaded: LoadedLadder, results: Path, planned: Sequence[Chain], states: Sequence[TaskState], array_id: str
-) -> tuple[list[ArmRecord], bool, dict[str, object]]:
+) -> tuple[list[ArmRecord], bool, Placement]:
     """Every arm's record in declared order (`remote.collect`); the arms of a job that did not complete
     carry Slurm's state and reason as their error."""
     return remote.collect(loaded, results, planned, SlurmPlacement(array_id, {t.task: t for t in states}))

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from servimg.core import jsonview as jv
+from servimg.core.digest import Digest
 from servimg.provenance import attest, sbom
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import BASE_LABEL
@@ -49,8 +50,8 @@ class Signature:
 @dataclass(frozen=True)
 class Card:
     ref: str
-    digest: str
-    config_digest: str
+    digest: Digest
+    config_digest: Digest
     source: str  # where the content came from: "signed provenance", "unsigned …", "the image itself"
     base: Mapping[str, str]
     builder: str | None
@@ -66,8 +67,8 @@ class Card:
     def as_dict(self) -> dict[str, object]:
         return {
             "ref": self.ref,
-            "digest": self.digest,
-            "config_digest": self.config_digest,
+            "digest": str(self.digest),
+            "config_digest": str(self.config_digest),
             "source": self.source,
             "base": dict(self.base),
             "builder": self.builder,
@@ -228,8 +229,8 @@ def card(evidence: Evidence) -> Card:
         )
     return Card(
         loc.ref,
-        str(loc.digest),
-        str(loc.config_digest),
+        loc.digest,
+        loc.config_digest,
         source,
         base,
         builder,
@@ -388,8 +389,8 @@ def diff(a: Card, b: Card) -> Diff:
     """What differs between two cards: the images, base, overlays (patch, upstream), dists, changed files
     (as the overlay layers really hold them, when both were readable; else as listed), results."""
     out: list[Difference] = []
-    _cmp(out, "image", "digest", a.digest, b.digest)
-    _cmp(out, "image", "config", a.config_digest, b.config_digest)
+    _cmp(out, "image", "digest", str(a.digest), str(b.digest))
+    _cmp(out, "image", "config", str(a.config_digest), str(b.config_digest))
     for key in ("ref", "manifest", "config"):
         _cmp(out, "base", key, a.base.get(key), b.base.get(key))
     _cmp(out, "builder", "id", a.builder, b.builder)

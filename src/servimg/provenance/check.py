@@ -16,6 +16,7 @@ from pathlib import Path
 from servimg.builder.lock import Lock
 from servimg.builder.seams import DEFAULT, Seams
 from servimg.core import jsonview as jv
+from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings
 from servimg.core.progress import Log
@@ -59,8 +60,8 @@ class CheckReport(Findings):
 
     counted = (PASS, WARN, FAIL)
     ref: str = ""
-    digest: str = ""
-    config_digest: str = ""
+    digest: Digest | None = None  # None: the image was not found
+    config_digest: Digest | None = None
     policy: Mapping[str, object] = field(default_factory=dict)
     used: tuple[str, ...] = ()  # artifact digests of the attestations the verdict rests on
 
@@ -71,8 +72,8 @@ class CheckReport(Findings):
         return {
             "ok": self.ok,
             "ref": self.ref,
-            "digest": self.digest,
-            "config_digest": self.config_digest,
+            "digest": str(self.digest or ""),
+            "config_digest": str(self.config_digest or ""),
             "summary": self.counts(),
             "rows": [row_dict(r) for r in self.findings],
             "policy": dict(self.policy),
@@ -257,8 +258,8 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
     return CheckReport(
         tuple(rows),
         ref=loc.ref,
-        digest=str(loc.digest),
-        config_digest=str(loc.config_digest),
+        digest=loc.digest,
+        config_digest=loc.config_digest,
         policy=policy.to_json(),
         used=used,
     )

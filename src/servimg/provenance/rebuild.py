@@ -59,7 +59,7 @@ class Rebuilt:
     rebuilt: Digest | None = None
     seconds: float = 0.0
     definition: str = ""
-    lock_digest: str = ""
+    lock_digest: Digest | None = None
     differences: tuple[str, ...] = ()
     problem: str | None = None
 
@@ -91,7 +91,7 @@ class Rebuilt:
             "match": self.match,
             "seconds": round(self.seconds, 3),
             "definition": self.definition,
-            "lock_digest": self.lock_digest,
+            "lock_digest": str(self.lock_digest) if self.lock_digest else "",
             "differences": list(self.differences),
             "problem": self.problem,
         }
@@ -154,7 +154,7 @@ def rebuild(
     except ServimgError as exc:
         return Rebuilt(image.digest, problem="; ".join([exc.message, *exc.problems[:4]]))
     rebuilt = result.image
-    done = Rebuilt(image.digest, rebuilt.digest, seconds, str(source), str(lock.digest))
+    done = Rebuilt(image.digest, rebuilt.digest, seconds, str(source), lock.digest)
     if done.match:
         return done
     return dataclasses.replace(done, differences=tuple(_explain(image, rebuilt, store, fetch_layer)))
@@ -204,7 +204,7 @@ def rebuild_predicate(result: Rebuilt, rebuilder: str, when: str) -> dict[str, o
         "image": {"digest": {"sha256": result.reference.hex}},
         "rebuilt": {"digest": {"sha256": result.rebuilt.hex}} if result.rebuilt else None,
         "match": result.match,
-        "lockDigest": result.lock_digest,
+        "lockDigest": str(result.lock_digest) if result.lock_digest else "",
         "differences": list(result.differences[:EXPLAINED]),
         "timeRebuilt": when,
         "servimg": __version__,

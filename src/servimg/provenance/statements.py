@@ -396,7 +396,7 @@ def verify_predicate(report: VerifyReport, facts: ImageFacts) -> dict[str, objec
     Refuses a report made for another lock or another probe spec: a result is evidence only about the
     image it ran on."""
     problems = []
-    if report.lock_digest is not None and report.lock_digest != str(facts.lock_digest):
+    if report.lock_digest is not None and report.lock_digest != facts.lock_digest:
         problems.append(f"the report is for lock {report.lock_digest}, the image has {facts.lock_digest}")
     if report.spec_sha256 is not None and report.spec_sha256 != facts.spec_sha256:
         problems.append(f"the report ran spec sha256 {report.spec_sha256}, the image has {facts.spec_sha256}")
