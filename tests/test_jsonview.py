@@ -7,6 +7,7 @@ import pytest
 from servimg.builder.lock import InterpreterLock
 from servimg.builder.probespec import ProbeSpec, SpecLayer, SpecSentinel
 from servimg.core import jsonview as jv
+from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 
 
@@ -56,7 +57,7 @@ def _spec() -> ProbeSpec:
     )
     sentinel = SpecSentinel("k", "m", "f", "NAME", None, True, False, "gate")
     return ProbeSpec(
-        "demo", "sha256:" + "0" * 64, "module", interp, (), (sentinel,), (), (), (), SpecLayer("c", ())
+        "demo", Digest("sha256", "0" * 64), "module", interp, (), (sentinel,), (), (), (), SpecLayer("c", ())
     )
 
 

@@ -188,7 +188,7 @@ def test_lock_file_rows(facts: ImageFacts, image: Image, key: dsse.SigningKey) -
     first = facts.lock.overlays[0]
     other = dataclasses.replace(
         facts.lock,
-        base=dataclasses.replace(facts.lock.base, manifest_digest="sha256:" + "1" * 64),
+        base=dataclasses.replace(facts.lock.base, manifest_digest=Digest("sha256", "1" * 64)),
         overlays=(dataclasses.replace(first, patch_sha256="2" * 64), *facts.lock.overlays[2:]),
     )
     report = evaluate(Policy(), dataclasses.replace(ev, lock_file=("images/other.lock.json", other)))

@@ -70,7 +70,7 @@ class _Report:
         from servimg.core.findings import Finding, Status
 
         self.findings = tuple(Finding("SOURCE_SHA", Status(s), f"m{i}", "ok") for i, s in enumerate(statuses))
-        self.lock_digest = str(facts.lock.digest)
+        self.lock_digest: Digest | None = facts.lock.digest
         self.spec_sha256 = facts.spec_sha256
         self.audit = False
         self.interpreter = {"version": "3.11.2"}
@@ -151,7 +151,7 @@ def test_verify_result_is_about_this_image_only(facts: ImageFacts) -> None:
     p = provenance.verify_predicate(_Report(facts), facts)
     assert p["result"] == "WARNED" and provenance.is_verify_result(p)
     foreign = _Report(facts)
-    foreign.lock_digest = "sha256:" + "9" * 64
+    foreign.lock_digest = Digest("sha256", "9" * 64)
     with pytest.raises(ProvenanceError, match="not about this image"):
         provenance.verify_predicate(foreign, facts)
 

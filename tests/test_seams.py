@@ -39,7 +39,7 @@ def test_base_from_reads_the_base_elsewhere_and_the_lock_keeps_base_ref(
     assert fb.main(["lock", str(definition), "--base-from", base.ref, *cache, "--quiet"]) == 0
     locked = Lock.load(definition.with_name("tiny.lock.json"))
     assert locked.base.ref == "docker-daemon:servimg/unreachable:1"
-    assert locked.base.manifest_digest == str(base.image.digest)
+    assert locked.base.manifest_digest == base.image.digest
     out = tmp_path / "out"
     capsys.readouterr()
     code = fb.main(
