@@ -1,8 +1,11 @@
 """Reading parsed YAML or JSON into typed values, every problem collected as `yaml.path: message`.
 
 The validating constructors of the definitions servimg reads on every build (builder/definition.py,
-builder/lock.py) are written with these readers rather than a schema library: they are plain code
-that imports in microseconds, and each says in its own words what to write instead.
+builder/lock.py, provenance/policy.py) and the ladder formats (ladder/readers.py) are written with these
+readers rather than a schema library: they are plain code that imports in microseconds, and each says
+in its own words what to write instead. One set of readers, two modes (`Mode`): STRICT for what
+servimg's users write against its docs, LAX for the ladder formats that pydantic once read in lax mode;
+`exact_integer` and `digest` for what servimg writes itself (a lock: nothing coerced).
 
 A reader is `(value, path, problems) -> typed value`. It raises `Invalid(message)` when the value itself
 is wrong (the caller files the message under the value's path), or `Invalid()` once it has filed the
@@ -15,6 +18,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from servimg.core.digest import Digest
@@ -132,41 +136,99 @@ def _default(spec: dataclasses.Field[Any]) -> object:
     return _REQUIRED
 
 
-def describe(value: object) -> str:
+@dataclass(frozen=True)
+class Mode:
+    """How far the readers go to take a value, and how their messages say what is wanted.
+
+    STRICT (definitions, locks, policies: files servimg's own users write against its docs): JSON's own
+    types, plus the few spellings YAML writers use (an integral float or a quoted integer for an integer;
+    yes/no/on/off for a boolean); "must be". LAX (the ladder formats, which pydantic models once read in
+    lax mode): also a boolean or a quoted number for a number, UTF-8 bytes for a string, a set for a
+    list, exactly as those models coerced them, so that no ladder that loaded before is refused and every
+    parsed value (hence every receipt) is the same; "should be"."""
+
+    name: str
+    verb: str
+
+    @property
+    def lax(self) -> bool:
+        return self is LAX
+
+
+STRICT = Mode("strict", "must be")
+LAX = Mode("lax", "should be")
+
+
+def describe(value: object, mode: Mode = STRICT) -> str:
     """What YAML/JSON calls the value's type, for messages."""
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list"}
+    names: dict[type, str] = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names.update({bytes: "binary"} if mode.lax else {list: "a list"})
     if value is None:
         return "null"
     if isinstance(value, Mapping):
         return "a mapping"
+    if mode.lax and isinstance(value, list | tuple | set | frozenset):
+        return "a list"
     return names.get(type(value), f"a {type(value).__name__}")
 
 
 # ------------------------------------------------------------------------------------------ scalars
-def text(*, pattern: str | None = None, min_length: int = 0) -> Reader[str]:
-    """A string; `pattern` must match all of it (`re.fullmatch`, so no trailing newline slips past `$`)."""
-    compiled = re.compile(pattern) if pattern is not None else None
+def decoded_text(value: str | bytes) -> str | None:
+    """`value` as text: bytes decoded as UTF-8 (None when they are not)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def string(value: object, mode: Mode = STRICT) -> str:
+    """A string; LAX also decodes UTF-8 bytes (a YAML !!binary)."""
+    if mode.lax and isinstance(value, bytes | bytearray):
+        decoded = decoded_text(bytes(value))
+        if decoded is None:
+            raise Invalid("should be a string: these bytes are not UTF-8")
+        return decoded
+    if not isinstance(value, str):
+        raise Invalid(f"{mode.verb} a string, not {describe(value, mode)}")
+    return value
+
+
+def text(
+    *, pattern: str | None = None, min_length: int = 0, meaning: str = "", mode: Mode = STRICT
+) -> Reader[str]:
+    """A string; `pattern` must match all of it (`re.fullmatch`, so no trailing newline slips past `$`;
+    LAX matches with DOTALL, a `.` being any character). `meaning` says in words what the pattern asks."""
+    compiled = re.compile(pattern, re.DOTALL if mode.lax else 0) if pattern is not None else None
+    expected = f"{meaning} ({pattern})" if meaning else f"a match of {pattern}"
 
     def reader(value: object, path: str, problems: list[str]) -> str:
-        if not isinstance(value, str):
-            raise Invalid(f"must be a string, not {describe(value)}")
-        if len(value) < min_length:
+        got = string(value, mode)
+        if len(got) < min_length:
+            if mode.lax:
+                raise Invalid("should not be empty" if min_length == 1 else f"needs {min_length} characters")
             raise Invalid(
                 "must not be empty" if min_length == 1 else f"needs at least {min_length} characters"
             )
-        if compiled is not None and compiled.fullmatch(value) is None:
-            raise Invalid(f"must match {pattern} (got {value!r})")
-        return value
+        if compiled is not None and compiled.fullmatch(got) is None:
+            if mode.lax:
+                raise Invalid(f"should be {expected}, not {got[:80]!r}")
+            raise Invalid(f"must match {pattern} (got {got!r})")
+        return got
 
     return reader
 
 
 _INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_ZERO_FRACTION = re.compile(r"(.*[0-9])\.0+")
 
 
-def whole_number(value: object) -> int:
-    """An integer, also from an integral float (`2.0`) or a quoted one (`"2"`); never from a boolean
-    (a YAML `yes` is no count)."""
+def whole_number(value: object, mode: Mode = STRICT) -> int:
+    """An integer, also from an integral float (`2.0`) or a quoted one (`"2"`). STRICT never takes a
+    boolean (a YAML `yes` is no count); LAX does, and a quoted `"1_000"` or `"2.0"`, as pydantic did."""
+    if mode.lax:
+        return _lax_whole_number(value)
     if isinstance(value, bool):
         raise Invalid(f"must be an integer, not {describe(value)}")
     if isinstance(value, int):
@@ -178,20 +240,105 @@ def whole_number(value: object) -> int:
     raise Invalid(f"must be an integer, not {describe(value)}")
 
 
-def integer(*, ge: int | None = None, le: int | None = None) -> Reader[int]:
+def _number_text(value: object) -> str | None:
+    """The text of a quoted number, stripped; None when it is no text or not ASCII (no `٣`)."""
+    got = decoded_text(bytes(value)) if isinstance(value, bytes | bytearray) else value
+    if not isinstance(got, str):
+        return None
+    got = got.strip()
+    return got if got.isascii() else None
+
+
+def _lax_whole_number(value: object) -> int:
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise Invalid("should be a finite number")
+        if not value.is_integer():
+            raise Invalid("should be an integer, not a number with a fractional part")
+        if not -(2.0**63) < value < 2.0**63:
+            raise Invalid("should be an integer of at most 64 bits")
+        return int(value)
+    got = _number_text(value)
+    if got is None:
+        raise Invalid(f"should be an integer, not {describe(value, LAX)}")
+    zero = _ZERO_FRACTION.fullmatch(got)
+    try:
+        return int(zero.group(1) if zero else got)
+    except ValueError:
+        raise Invalid(f"should be an integer (got {got[:40]!r})") from None
+
+
+def number(value: object, mode: Mode = STRICT) -> float:
+    """A float, also from an integer. LAX also takes a boolean or a quoted number (`"0.5"`, `"inf"`)."""
+    if isinstance(value, int | float) and (mode.lax or not isinstance(value, bool)):
+        try:
+            return float(value)
+        except OverflowError:
+            raise Invalid(f"{mode.verb} a number that fits a float") from None
+    got = _number_text(value) if mode.lax else None
+    if got is None:
+        raise Invalid(f"{mode.verb} a number, not {describe(value, mode)}")
+    try:
+        return float(got)
+    except ValueError:
+        raise Invalid(f"should be a number (got {got[:40]!r})") from None
+
+
+def integer(*, ge: int | None = None, le: int | None = None, mode: Mode = STRICT) -> Reader[int]:
+    if mode.lax:
+        return _bounded(_lax_whole_number, _bounds(ge, None, le), mode)
+
     def reader(value: object, path: str, problems: list[str]) -> int:
-        number = whole_number(value)
-        if (ge is not None and number < ge) or (le is not None and number > le):
-            raise Invalid(f"must be {_bounds(ge, le)} (got {number})")
-        return number
+        got = whole_number(value)
+        if (ge is not None and got < ge) or (le is not None and got > le):
+            raise Invalid(f"must be {_between(ge, le)} (got {got})")
+        return got
 
     return reader
 
 
-def _bounds(ge: int | None, le: int | None) -> str:
+def floating(
+    *, ge: float | None = None, gt: float | None = None, le: float | None = None, mode: Mode = STRICT
+) -> Reader[float]:
+    """A float within bounds (NaN is within none)."""
+    return _bounded(lambda value: number(value, mode), _bounds(ge, gt, le), mode)
+
+
+def _between(ge: int | None, le: int | None) -> str:
     if ge is not None and le is not None:
         return f"between {ge} and {le}"
     return f">= {ge}" if ge is not None else f"<= {le}"
+
+
+def _bounds(
+    ge: float | None, gt: float | None, le: float | None
+) -> list[tuple[str, Callable[[float], bool]]]:
+    out: list[tuple[str, Callable[[float], bool]]] = []
+    if ge is not None:
+        out.append((f">= {ge}", lambda x: x >= ge))
+    if gt is not None:
+        out.append((f"> {gt}", lambda x: x > gt))
+    if le is not None:
+        out.append((f"<= {le}", lambda x: x <= le))
+    return out
+
+
+N = TypeVar("N", int, float)
+
+
+def _bounded(
+    convert: Callable[[object], N], checks: list[tuple[str, Callable[[float], bool]]], mode: Mode
+) -> Reader[N]:
+    def reader(value: object, path: str, problems: list[str]) -> N:
+        got = convert(value)
+        for what, ok in checks:
+            if not ok(got):
+                raise Invalid(f"{mode.verb} {what} (got {got})")
+        return got
+
+    return reader
 
 
 def exact_integer(value: object, path: str, problems: list[str]) -> int:
@@ -226,13 +373,23 @@ def boolean(value: object, path: str, problems: list[str]) -> bool:
     raise Invalid(f"must be true or false, not {describe(value)}")
 
 
-def choice(*options: str) -> Reader[str]:
+def lax_boolean(value: object, path: str, problems: list[str]) -> bool:
+    """`boolean` also from UTF-8 bytes, in LAX's words."""
+    got = decoded_text(bytes(value)) if isinstance(value, bytes | bytearray) else value
+    try:
+        return boolean(got, path, problems)
+    except Invalid:
+        raise Invalid(f"should be true or false, not {describe(value, LAX)}") from None
+
+
+def choice(*options: str, mode: Mode = STRICT) -> Reader[str]:
     """One of `options`, spelt exactly."""
+    listed = ", ".join(repr(o) for o in options) if mode.lax else ", ".join(options)
 
     def reader(value: object, path: str, problems: list[str]) -> str:
         if isinstance(value, str) and value in options:
             return value
-        raise Invalid(f"must be one of {', '.join(options)} (got {value!r:.60})")
+        raise Invalid(f"{mode.verb} one of {listed} (got {value!r:.60})")
 
     return reader
 
@@ -254,28 +411,32 @@ def optional(reader: Reader[T]) -> Reader[T | None]:
 
 
 # ------------------------------------------------------------------------------------------ containers
-def items(reader: Reader[T]) -> Reader[tuple[T, ...]]:
-    """A list, read element by element (each problem under `path[i]`), as a tuple."""
+def items(reader: Reader[T], *, min_length: int = 0, mode: Mode = STRICT) -> Reader[tuple[T, ...]]:
+    """A list, read element by element (each problem under `path[i]`), as a tuple. STRICT refuses a YAML
+    !!set (its order is the hash seed's, and the order is digested); LAX takes it in its order, as the
+    lax schema did."""
+    kinds = (list, tuple, set, frozenset) if mode.lax else (list, tuple)
 
     def items_reader(value: object, path: str, problems: list[str]) -> tuple[T, ...]:
-        # A YAML !!set is refused with the rest: its order is the hash seed's, and the order is digested.
-        if not isinstance(value, list | tuple):
-            raise Invalid(f"must be a list, not {describe(value)}")
+        if not isinstance(value, kinds):
+            raise Invalid(f"{mode.verb} a list, not {describe(value, mode)}")
         before = len(problems)
         out = [read(reader, item, index_path(path, i), problems) for i, item in enumerate(value)]
         if len(problems) != before:
             raise Invalid()
+        if len(out) < min_length:
+            raise Invalid(f"{mode.verb.replace(' be', '')} have at least {min_length} item(s)")
         return tuple(out)  # type: ignore[arg-type]
 
     return items_reader
 
 
-def mapping(key: Reader[K], value: Reader[T]) -> Reader[dict[K, T]]:
+def mapping(key: Reader[K], value: Reader[T], *, mode: Mode = STRICT) -> Reader[dict[K, T]]:
     """A mapping, every key and value read (a value's problems under `path.key`)."""
 
     def mapping_reader(data: object, path: str, problems: list[str]) -> dict[K, T]:
         if not isinstance(data, Mapping):
-            raise Invalid(f"must be a mapping, not {describe(data)}")
+            raise Invalid(f"{mode.verb} a mapping, not {describe(data, mode)}")
         before = len(problems)
         out: dict[K, T] = {}
         for raw_key, raw_value in data.items():
