@@ -236,15 +236,17 @@ COMPILE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0"}
 
 
 class Sandbox(Protocol):
-    """Where a command runs in the image under build, with a host work dir in it at WORK_IN_IMAGE: a
-    throwaway container, a chroot of the extracted base, the warm root's overlay. What the command
-    writes under WORK_IN_IMAGE is in the work dir afterwards."""
+    """Where a command runs in an image: a throwaway container, a chroot of its extracted files, the warm
+    root's overlay. Compiling the overlays' pycs (`compile_in`, over the base) and probing the image
+    (`verify.probe_in`, over the built image) are jobs on one. `work`, when given, is a host dir that
+    appears at WORK_IN_IMAGE, and what the command writes under it is there afterwards; `workdir` is
+    where the command starts in the image (None: /)."""
 
     name: str
     hint: str  # what to try when a command fails in it
 
     def execute(
-        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
     ) -> subprocess.CompletedProcess[str]: ...
 
 
@@ -272,15 +274,15 @@ class DockerRunner:
         return compile_in(self, jobs_dir, interpreter)
 
     def execute(
-        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         spec = ContainerSpec(
             self.image,
             list(argv),
             user="0:0",
-            workdir="/",
+            workdir=workdir or "/",
             env={"PYTHONHASHSEED": env["PYTHONHASHSEED"]},  # the image's own PATH
-            mounts=(Mount(str(work), WORK_IN_IMAGE),),
+            mounts=(Mount(str(work), WORK_IN_IMAGE),) if work is not None else (),
         )
         try:
             exited = engine.run(spec)
@@ -314,13 +316,29 @@ class ChrootRunner:
         return compile_in(self, jobs_dir, interpreter)
 
     def execute(
-        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        target = self._runtime() / WORK_IN_IMAGE.lstrip("/")
+        return ImageChroot(self._runtime()).execute(argv, env, work, workdir)
+
+
+@dataclass
+class ImageChroot:
+    """A chroot of an image's files already extracted at `root` (the probe's: packages included)."""
+
+    root: Path
+    name: str = "the chroot"
+    hint: str = "try the docker runner (start dockerd)"
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        if work is None:
+            return chroot_run(self.root, argv, env=env, workdir=workdir)
+        target = self.root / WORK_IN_IMAGE.lstrip("/")
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(work, target)
         try:
-            proc = chroot_run(self._runtime(), argv, env=env)
+            proc = chroot_run(self.root, argv, env=env, workdir=workdir)
             if proc.returncode == 0:
                 copy_back(target, work)
             return proc

@@ -44,6 +44,7 @@ import io
 import json
 import posixpath
 import shutil
+import subprocess
 import sys
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -58,7 +59,7 @@ from servimg.builder.verify import (
     VerifyError,
     VerifyReport,
     probe_command,
-    read_probe_report,
+    probe_in,
     service_command,
 )
 from servimg.builder.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
@@ -418,23 +419,42 @@ def _subject(dist: Mapping[str, object]) -> str:
 def _run(
     root: WarmRoot, files: Mapping[str, bytes], layer: Path | None, setting: Setting, spec_path: str
 ) -> dict[str, object]:
-    upper = new_upper("servimg-verify-")
-    try:
-        if layer is not None:
-            lay_out(layer, upper)
-        for path, data in files.items():
-            dest = upper / path.lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        proc = root.run(upper, setting.command(spec_path), env=setting.env, workdir=setting.workdir)
-    finally:
-        shutil.rmtree(upper.parent, ignore_errors=True)
-    if proc.returncode == MOUNT_FAILED:
-        raise WarmRootUnavailable(
-            f"the warm root's overlay could not be mounted: {proc.stderr.strip()[-300:]}"
-        )
-    hint = "run `servimg verify` on the image for the whole probe"
-    return read_probe_report(proc.returncode, proc.stdout, proc.stderr, "in the warm root", hint)
+    overlay = LayerOverlay(root, files, layer)
+    return probe_in(overlay, setting.command(spec_path), setting.env, setting.workdir)
+
+
+@dataclass
+class LayerOverlay:
+    """The warm root (the base's files, extracted once) with the build's layer and the probe's files laid
+    over it in a fresh upper dir per run: the probe's sandbox when the verification is split."""
+
+    root: WarmRoot
+    files: Mapping[str, bytes]
+    layer: Path | None
+    name: str = "the warm root"
+    hint: str = "run `servimg verify` on the image for the whole probe"
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        if work is not None:
+            raise VerifyError("the warm root's probe overlay mounts no work dir", hint="pass work=None")
+        upper = new_upper("servimg-verify-")
+        try:
+            if self.layer is not None:
+                lay_out(self.layer, upper)
+            for path, data in self.files.items():
+                dest = upper / path.lstrip("/")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+            proc = self.root.run(upper, argv, env=env, workdir=workdir)
+        finally:
+            shutil.rmtree(upper.parent, ignore_errors=True)
+        if proc.returncode == MOUNT_FAILED:
+            raise WarmRootUnavailable(
+                f"the warm root's overlay could not be mounted: {proc.stderr.strip()[-300:]}"
+            )
+        return proc
 
 
 def _merged(

@@ -12,6 +12,7 @@ import io
 import json
 import posixpath
 import re
+import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,7 +22,7 @@ from types import CodeType
 
 from servimg.backends import engine, transport
 from servimg.backends.engine import ContainerSpec
-from servimg.builder.bytecode import Runner, chroot_run, extract_runtime, lookup_in_image
+from servimg.builder.bytecode import ImageChroot, Runner, Sandbox, extract_runtime, lookup_in_image
 from servimg.builder.definition import ImageDefinition, Sentinel
 from servimg.builder.lock import Lock
 from servimg.builder.probespec import (
@@ -415,6 +416,39 @@ def read_probe_report(returncode: int, stdout: str, stderr: str, where: str, hin
     return report
 
 
+def probe_in(
+    sandbox: Sandbox, command: Sequence[str], env: Mapping[str, str], workdir: str | None
+) -> dict[str, object]:
+    """The probe as a job on `sandbox` (a container of the image, a chroot of its files, the warm root's
+    overlay: the same Protocol the compiler runs on), its report read by the one reader."""
+    proc = sandbox.execute(command, env, None, workdir)
+    return read_probe_report(proc.returncode, proc.stdout, proc.stderr, f"in {sandbox.name}", sandbox.hint)
+
+
+@dataclass
+class ImageContainer:
+    """A throwaway container of a loaded image (`--network none`, removed afterwards) started as its
+    service would be: the image's Env (plus what a job passes), its user unless one is named."""
+
+    image: str
+    name: str
+    hint: str
+    user: str | None = None
+    timeout: float = 1800.0
+
+    def execute(
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        if work is not None:
+            raise VerifyError("the probe's container mounts no work dir", hint="pass work=None")
+        spec = ContainerSpec(self.image, list(argv), env=dict(env) or None, workdir=workdir, user=self.user)
+        try:
+            exited = engine.run(spec, timeout=self.timeout)
+        except BackendError as exc:
+            raise VerifyError(f"the probe in {self.image}: {exc.message}", hint=exc.hint) from exc
+        return subprocess.CompletedProcess(list(argv), exited.status, exited.stdout, exited.stderr)
+
+
 def run_probe_in_docker(
     image: str,
     spec_path_in_image: str = SPEC_IN_IMAGE,
@@ -440,16 +474,12 @@ def run_probe_in_docker(
         python_args = service.python_args
         entry = entry or service.entry
     command = probe_command(interpreter, python_args, spec_path_in_image, audit=audit, entry=entry)
-    spec = ContainerSpec(image, command, env=env, workdir=workdir, user=user)
-    try:
-        exited = engine.run(spec, timeout=timeout)
-    except BackendError as exc:
-        raise VerifyError(f"the probe in {image}: {exc.message}", hint=exc.hint) from exc
     hint = (
         f"run it by hand: docker run --rm --network none --entrypoint {interpreter} {image} "
         f"{PROBE_IN_IMAGE} {spec_path_in_image}"
     )
-    return read_probe_report(exited.status, exited.stdout, exited.stderr, f"in {image}", hint)
+    container = ImageContainer(image, image, hint, user=user, timeout=timeout)
+    return probe_in(container, command, env or {}, workdir)
 
 
 def run_probe_in_chroot(
@@ -473,9 +503,7 @@ def run_probe_in_chroot(
         command = probe_command(
             interpreter, service.python_args, SPEC_IN_IMAGE, audit=audit, entry=service.entry
         )
-        proc = chroot_run(root, command, env=config_env, workdir=workdir or "/")
-    hint = "try the docker runner (start dockerd)"
-    return read_probe_report(proc.returncode, proc.stdout, proc.stderr, "in the chroot", hint)
+        return probe_in(ImageChroot(root), command, config_env, workdir or "/")
 
 
 def _engine_config(image: str) -> dict[str, object]:

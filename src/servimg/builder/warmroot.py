@@ -201,15 +201,16 @@ class WarmRunner:
         return compile_in(self, jobs_dir, interpreter)
 
     def execute(
-        self, argv: Sequence[str], env: Mapping[str, str], work: Path
+        self, argv: Sequence[str], env: Mapping[str, str], work: Path | None, workdir: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         upper = new_upper("servimg-compile-")
         try:
-            shutil.copytree(work, upper / WORK_IN_IMAGE.lstrip("/"))
-            proc = self.root.run(upper, argv, env=env)
+            if work is not None:
+                shutil.copytree(work, upper / WORK_IN_IMAGE.lstrip("/"))
+            proc = self.root.run(upper, argv, env=env, workdir=workdir)
             if proc.returncode == MOUNT_FAILED:
-                return self.fallback.execute(argv, env, work)
-            if proc.returncode == 0:
+                return self.fallback.execute(argv, env, work, workdir)
+            if proc.returncode == 0 and work is not None:
                 copy_back(upper / WORK_IN_IMAGE.lstrip("/"), work)
             return proc
         finally:
