@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from servimg.commands.outcome import Outcome
+from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Findings, Status
 from servimg.core.lazy import LazyModule
@@ -126,9 +127,11 @@ class Reporter:
             yield lambda n: bar.advance(task, n)
 
     def ok(self, target: str, details: Mapping[str, object]) -> None:
+        """The OK line (a digest in `details` is printed as its text, `sha256:<hex>`, in both forms)."""
         self.settle()
         if self.as_json:
-            sys.stdout.write(json.dumps({"status": "OK", "target": target, **details}, sort_keys=True) + "\n")
+            line = json.dumps({"status": "OK", "target": target, **details}, sort_keys=True, default=_as_text)
+            sys.stdout.write(line + "\n")
             return
         print(f"OK: {target}")
         for key, value in details.items():
@@ -163,3 +166,10 @@ class Reporter:
             fields = outcome.json if self.as_json and outcome.json is not None else outcome.fields
             self.ok(outcome.target, fields)
         return False
+
+
+def _as_text(value: object) -> str:
+    """JSON for the values a command's fields may hold beyond JSON's own: a `Digest` as its text."""
+    if isinstance(value, Digest):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

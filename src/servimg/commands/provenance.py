@@ -163,7 +163,7 @@ def show(p: params.Show, ctx: Context) -> Iterator[Outcome]:
         shown = card.card(evidence(p.ref, p.lookup, ctx))
         document = shown.markdown() if p.markdown else shown.text()
         return Outcome(
-            p.ref, {"digest": shown.digest}, shown.as_dict(), document=document, quiet_ok=p.markdown
+            p.ref, {"digest": str(shown.digest)}, shown.as_dict(), document=document, quiet_ok=p.markdown
         )
 
     yield attempt(p.ref, run)
