@@ -571,7 +571,7 @@ def test_show_and_diff(
         "--remote",
         capsys=capsys,
     )
-    assert code == 0 and not out["identical"]
+    assert code == 0 and not out["identical"], out
     changed = [d for d in out["differences"] if d["section"] == "changed file"]
     assert [d["item"] for d in changed] == [f"/{SCHEDULER}"], "the overlay layers differ in that file only"
     assert {d["item"] for d in out["differences"] if d["section"] == "image"} == {"digest", "config"}
