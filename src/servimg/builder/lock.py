@@ -13,22 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from servimg import __version__
-from servimg.core import canonical
+from servimg.core import canonical, fields
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import LockError
-from servimg.core.fields import (
-    Reader,
-    digest,
-    exact_integer,
-    items,
-    mapping,
-    optional,
-    read_all,
-    record,
-    text,
-)
+from servimg.core.fields import Reader
 
 LOCK_VERSION = 1
 
@@ -125,7 +115,7 @@ class Lock(canonical.Canonical):
     def from_json(cls, data: object, origin: str = "<lock>") -> Lock:
         """Validate strictly: every problem collected, unknown keys refused, no value coerced (a lock is
         machine-written, so anything else means tampering or a newer tool)."""
-        return read_all(
+        return fields.read_all(
             _lock,
             data,
             lambda problems: LockError(
@@ -166,68 +156,73 @@ class Lock(canonical.Canonical):
 
 # -- reading ------------------------------------------------------------------------------------------
 _UNKNOWN = "unknown key (locks are written by `servimg lock`, never by hand)"
-_string = text()
-_optional_string = optional(_string)
+_string = fields.text()
+_optional_string = fields.optional(_string)
 
 
 def _strings(*names: str) -> dict[str, Reader[Any]]:
     return dict.fromkeys(names, _string)
 
 
-_base = record(
+_base = fields.record(
     BaseLock,
     {
         **_strings("ref", "created"),
-        "manifest_digest": digest,
-        "config_digest": digest,
-        "diff_ids": items(digest),
-        "index_digest": optional(digest),
+        "manifest_digest": fields.digest,
+        "config_digest": fields.digest,
+        "diff_ids": fields.items(fields.digest),
+        "index_digest": fields.optional(fields.digest),
     },
     unknown=_UNKNOWN,
 )
-_interpreter = record(
+_interpreter = fields.record(
     InterpreterLock,
     {
         **_strings("path", "resolved", "version", "magic", "cache_tag"),
-        "opt_levels": items(exact_integer),
+        "opt_levels": fields.items(fields.exact_integer),
         "pycache_prefix": _optional_string,
     },
     unknown=_UNKNOWN,
 )
-_package = record(
+_package = fields.record(
     PackageLock,
     _strings("import_name", "distribution", "version", "site_packages", "dist_info", "record_sha256"),
     unknown=_UNKNOWN,
 )
-_file = record(
+_file = fields.record(
     FileLock,
-    {"path": _string, "pre_sha256": _optional_string, "post_sha256": _optional_string, "mode": exact_integer},
-    unknown=_UNKNOWN,
-)
-_overlay = record(
-    OverlayLock,
     {
-        **_strings("id", "package", "patch", "patch_sha256"),
-        "files": items(_file),
-        "sentinels_absent_in_base": items(_string),
+        "path": _string,
+        "pre_sha256": _optional_string,
+        "post_sha256": _optional_string,
+        "mode": fields.exact_integer,
     },
     unknown=_UNKNOWN,
 )
-_ladder = record(
+_overlay = fields.record(
+    OverlayLock,
+    {
+        **_strings("id", "package", "patch", "patch_sha256"),
+        "files": fields.items(_file),
+        "sentinels_absent_in_base": fields.items(_string),
+    },
+    unknown=_UNKNOWN,
+)
+_ladder = fields.record(
     LadderLock, _strings("path", "sha256", "probes_path", "probes_sha256", "image_dir"), unknown=_UNKNOWN
 )
-_lock = record(
+_lock = fields.record(
     Lock,
     {
         **_strings("name", "definition_sha256"),
         "base": _base,
         "interpreter": _interpreter,
-        "packages": items(_package),
-        "overlays": items(_overlay),
-        "source_date_epoch": exact_integer,
-        "tool": mapping(_string, _string),
-        "lock_version": exact_integer,
-        "ladder": optional(_ladder),
+        "packages": fields.items(_package),
+        "overlays": fields.items(_overlay),
+        "source_date_epoch": fields.exact_integer,
+        "tool": fields.mapping(_string, _string),
+        "lock_version": fields.exact_integer,
+        "ladder": fields.optional(_ladder),
     },
     unknown=_UNKNOWN,
 )
