@@ -37,7 +37,9 @@ import fakebase as fb
 from conftest import _require, docker_available
 from servimg.backends import registry as registry_module
 from servimg.backends import transport
+from servimg.backends.layout import LayoutReferrers
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.bases import catalog as bases
 from servimg.builder.seams import Seams
 from servimg.builder.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
@@ -221,16 +223,21 @@ def test_podman_pull_keeps_the_digest(image: dict[str, Any], podman_root: Path) 
 
 def _statements(image: dict[str, Any]) -> list[dict[str, Any]]:
     with RegistryClient(image["host"]) as client:
-        found, _ = referrers.discover(client, REPO, image["digest"])
+        found, _ = RegistryReferrers(client, REPO).discover(image["digest"])
         envelopes = [
-            referrers.fetch_envelope(client, REPO, image["digest"], Digest.parse(d["digest"])) for d in found
+            referrers.fetch_envelope(
+                RegistryReferrers(client, REPO), image["digest"], Digest.parse(d["digest"])
+            )
+            for d in found
         ]
     return [json.loads(base64.b64decode(json.loads(e)["payload"])) for e in envelopes]
 
 
 def _layout_statements(layout: Path, subject: Digest) -> list[dict[str, Any]]:
-    found = referrers.layout_referrers(layout, subject)
-    envelopes = [referrers.fetch_layout_envelope(layout, subject, Digest.parse(d["digest"])) for d in found]
+    found = LayoutReferrers(layout).discover(subject)[0]
+    envelopes = [
+        referrers.fetch_envelope(LayoutReferrers(layout), subject, Digest.parse(d["digest"])) for d in found
+    ]
     return [json.loads(base64.b64decode(json.loads(e)["payload"])) for e in envelopes]
 
 

@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from servimg.backends.layout import LayoutReferrers
+from servimg.backends.referrers import fallback_tag, referrer_descriptor
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image
@@ -98,7 +101,7 @@ def test_artifact_manifest_shape() -> None:
         "in-toto.io/predicate-type": attest.TEST_RESULT_V01,
         "org.opencontainers.image.created": "2026-01-02T03:04:05Z",
     }
-    entry = referrers.referrer_descriptor(data)
+    entry = referrer_descriptor(data)
     assert entry["artifactType"] == TEST_RESULT and entry["annotations"] == doc["annotations"]
     assert entry["digest"] == str(Digest.of_bytes(data)) and entry["size"] == len(data)
 
@@ -112,8 +115,8 @@ def test_artifact_manifest_refusals() -> None:
 
 def test_fallback_tag() -> None:
     digest = Digest.parse("sha256:" + "ab" * 32)
-    assert referrers.fallback_tag(digest) == "sha256-" + "ab" * 32
-    assert referrers.fallback_tag(Digest.parse("sha512:" + "c" * 128)) == "sha512-" + "c" * 64
+    assert fallback_tag(digest) == "sha256-" + "ab" * 32
+    assert fallback_tag(Digest.parse("sha512:" + "c" * 128)) == "sha512-" + "c" * 64
 
 
 def test_write_to_layout(tmp_path: Path, key: SigningKey) -> None:
@@ -134,8 +137,8 @@ def test_write_to_layout(tmp_path: Path, key: SigningKey) -> None:
     )
     subject = Descriptor(OCI_MANIFEST, image.digest, len(image.manifest_bytes))
     envelope = _envelope(key, image, "t")
-    digest = referrers.write_to_layout(tmp_path, subject, envelope, TEST_RESULT, _annotations())
-    again = referrers.write_to_layout(tmp_path, subject, envelope, TEST_RESULT, _annotations())
+    digest = referrers.attach(LayoutReferrers(tmp_path), subject, envelope, TEST_RESULT, _annotations())
+    again = referrers.attach(LayoutReferrers(tmp_path), subject, envelope, TEST_RESULT, _annotations())
     assert again == digest
     index = json.loads((tmp_path / "index.json").read_bytes())
     assert image_entry in index["manifests"] and len(index["manifests"]) == 2
@@ -147,14 +150,14 @@ def test_write_to_layout(tmp_path: Path, key: SigningKey) -> None:
     assert (blobs / referrers.EMPTY_DESCRIPTOR["digest"][7:]).read_bytes() == b"{}"
     other = Descriptor(OCI_MANIFEST, Digest.of_bytes(b"absent"), 5)
     with pytest.raises(ReferrersError, match="not in this layout"):
-        referrers.write_to_layout(tmp_path, other, envelope, TEST_RESULT, _annotations())
+        referrers.attach(LayoutReferrers(tmp_path), other, envelope, TEST_RESULT, _annotations())
 
 
 # --------------------------------------------------------------------------------------- real registry
 
 
 def _fallback_index(client: RegistryClient, repo: str, subject: Digest) -> dict[str, Any]:
-    data, media_type, _ = client.get_manifest(repo, referrers.fallback_tag(subject), accept=(OCI_INDEX,))
+    data, media_type, _ = client.get_manifest(repo, fallback_tag(subject), accept=(OCI_INDEX,))
     assert media_type == OCI_INDEX
     doc: dict[str, Any] = json.loads(data)
     assert data == canonical.dumps(doc)
@@ -168,18 +171,22 @@ def test_attach_two_lists_both_and_keeps_image_digest(
     image, subject = _push_image(client, repo, "v1")
     before = client.head_manifest(repo, "v1")
     assert client.referrers(repo, image.digest) is None  # distribution 2.8: the fallback is exercised
-    first = referrers.attach(client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations())
-    second = referrers.attach(client, repo, subject, _envelope(key, image, "b"), PROVENANCE, _annotations())
+    first = referrers.attach(
+        RegistryReferrers(client, repo), subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
+    )
+    second = referrers.attach(
+        RegistryReferrers(client, repo), subject, _envelope(key, image, "b"), PROVENANCE, _annotations()
+    )
     assert first != second
     after = client.head_manifest(repo, "v1")
     assert before == after and after is not None and after[0] == image.digest
     assert client.get_manifest(repo, "v1")[0] == image.manifest_bytes
-    listed = referrers.list_referrers(client, repo, image.digest)
+    listed = referrers.listed(RegistryReferrers(client, repo), image.digest)
     assert sorted(d["digest"] for d in listed) == sorted([str(first), str(second)])
     assert {d["artifactType"] for d in listed} == {TEST_RESULT, PROVENANCE}
     assert all(d["annotations"] == _annotations() for d in listed)
     assert _fallback_index(client, repo, image.digest)["manifests"] == listed
-    only = referrers.list_referrers(client, repo, image.digest, PROVENANCE)
+    only = referrers.listed(RegistryReferrers(client, repo), image.digest, PROVENANCE)
     assert [d["digest"] for d in only] == [str(second)]
 
 
@@ -187,8 +194,8 @@ def test_attach_two_lists_both_and_keeps_image_digest(
 def test_reattach_deduplicates(client: RegistryClient, repo: str, key: SigningKey) -> None:
     image, subject = _push_image(client, repo, "v1")
     envelope = _envelope(key, image, "a")
-    first = referrers.attach(client, repo, subject, envelope, TEST_RESULT, _annotations())
-    again = referrers.attach(client, repo, subject, envelope, TEST_RESULT, _annotations())
+    first = referrers.attach(RegistryReferrers(client, repo), subject, envelope, TEST_RESULT, _annotations())
+    again = referrers.attach(RegistryReferrers(client, repo), subject, envelope, TEST_RESULT, _annotations())
     assert first == again
     assert [d["digest"] for d in _fallback_index(client, repo, image.digest)["manifests"]] == [str(first)]
 
@@ -206,7 +213,9 @@ def test_concurrent_attaches_all_survive(registry: Any, repo: str, key: SigningK
         with RegistryClient(registry.host) as own:
             barrier.wait()
             try:
-                results[i] = referrers.attach(own, repo, subject, envelopes[i], TEST_RESULT, _annotations())
+                results[i] = referrers.attach(
+                    RegistryReferrers(own, repo), subject, envelopes[i], TEST_RESULT, _annotations()
+                )
             except BaseException as exc:
                 results[i] = exc
 
@@ -218,7 +227,7 @@ def test_concurrent_attaches_all_survive(registry: Any, repo: str, key: SigningK
     digests = [results[i] for i in range(len(envelopes))]
     assert all(isinstance(d, Digest) for d in digests), digests
     with RegistryClient(registry.host) as check:
-        listed = {d["digest"] for d in referrers.list_referrers(check, repo, image.digest)}
+        listed = {d["digest"] for d in referrers.listed(RegistryReferrers(check, repo), image.digest)}
     assert listed == {str(d) for d in digests}
 
 
@@ -227,30 +236,38 @@ def test_fetch_envelope_verifies_binding(client: RegistryClient, repo: str, key:
     image, subject = _push_image(client, repo, "v1")
     other, other_subject = _push_image(client, repo, "v2")
     envelope = _envelope(key, image, "a")
-    artifact = referrers.attach(client, repo, subject, envelope, TEST_RESULT, _annotations())
-    fetched = referrers.fetch_envelope(client, repo, image.digest, artifact, artifact_type=TEST_RESULT)
+    artifact = referrers.attach(
+        RegistryReferrers(client, repo), subject, envelope, TEST_RESULT, _annotations()
+    )
+    fetched = referrers.fetch_envelope(
+        RegistryReferrers(client, repo), image.digest, artifact, artifact_type=TEST_RESULT
+    )
     assert fetched == envelope
     opened = attest.open_envelope(Envelope.parse(fetched), [key.public_key], subject=image.config_digest)
     assert opened.covers(image.digest)
     with pytest.raises(ReferrersError, match="subject is"):
-        referrers.fetch_envelope(client, repo, other.digest, artifact)
+        referrers.fetch_envelope(RegistryReferrers(client, repo), other.digest, artifact)
     with pytest.raises(ReferrersError, match="artifactType"):
-        referrers.fetch_envelope(client, repo, image.digest, artifact, artifact_type=PROVENANCE)
+        referrers.fetch_envelope(
+            RegistryReferrers(client, repo), image.digest, artifact, artifact_type=PROVENANCE
+        )
     # A forged index under the other image's tag lists the artifact; the manifest's subject unmasks it
     # (when listing, and when fetching by digest).
     forged = {
         "schemaVersion": 2,
         "mediaType": OCI_INDEX,
-        "manifests": referrers.list_referrers(client, repo, image.digest),
+        "manifests": referrers.listed(RegistryReferrers(client, repo), image.digest),
     }
-    client.put_manifest(repo, referrers.fallback_tag(other.digest), canonical.dumps(forged), OCI_INDEX)
-    assert referrers.list_referrers(client, repo, other.digest) == []  # the listing already drops it
+    client.put_manifest(repo, fallback_tag(other.digest), canonical.dumps(forged), OCI_INDEX)
+    assert (
+        referrers.listed(RegistryReferrers(client, repo), other.digest) == []
+    )  # the listing already drops it
     [entry] = forged["manifests"]
     with pytest.raises(ReferrersError, match="is not an attestation of"):
-        referrers.fetch_envelope(client, repo, other.digest, Digest.parse(entry["digest"]))
+        referrers.fetch_envelope(RegistryReferrers(client, repo), other.digest, Digest.parse(entry["digest"]))
     # The image itself is not an attestation either.
     with pytest.raises(ReferrersError):
-        referrers.fetch_envelope(client, repo, other_subject.digest, other.digest)
+        referrers.fetch_envelope(RegistryReferrers(client, repo), other_subject.digest, other.digest)
 
 
 @pytest.mark.registry
@@ -259,12 +276,16 @@ def test_foreign_content_under_the_referrers_tag(client: RegistryClient, repo: s
     squatter = _image("squatter")
     data = squatter.config_bytes
     client.push_blob(repo, squatter.config_digest, len(data), lambda: io.BytesIO(data))
-    client.put_manifest(repo, referrers.fallback_tag(image.digest), squatter.manifest_bytes, OCI_MANIFEST)
-    assert referrers.list_referrers(client, repo, image.digest) == []  # §Listing Referrers: no referrers
+    client.put_manifest(repo, fallback_tag(image.digest), squatter.manifest_bytes, OCI_MANIFEST)
+    assert (
+        referrers.listed(RegistryReferrers(client, repo), image.digest) == []
+    )  # §Listing Referrers: no referrers
     with pytest.raises(ReferrersError, match="not a referrers image index"):
-        referrers.attach(client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations())
+        referrers.attach(
+            RegistryReferrers(client, repo), subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
+        )
     # Refused, not overwritten: the squatter is still there.
-    held = client.head_manifest(repo, referrers.fallback_tag(image.digest))
+    held = client.head_manifest(repo, fallback_tag(image.digest))
     assert held is not None and held[0] == squatter.digest
 
 
@@ -275,10 +296,10 @@ def test_referrers_api_registry_skips_the_tag(
     image, subject = _push_image(client, repo, "v1")
     monkeypatch.setattr(client, "referrers", lambda *args, **kwargs: [])  # as a registry with the API answers
     artifact = referrers.attach(
-        client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
+        RegistryReferrers(client, repo), subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
     )
     assert client.head_manifest(repo, str(artifact)) is not None
-    assert client.head_manifest(repo, referrers.fallback_tag(image.digest)) is None
+    assert client.head_manifest(repo, fallback_tag(image.digest)) is None
 
 
 @pytest.mark.registry
@@ -287,13 +308,15 @@ def test_a_registry_that_aliases_the_fallback_tag_to_the_subject_is_named(
 ) -> None:
     """Some registries read `sha256-<hex>` as the digest itself; simulated by putting the subject under it."""
     image, subject = _push_image(client, repo, "v1")
-    client.put_manifest(repo, referrers.fallback_tag(image.digest), image.manifest_bytes, OCI_MANIFEST)
-    found, via = referrers.discover(client, repo, image.digest)
+    client.put_manifest(repo, fallback_tag(image.digest), image.manifest_bytes, OCI_MANIFEST)
+    found, via = RegistryReferrers(client, repo).discover(image.digest)
     assert found == [] and "resolves this referrers tag to the image manifest itself" in via
-    assert referrers.list_referrers(client, repo, image.digest) == []
+    assert referrers.listed(RegistryReferrers(client, repo), image.digest) == []
     assert "image manifest itself" in caplog.text
     with pytest.raises(ReferrersError, match="image manifest itself") as info:
-        referrers.attach(client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations())
+        referrers.attach(
+            RegistryReferrers(client, repo), subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
+        )
     assert "referrers API" in info.value.hint
 
 
@@ -303,15 +326,15 @@ def test_fallback_entries_that_do_not_name_the_subject_are_dropped_and_said(
 ) -> None:
     image, subject = _push_image(client, repo, "v1")
     artifact = referrers.attach(
-        client, repo, subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
+        RegistryReferrers(client, repo), subject, _envelope(key, image, "a"), TEST_RESULT, _annotations()
     )
     other, _ = _push_image(client, repo, "other")  # an image manifest: no subject at all
-    tag = referrers.fallback_tag(image.digest)
+    tag = fallback_tag(image.digest)
     index = json.loads(client.get_manifest(repo, tag)[0])
     index["manifests"].append(
         {"mediaType": OCI_MANIFEST, "digest": str(other.digest), "size": len(other.manifest_bytes)}
     )
     client.put_manifest(repo, tag, canonical.dumps(index), OCI_INDEX)
-    found, via = referrers.discover(client, repo, image.digest)
+    found, via = RegistryReferrers(client, repo).discover(image.digest)
     assert [d["digest"] for d in found] == [str(artifact)]
     assert f"1 of 2 entries under {tag} do not name {image.digest.short}" in via

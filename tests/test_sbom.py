@@ -21,6 +21,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 
 import fakebase as fb
 from servimg.backends import transport
+from servimg.backends.layout import LayoutReferrers
 from servimg.core.digest import Digest
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, keys, referrers, sbom
@@ -90,10 +91,10 @@ def _pushed(root: Path, *, upstream: bool) -> dict[str, Any]:
 
 
 def _bom_envelopes(layout: Path, image: Any) -> list[bytes]:
-    found = referrers.layout_referrers(layout, image.digest)
+    found = LayoutReferrers(layout).discover(image.digest)[0]
     wanted = attest.artifact_type("sbom")
     return [
-        referrers.fetch_layout_envelope(layout, image.digest, referrer_digest(d))
+        referrers.fetch_envelope(LayoutReferrers(layout), image.digest, referrer_digest(d))
         for d in found
         if d.get("artifactType") == wanted
     ]

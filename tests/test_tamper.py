@@ -22,7 +22,9 @@ import pytest
 
 from conftest import copy_checkout, docker
 from servimg.backends import engine
+from servimg.backends.referrers import fallback_tag
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -192,7 +194,7 @@ def test_push_is_idempotent_and_never_changes_the_digest(
     assert all(a.reused for a in again.attached), "the same envelopes are already attached"
     assert head(registry, REPO_NAME, "clean") == str(built["image"].digest)
     with RegistryClient(registry.host) as client:
-        listed = referrers.list_referrers(client, REPO_NAME, built["image"].digest)
+        listed = referrers.listed(RegistryReferrers(client, REPO_NAME), built["image"].digest)
     assert len(listed) == 3  # provenance, the verify result, the SBOM
 
 
@@ -289,7 +291,7 @@ def test_attestation_for_another_digest(
     with RegistryClient(registry.host) as client:
         for artifact in clean["pushed"].attached:  # the clean image's genuine, signed envelopes
             envelope = referrers.fetch_envelope(
-                client, REPO_NAME, built["image"].digest, Digest.parse(artifact.artifact)
+                RegistryReferrers(client, REPO_NAME), built["image"].digest, Digest.parse(artifact.artifact)
             )
             kind = {
                 "provenance": attest.PROVENANCE_V1,
@@ -298,7 +300,11 @@ def test_attestation_for_another_digest(
             }[artifact.kind]
             annotations = referrers.attestation_annotations(kind, "2026-01-01T00:00:00Z")
             referrers.attach(
-                client, REPO_NAME, subject, envelope, attest.artifact_type(artifact.kind), annotations
+                RegistryReferrers(client, REPO_NAME),
+                subject,
+                envelope,
+                attest.artifact_type(artifact.kind),
+                annotations,
             )
     code, out = check_cli(f"{registry.host}/{REPO_NAME}:another", keyring, capsys)
     assert code == 1
@@ -316,16 +322,14 @@ def test_attestation_swapped_between_tags(
     a = publish(built, registry, relabeled(built, **{"io.servimg.test.variant": "swap-a"}), "swap-a", key)
     b = publish(built, registry, relabeled(built, **{"io.servimg.test.variant": "swap-b"}), "swap-b", key)
     with RegistryClient(registry.host) as client:
-        mine = referrers.list_referrers(client, REPO_NAME, a.digest)
-        theirs = referrers.list_referrers(client, REPO_NAME, b.digest)
+        mine = referrers.listed(RegistryReferrers(client, REPO_NAME), a.digest)
+        theirs = referrers.listed(RegistryReferrers(client, REPO_NAME), b.digest)
         provenance_type = attest.artifact_type("provenance")
         swapped = [d for d in mine if d["artifactType"] != provenance_type] + [
             d for d in theirs if d["artifactType"] == provenance_type
         ]
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": swapped}
-        client.put_manifest(
-            REPO_NAME, referrers.fallback_tag(a.digest), json.dumps(index).encode(), OCI_INDEX
-        )
+        client.put_manifest(REPO_NAME, fallback_tag(a.digest), json.dumps(index).encode(), OCI_INDEX)
     code, out = check_cli(f"{registry.host}/{REPO_NAME}:swap-a", keyring, capsys)
     assert code == 1
     reasons = fails(out)
@@ -369,7 +373,13 @@ def test_forged_signature(
     subject = Descriptor(variant.media_type, variant.digest, len(variant.manifest_bytes))
     with RegistryClient(registry.host) as client:
         annotations = referrers.attestation_annotations(attest.PROVENANCE_V1, "2026-01-01T00:00:00Z")
-        referrers.attach(client, REPO_NAME, subject, forged, attest.artifact_type("provenance"), annotations)
+        referrers.attach(
+            RegistryReferrers(client, REPO_NAME),
+            subject,
+            forged,
+            attest.artifact_type("provenance"),
+            annotations,
+        )
     code, out = check_cli(f"{registry.host}/{REPO_NAME}:forged", keyring, capsys)
     # Beside the genuine attestations the forged one is reported and ignored, never a verdict.
     assert code == 0, fails(out)
@@ -773,7 +783,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     assert all(a.reused for a in second.attached), "a rerun attaches nothing new"
     assert [a.artifact for a in first.attached] == [a.artifact for a in second.attached]
     with RegistryClient(own_registry.host) as client:
-        listed = referrers.list_referrers(client, KILLED_REPO, image.digest)
+        listed = referrers.listed(RegistryReferrers(client, KILLED_REPO), image.digest)
     assert sorted(d["artifactType"] for d in listed) == sorted(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"

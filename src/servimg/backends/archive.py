@@ -13,9 +13,11 @@ import os
 import tarfile
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
 
+from servimg.backends.referrers import Referrers, ReferrersError
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.digest import Digest
@@ -192,6 +194,12 @@ class ArchiveBackend:
 
     def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
         return False  # only reading the whole archive again could tell
+
+    def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
+        raise ReferrersError(
+            f"{target.text()}: attestations cannot live in a docker-archive file",
+            hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
+        )
 
 
 BACKEND = ArchiveBackend()

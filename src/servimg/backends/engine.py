@@ -17,6 +17,7 @@ import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -24,6 +25,7 @@ from typing import Any, BinaryIO
 from servimg.backends import enginesocket, holding
 from servimg.backends.archive import read_archive, write_archive
 from servimg.backends.enginesocket import Answer, socket_image_id
+from servimg.backends.referrers import Referrers, ReferrersError
 from servimg.backends.resolve import EngineImage
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import jsonview as jv
@@ -309,6 +311,12 @@ class EngineBackend:
 
     def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
         return holding.engine_holds(target, digest, evidence)
+
+    def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
+        raise ReferrersError(
+            f"{target.text()}: attestations cannot live in the Docker Engine",
+            hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
+        )
 
 
 BACKEND = EngineBackend()

@@ -22,9 +22,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.backends import holding
+from servimg.backends.referrers import Referrers, ReferrersError, referrer_descriptor, valid_digest
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core import jsonview as jv
@@ -354,6 +357,76 @@ class LayoutBackend:
 
     def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
         return holding.layout_holds(target, digest, evidence)
+
+    def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
+        return contextlib.nullcontext(LayoutReferrers(Path(target.location)))
+
+
+@dataclass(frozen=True)
+class LayoutReferrers:
+    """The artifacts in an OCI image layout that refer to its images (image-spec `image-layout.md`): each
+    is a blob like any other, its descriptor in index.json (written under the layout's lock)."""
+
+    root: Path
+
+    def discover(self, subject: Digest) -> tuple[list[dict[str, object]], str]:
+        """The index entries with an `artifactType` whose manifest names `subject` (a layout may hold
+        several images and their artifacts, and an index entry only points: each manifest is read and
+        re-hashed); one that cannot be read is listed, for the verifier to report."""
+        if not (self.root / "index.json").is_file():
+            return [], f"OCI layout {self.root}"
+        out = []
+        for entry in jv.seq(self._index()["manifests"]):
+            if not (
+                isinstance(entry, dict) and entry.get("artifactType") and valid_digest(entry.get("digest"))
+            ):
+                continue
+            try:
+                manifest = json.loads(self.blob(Digest.parse(entry["digest"])))
+            except (ReferrersError, ValueError):
+                out.append(dict(entry))
+                continue
+            if (
+                jv.member(manifest, "subject", "digest") == str(subject)
+                if isinstance(manifest, dict)
+                else False
+            ):
+                out.append(dict(entry))
+        return sorted(out, key=canonical.dumps), f"OCI layout {self.root}"
+
+    def manifest(self, artifact: Digest) -> tuple[bytes, str]:
+        return self.blob(artifact), OCI_MANIFEST
+
+    def blob(self, digest: Digest) -> bytes:
+        path = self.root / "blobs" / digest.algorithm / digest.hex
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise ReferrersError(f"{self.root}: blob {digest} is missing") from None
+        if Digest.of_bytes(data) != digest:
+            raise ReferrersError(f"{self.root}: blob {digest} does not hash to its name")
+        return data
+
+    def attach(self, subject: Digest, manifest: bytes, blobs: Sequence[bytes]) -> Digest:
+        """The blobs and the manifest into `blobs/sha256/`, the artifact's descriptor added to index.json
+        (replaced atomically last); the subject must be in this layout."""
+        self._index()
+        if not (self.root / "blobs" / "sha256" / subject.hex).is_file():
+            raise ReferrersError(f"{self.root}: the subject {subject} is not in this layout")
+        add_artifact(self.root, (*blobs, manifest), referrer_descriptor(manifest))
+        return Digest.of_bytes(manifest)
+
+    def _index(self) -> dict[str, object]:
+        try:
+            index = json.loads((self.root / "index.json").read_bytes())
+        except (OSError, ValueError):
+            raise ReferrersError(
+                f"{self.root} is not a readable OCI image layout (index.json)",
+                hint="write the image there first (`servimg build --to oci:DIR`)",
+            ) from None
+        if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+            raise ReferrersError(f"{self.root}/index.json has no manifests list")
+        return index
 
 
 BACKEND = LayoutBackend()

@@ -10,12 +10,15 @@ those of the distribution spec's `spec.md`.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
@@ -206,6 +209,12 @@ class RegistryBackend:
         except ServimgError:
             return False
         return head is not None and head[0] == digest
+
+    @contextlib.contextmanager
+    def referrers(self, target: Target) -> Iterator[Referrers]:
+        ref = Reference.parse(target.location)
+        with RegistryClient(ref.registry) as client:
+            yield RegistryReferrers(client, ref.repository)
 
 
 BACKEND = RegistryBackend()

@@ -8,6 +8,7 @@ from kind to backend. This module sits below every backend, so each can name the
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
@@ -17,6 +18,7 @@ from servimg.core.errors import BackendError
 from servimg.core.progress import NULL, Log, Progress
 
 if TYPE_CHECKING:  # annotations only: `Target` is read on the action cache's replay path (backends.holding)
+    from servimg.backends.referrers import Referrers
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
@@ -157,4 +159,9 @@ class Backend(Protocol):
     def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
         """Whether `target` still holds the image `digest` names here (a layout's manifest, the engine's
         image ID) as `evidence` recorded it. False, never an error, when anything does not check out."""
+        ...
+
+    def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
+        """The artifacts beside the images at `target` (`backends.referrers`), open while the block runs;
+        ReferrersError where a place of this kind cannot hold any (the engine, an archive)."""
         ...

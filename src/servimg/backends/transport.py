@@ -12,10 +12,12 @@ which logs where it went. A definition's base ref and a `--to` sink are taken as
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Unpack
 
 from servimg.backends import archive, engine, layout, registry
 from servimg.backends import resolve as resolution
+from servimg.backends.referrers import Referrers
 from servimg.backends.resolve import Resolved
 from servimg.backends.target import Backend, ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
@@ -36,6 +38,7 @@ __all__ = [
     "in_engine",
     "is_explicit",
     "publish",
+    "referrers",
     "resolve",
 ]
 
@@ -106,6 +109,12 @@ def publish(image: Image, target: Target, store: BlobStore, log: Log, **options:
 def evidence(target: Target, image: Image) -> dict[str, object] | None:
     """What tells later that `target` still holds `image` as just written (`Backend.evidence`)."""
     return backend(target).evidence(target, image)
+
+
+def referrers(target: Target) -> AbstractContextManager[Referrers]:
+    """The artifacts (attestations) beside the images at `target` (`Backend.referrers`): a registry
+    repository or an OCI layout; ReferrersError for a place that cannot hold any."""
+    return backend(target).referrers(target)
 
 
 def check_reachable(target: Target) -> None:

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import TypedDict, Unpack
 
 from servimg.backends import registry, transport
+from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import Target, WriteOptions
 from servimg.builder.pipeline import build
 from servimg.builder.seams import DEFAULT, ProbeVerifier, Seams, Verified, verify_or_refuse
@@ -217,9 +219,9 @@ def push_image(
 def signed_attestations(target: Target, subject: Digest) -> int:
     """How many attestations of `subject` at the destination carry at least one signature (whoever's:
     an unsigned push beside any signed evidence adds only noise). Unreadable entries are not counted."""
-    with referrers.opened(target) as place:
+    with transport.referrers(target) as place:
         listed, _ = place.discover(subject)
-        return _count_signed(listed, lambda a: place.fetch(subject, a))
+        return _count_signed(listed, lambda a: referrers.fetch_envelope(place, subject, a))
 
 
 def _count_signed(listed: Sequence[Mapping[str, object]], fetch: Callable[[Digest], bytes]) -> int:
@@ -279,12 +281,12 @@ def _attach_confirmed(
     """`_attach` in a registry repository, the image manifest confirmed to be exactly the subject before
     and after (attaching never changes it)."""
     _confirm(client, repo, str(subject.digest), subject, "before attaching")
-    attached = _attach(referrers.RegistryReferrers(client, repo), subject, env, log)
+    attached = _attach(RegistryReferrers(client, repo), subject, env, log)
     _confirm(client, repo, str(subject.digest), subject, "after attaching")
     return attached
 
 
-def _attach(place: referrers.Referrers, subject: Descriptor, env: Envelope, log: Log) -> Attached:
+def _attach(place: Referrers, subject: Descriptor, env: Envelope, log: Log) -> Attached:
     """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
     artifact_type = attest.artifact_type(env.kind)
     existing = referrers.already_attached(place, subject.digest, artifact_type, Digest.of_bytes(env.data))
@@ -292,7 +294,7 @@ def _attach(place: referrers.Referrers, subject: Descriptor, env: Envelope, log:
         log(f"{env.kind}: already attached as {existing.short}")
         return Attached(env.kind, str(existing), env.signed, True)
     annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
-    digest = place.attach(subject, env.data, artifact_type, annotations)
+    digest = referrers.attach(place, subject, env.data, artifact_type, annotations)
     log(f"{env.kind}: attached as {digest.short} ({'signed' if env.signed else 'UNSIGNED'})")
     return Attached(env.kind, str(digest), env.signed, False)
 
@@ -303,8 +305,8 @@ def _push_layout(
     root = Path(target.location)
     chosen = target.tag or tag
     transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
-    place = referrers.LayoutReferrers(root)
-    attached = tuple(_attach(place, _subject(image), e, log) for e in envelopes)
+    with transport.referrers(Target.layout(root)) as place:
+        attached = tuple(_attach(place, _subject(image), e, log) for e in envelopes)
     return Pushed(image.digest, image.config_digest, Target.layout(root, chosen).text(), chosen, attached)
 
 
@@ -464,7 +466,8 @@ def attest_rebuild(
 def _attach_located(located: Located, env: Envelope, log: Log) -> Attached:
     subject = _subject(located.image)
     if located.layout is not None:
-        return _attach(referrers.LayoutReferrers(located.layout), subject, env, log)
+        with transport.referrers(Target.layout(located.layout)) as place:
+            return _attach(place, subject, env, log)
     with located.client() as client:
         return _attach_confirmed(client, str(located.repository), subject, env, log)
 

@@ -11,14 +11,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servimg.backends import engine, registry, transport
+from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import ReadOptions, Target
 from servimg.builder.lock import Lock
@@ -90,20 +91,17 @@ class Located:
             return f"{self.registry}/{self.repository}"
         return str(self.layout or self.ref)
 
-    @contextlib.contextmanager
-    def referrers(self) -> Iterator[referrers.Referrers]:
-        """Where its attestations live: its layout, or its registry repository (client open meanwhile)."""
+    def referrers(self) -> AbstractContextManager[Referrers]:
+        """Where its attestations live (`transport.referrers`): its layout, or its registry repository."""
         if self.layout is not None:
-            yield referrers.LayoutReferrers(self.layout)
-            return
-        with self.client() as client:
-            yield referrers.RegistryReferrers(client, str(self.repository))
+            return transport.referrers(Target.layout(self.layout))
+        if self.registry is None or self.repository is None:
+            raise CheckError(f"{self.ref} has no registry location", hint="push it with `servimg push`")
+        return transport.referrers(Target.parse(f"{self.registry}/{self.repository}"))
 
     def client(self) -> RegistryClient:
         if self.registry is None or self.repository is None:
             raise CheckError(f"{self.ref} has no registry location", hint="push it with `servimg push`")
-        # Looked up on the module when called (here and below), so a caller's configured client class
-        # (tests' fast retries) is the one used.
         return RegistryClient(self.registry)
 
 
@@ -394,7 +392,8 @@ def _attestations(
     with located.referrers() as place:
         descriptors, via = place.discover(subject)
         found = [
-            found_from(d, via, lambda a: place.fetch(subject, a), trusted, threshold) for d in descriptors
+            found_from(d, via, lambda a: referrers.fetch_envelope(place, subject, a), trusted, threshold)
+            for d in descriptors
         ]
         return found, via
 
