@@ -143,15 +143,16 @@ def _read_index(root: Path) -> dict[str, object]:
 
 
 def _select(index: dict[str, object], root: Path, tag: str | None, digest: Digest | None) -> Descriptor:
-    descs = [
-        Descriptor.from_json(d, f"index.manifests[{i}]") for i, d in enumerate(jv.seq(index["manifests"]))
-    ]
+    """The index entry named by `digest`, else by `tag`, else the layout's one image: attestations share
+    index.json with their image (an entry with an `artifactType`), so they are no candidates for it."""
+    entries = jv.objs(index["manifests"], "index.manifests")
+    descs = [Descriptor.from_json(d, f"index.manifests[{i}]") for i, d in enumerate(entries)]
     if digest is not None:
         found = [d for d in descs if d.digest == digest]
     elif tag is not None:
         found = [d for d in descs if dict(d.annotations).get(REF_NAME) == tag]
     else:
-        found = descs
+        found = [d for d, raw in zip(descs, entries, strict=True) if not raw.get("artifactType")]
     if len(found) != 1:
         names = sorted(dict(d.annotations).get(REF_NAME, str(d.digest)) for d in descs)
         want = str(digest or tag or "the only image")

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -256,21 +255,8 @@ def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, 
 
 def _locate_layout(ref: str, target: Target, store: BlobStore, log: Log) -> Located:
     root = Path(target.location)
-    digest = None
-    if target.tag is None:  # attestations share index.json with the image: pick the one image entry
-        try:
-            index = json.loads((root / "index.json").read_bytes())
-        except (OSError, ValueError):
-            raise CheckError(f"{root} is not a readable OCI image layout") from None
-        images = [
-            m for m in index.get("manifests") or [] if isinstance(m, dict) and not m.get("artifactType")
-        ]
-        if len(images) != 1:
-            raise CheckError(
-                f"{root} holds {len(images)} images", hint="name one with oci:DIR:TAG or oci:DIR@sha256:…"
-            )
-        digest = Digest.parse(str(images[0].get("digest")))
-    image = transport.fetch(ref, store, log, expected=digest, rehash=True)
+    # Without a tag the layout backend picks its one image (attestations beside it are no candidates).
+    image = transport.fetch(ref, store, log, rehash=True)
     note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
