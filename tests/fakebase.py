@@ -242,7 +242,9 @@ class NoProbe:
     """Verifier seam: the fake base has no interpreter to run the in-image probe, so nothing is checked
     (an empty report); the real probe runs in every test on a real base."""
 
-    def report(self, image: Image, store: Any, log: Any, *, base_config: Any) -> VerifyReport:
+    def report(
+        self, image: Image, store: Any, log: Any, *, base_config: Any, probe: Any = None
+    ) -> VerifyReport:
         return VerifyReport()
 
 

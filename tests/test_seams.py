@@ -129,7 +129,9 @@ class _WaitsThenRules:
         self.saw_it_loaded = False
         self.image_id: Any = None
 
-    def report(self, image: Any, store: Any, log: Any, *, base_config: Any) -> VerifyReport:
+    def report(
+        self, image: Any, store: Any, log: Any, *, base_config: Any, probe: Any = None
+    ) -> VerifyReport:
         from servimg.backends import engine
 
         deadline = time.monotonic() + 60
@@ -144,6 +146,31 @@ class _WaitsThenRules:
 
 
 @pytest.mark.docker
+def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifier(tmp_path: Path) -> None:
+    """Where the image's interpreter runs is decided once per build, when it resolves (`choose_sandboxes`:
+    the compile runner and the probe's route), and the verifier is handed that route."""
+    from servimg.builder.pipeline import build, lock, resolve
+    from servimg.oci.store import BlobStore
+
+    routes: list[object] = []
+
+    class Recording(fb.NoProbe):
+        def report(
+            self, image: Any, store: Any, log: Any, *, base_config: Any, probe: Any = None
+        ) -> VerifyReport:
+            routes.append(probe)
+            return VerifyReport()
+
+    definition, base = _repo(tmp_path)
+    store = BlobStore(tmp_path / "cache")
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref), verifier=Recording())
+    lock(definition, store, lambda _: None, seams=given)
+    resolution = resolve(definition, store, lambda _: None, seams=given)
+    assert resolution.probe is seams.probe_route() and isinstance(resolution.probe, seams.ProbeRoute)
+    build(definition, store, lambda _: None, to=f"oci:{tmp_path / 'out'}", seams=given)
+    assert routes == [seams.probe_route()]
+
+
 def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
     """`--to docker` loads the image UNTAGGED while it is verified (a second CPU does the daemon's part);
     only a verified image is tagged, and a build that fails verification removes what it loaded."""

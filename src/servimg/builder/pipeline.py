@@ -50,10 +50,12 @@ from servimg.builder.patch import Patch
 from servimg.builder.seams import (
     DEFAULT,
     BaseSource,
+    ProbeRoute,
     Seams,
     Staging,
     Verified,
     VerifiedSink,
+    choose_sandboxes,
     verify_or_refuse,
 )
 from servimg.builder.verify import (
@@ -98,6 +100,8 @@ class Resolution:
     runner: Runner
     # The bundled ladder's files by image path (definition `ladder:`), verified against the lock.
     ladder_files: Mapping[str, bytes] = field(default_factory=dict)
+    # How the built image is probed: chosen with the runner, once, when the build resolves.
+    probe: ProbeRoute | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ def resolve(
         find_package(fs, name, spec.distribution, spec.version)
         for name, spec in sorted(definition.packages.items())
     )
-    chosen = seams.runners.choose(runner, base, fs, store)
+    sandboxes = choose_sandboxes(seams.runners, runner, base, fs, store)
+    chosen = sandboxes.runner
     interpreter = interpreter_lock(definition, fs, base, packages, chosen, log, store)
     overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
     lock = Lock(
@@ -197,7 +202,9 @@ def resolve(
     lock = _with_base_verdicts(lock, definition, fs, store, chosen)
     ladder_lock, ladder_files = _ladder(definition, definition_path)
     lock = replace(lock, ladder=ladder_lock)
-    return Resolution(definition, definition_path, base, fs, lock, changes, chosen, ladder_files)
+    return Resolution(
+        definition, definition_path, base, fs, lock, changes, chosen, ladder_files, sandboxes.probe
+    )
 
 
 def base_fs(base: Image, store: BlobStore) -> LayeredFS:
@@ -437,7 +444,8 @@ def build(
     )
     image, layer = assemble(resolution, locked, store, log)
     base_config = resolution.base.config_digest
-    report, staged = _verified(image, target, store, log, base_config, seams) if verify else (None, None)
+    verified = _verified(image, target, store, log, base_config, seams, resolution.probe) if verify else None
+    report, staged = verified if verified is not None else (None, None)
     chosen_tag = tag or naming.derive_tag(resolution.definition, locked)
     full_tag = naming.full_tag(resolution.definition, target, chosen_tag)
     options: WriteOptions = {
@@ -471,7 +479,13 @@ def build(
 
 
 def _verified(
-    image: Image, target: Target, store: BlobStore, log: Log, base_config: Digest, seams: Seams
+    image: Image,
+    target: Target,
+    store: BlobStore,
+    log: Log,
+    base_config: Digest,
+    seams: Seams,
+    probe: ProbeRoute | None,
 ) -> tuple[VerifyReport, str | None]:
     """Verify the image while a staging sink begins its part (the engine's untagged load: a second CPU
     does the daemon's work meanwhile); on any failure the staged work is undone. Returns the report and
@@ -480,7 +494,13 @@ def _verified(
     staged = sink.stage(image, target, store, base_config) if isinstance(sink, Staging) else None
     try:
         report = verify_or_refuse(
-            seams.verifier, image, store, log, base_config=base_config, consequence="nothing was tagged"
+            seams.verifier,
+            image,
+            store,
+            log,
+            base_config=base_config,
+            consequence="nothing was tagged",
+            probe=probe,
         )
     except BaseException:
         if staged is not None:

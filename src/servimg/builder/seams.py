@@ -19,6 +19,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, Unpack, runtime_checkable
 
 from servimg.backends import engine, registry, transport
@@ -110,11 +111,50 @@ class DefaultRunners:
         return ChrootRunner(fs)
 
 
+class ProbeRoute(StrEnum):
+    """How the probe runs over a built image: SPLIT in the warm root (the base's verdict cached, the rest
+    over base + new layer), or the whole probe in a CONTAINER of the image, or in a CHROOT of its files."""
+
+    SPLIT = "split"
+    CONTAINER = "container"
+    CHROOT = "chroot"
+
+
+def probe_route() -> ProbeRoute:
+    """The one rule for where this host probes a built image: the warm root where overlays mount, else a
+    container where an engine runs, else a chroot."""
+    if warmroot.available():
+        return ProbeRoute.SPLIT
+    return ProbeRoute.CONTAINER if engine.engine_available() else ProbeRoute.CHROOT
+
+
+@dataclass(frozen=True)
+class Sandboxes:
+    """Where a build runs the image's own interpreter, chosen once per build (`choose_sandboxes`, when
+    the build resolves): the compile runner over the base and the probe's route over the built image."""
+
+    runner: Runner
+    probe: ProbeRoute
+
+
+def choose_sandboxes(
+    runners: RunnerChoice, name: str, base: Image, fs: LayeredFS, store: BlobStore
+) -> Sandboxes:
+    return Sandboxes(runners.choose(name, base, fs, store), probe_route())
+
+
 class Verifier(Protocol):
-    """Verifies an image value whose blobs are in the store; returns the report (the caller decides)."""
+    """Verifies an image value whose blobs are in the store; returns the report (the caller decides).
+    `probe` is the route the build chose (`Sandboxes.probe`); None: the verifier's own rule."""
 
     def report(
-        self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None
+        self,
+        image: Image,
+        store: BlobStore,
+        log: Log,
+        *,
+        base_config: Digest | None,
+        probe: ProbeRoute | None = None,
     ) -> VerifyReport: ...
 
 
@@ -126,10 +166,11 @@ def verify_or_refuse(
     *,
     base_config: Digest | None,
     consequence: str,
+    probe: ProbeRoute | None = None,
 ) -> VerifyReport:
     """Stage 3, the one way every command runs it: the verifier's report, or VerifyFailed (carrying the
     report) saying what did not happen because the image failed (`consequence`: "nothing was tagged")."""
-    report = verifier.report(image, store, log, base_config=base_config)
+    report = verifier.report(image, store, log, base_config=base_config, probe=probe)
     if not report.ok:
         raise VerifyFailed(report, subject=f"the built image {image.digest.short}", consequence=consequence)
     counts = report.counts()
@@ -144,7 +185,15 @@ class ProbeVerifier:
     otherwise the whole probe as `servimg verify` runs it (in a container when an engine runs, else in
     a chroot of the extracted image)."""
 
-    def report(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
+    def report(
+        self,
+        image: Image,
+        store: BlobStore,
+        log: Log,
+        *,
+        base_config: Digest | None,
+        probe: ProbeRoute | None = None,
+    ) -> VerifyReport:
         """The verdict, from the cache when this very image (digest, probe, spec) passed it before with this
         servimg's verifier (`builder.resultcache`); else run, and cached when it passes."""
         key = verdict_key(image, store, base_config)
@@ -156,18 +205,22 @@ class ProbeVerifier:
                     if report.ok and canonical.dumps(report.as_dict()) == canonical.dumps(cached):
                         log(f"verify: {image.digest} passed this verifier before (cached verdict)")
                         return report
-        report = self._run(image, store, log, base_config=base_config)
+        report = self._run(image, store, log, base_config, probe or probe_route())
         if key is not None and report.ok:
             resultcache.write(store.root, resultcache.VERDICT, key, report.as_dict())
         return report
 
-    def _run(self, image: Image, store: BlobStore, log: Log, *, base_config: Digest | None) -> VerifyReport:
-        if warmroot.available():
+    def _run(
+        self, image: Image, store: BlobStore, log: Log, base_config: Digest | None, route: ProbeRoute
+    ) -> VerifyReport:
+        if route is ProbeRoute.SPLIT:
             try:
                 return verify_split(image, store, log)
             except WarmRootUnavailable as exc:
                 log(f"{exc.message}; running the whole probe instead")
-        return verify_image_value(image, store, log, base_config=base_config)
+                route = ProbeRoute.CONTAINER if engine.engine_available() else ProbeRoute.CHROOT
+        in_container = route is ProbeRoute.CONTAINER
+        return verify_image_value(image, store, log, base_config=base_config, in_container=in_container)
 
 
 def verdict_key(image: Image, store: BlobStore, base_config: Digest | None) -> dict[str, object] | None:

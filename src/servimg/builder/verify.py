@@ -636,12 +636,14 @@ def verify_image_value(
     *,
     audit: bool = False,
     base_config: Digest | None = None,
+    in_container: bool | None = None,
 ) -> VerifyReport:
-    """Probe an image value whose blobs are in `store`: in a container when an engine runs (the image is
+    """Probe an image value whose blobs are in `store`: in a container when an engine runs (or as
+    `in_container` says: the route the build chose) (the image is
     loaded untagged, thin over its base, and removed again if the probe fails and it was not there
     before; `docker load` checks every layer it takes against its diffID), otherwise in a chroot of its
     extracted layers, each layer of the store hashed first against its digest and diffID."""
-    if not engine.engine_available():
+    if not (engine.engine_available() if in_container is None else in_container):
         integrity.prove_layers(image, store)
         log("verifying in a chroot (no Docker Engine)")
         fs = LayeredFS.of_layers(image.layers, store)
