@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, Unpack, runtime_checkable
+from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
 from servimg.backends import engine, registry, transport
 from servimg.backends.target import Target, WriteOptions
@@ -143,19 +143,18 @@ def choose_sandboxes(
     return Sandboxes(runners.choose(name, base, fs, store), probe_route())
 
 
-class Verifier(Protocol):
-    """Verifies an image value whose blobs are in the store; returns the report (the caller decides).
-    `probe` is the route the build chose (`Sandboxes.probe`); None: the verifier's own rule."""
+class VerifyHow(TypedDict, total=False):
+    """How a verifier runs: `base_config`, the base's image ID (the engine loads thin over it; None: no
+    base there); `probe`, the route the build chose (`Sandboxes.probe`; absent: the verifier's own rule)."""
 
-    def report(
-        self,
-        image: Image,
-        store: BlobStore,
-        log: Log,
-        *,
-        base_config: Digest | None,
-        probe: ProbeRoute | None = None,
-    ) -> VerifyReport: ...
+    base_config: Digest | None
+    probe: ProbeRoute | None
+
+
+class Verifier(Protocol):
+    """Verifies an image value whose blobs are in the store; returns the report (the caller decides)."""
+
+    def report(self, image: Image, store: BlobStore, log: Log, **how: Unpack[VerifyHow]) -> VerifyReport: ...
 
 
 def verify_or_refuse(
@@ -185,17 +184,10 @@ class ProbeVerifier:
     otherwise the whole probe as `servimg verify` runs it (in a container when an engine runs, else in
     a chroot of the extracted image)."""
 
-    def report(
-        self,
-        image: Image,
-        store: BlobStore,
-        log: Log,
-        *,
-        base_config: Digest | None,
-        probe: ProbeRoute | None = None,
-    ) -> VerifyReport:
+    def report(self, image: Image, store: BlobStore, log: Log, **how: Unpack[VerifyHow]) -> VerifyReport:
         """The verdict, from the cache when this very image (digest, probe, spec) passed it before with this
         servimg's verifier (`builder.resultcache`); else run, and cached when it passes."""
+        base_config, probe = how.get("base_config"), how.get("probe")
         key = verdict_key(image, store, base_config)
         if key is not None:
             cached = resultcache.read(store.root, resultcache.VERDICT, key)
