@@ -158,19 +158,21 @@ class Receipt:
 
     def sealed(self) -> Receipt:
         """This receipt with its seal: sha256 of the canonical JSON of everything else."""
-        body = dataclasses.replace(self, sha256=None).to_json()
-        return dataclasses.replace(self, sha256=sha256_hex(canonical.dumps(body)))
+        return dataclasses.replace(self, sha256=seal_of(self.to_json()))
+
+
+def seal_of(doc: Mapping[str, object]) -> str:
+    """The seal of a receipt document: sha256 of the canonical JSON of everything but its `sha256`."""
+    return sha256_hex(canonical.dumps({k: v for k, v in doc.items() if k != "sha256"}))
 
 
 def seal(doc: Mapping[str, object]) -> dict[str, object]:
-    body = {k: v for k, v in doc.items() if k != "sha256"}
-    return {**body, "sha256": sha256_hex(canonical.dumps(body))}
+    return {**{k: v for k, v in doc.items() if k != "sha256"}, "sha256": seal_of(doc)}
 
 
 def check_seal(doc: Mapping[str, object]) -> bool:
     claimed = doc.get("sha256")
-    body = {k: v for k, v in doc.items() if k != "sha256"}
-    return isinstance(claimed, str) and claimed == sha256_hex(canonical.dumps(body))
+    return isinstance(claimed, str) and claimed == seal_of(doc)
 
 
 def load(path: Path) -> dict[str, object]:
