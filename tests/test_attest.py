@@ -260,18 +260,29 @@ def test_keys_never_appear_in_reprs_or_errors(tmp_path: Path, key_a: SigningKey)
         pickle.dumps(key_a)
 
 
-def test_non_ed25519_keys_are_refused() -> None:
-    other = ec.generate_private_key(ec.SECP256R1())
+def test_ecdsa_p256_keys_sign_and_verify_and_other_curves_are_refused() -> None:
+    """cosign's default key type (SIGNATURE_SPEC.md §Signature Schemes: ECDSA-P256) signs DSSE like
+    ed25519; its signatures are deterministic (RFC 6979) so reruns attach nothing new."""
+    p256 = SigningKey.generate("ecdsa-p256")
+    reloaded = SigningKey.from_pem(p256.to_pem())
+    envelope = dsse.sign("application/vnd.in-toto+json", b"{}", reloaded)
+    assert dsse.verify(envelope, [VerifyKey.from_pem(p256.public_key.to_pem())]).verified
+    assert dsse.sign("application/vnd.in-toto+json", b"{}", p256) == envelope
+    assert p256.public_key.algorithm == "ecdsa-p256"
+    assert not dsse.verify(envelope, [SigningKey.generate("ecdsa-p256").public_key]).keyids
+    other = ec.generate_private_key(ec.SECP384R1())
     pem = other.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    with pytest.raises(DsseError, match="not an ed25519 private key"):
+    with pytest.raises(DsseError, match="SECP384R1|secp384r1"):
         SigningKey.from_pem(pem)
     pub = other.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    with pytest.raises(DsseError, match="not an ed25519 public key"):
+    with pytest.raises(DsseError, match="secp384r1|SECP384R1"):
         VerifyKey.from_pem(pub)
+    with pytest.raises(DsseError, match="unknown key algorithm"):
+        SigningKey.generate("rsa")
 
 
 def test_missing_key_file_and_directory(tmp_path: Path, key_a: SigningKey) -> None:

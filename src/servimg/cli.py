@@ -86,7 +86,9 @@ COMMANDS: tuple[Command, ...] = (
         "build an image exactly as locked and publish it",
         flags.build_flags,
         Bound(
-            lambda a: params.Build(tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id),
+            lambda a: params.Build(
+                tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id, flags.publish(a)
+            ),
             "servimg.commands.build:build",
             replay="servimg.commands.replay:build",
         ),
@@ -175,9 +177,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         ("key", "generate"),
-        "write an ed25519 pair: NAME.key (0600) and NAME.pub",
+        "write a key pair (ed25519, or ecdsa-p256 as cosign makes): NAME.key (0600) and NAME.pub",
         flags.key_flags,
-        Bound(lambda a: params.KeyGenerate(a.out, a.name, a.force), "servimg.commands.keys:key_generate"),
+        Bound(
+            lambda a: params.KeyGenerate(a.out, a.name, a.force, a.algorithm),
+            "servimg.commands.keys:key_generate",
+        ),
     ),
     *(
         Command(
@@ -197,7 +202,9 @@ COMMANDS: tuple[Command, ...] = (
         "push an image with its signed provenance and verify result",
         flags.push_flags,
         Bound(
-            lambda a: params.Push(a.image, a.dest, a.key, a.report, a.builder_id, a.unsigned),
+            lambda a: params.Push(
+                a.image, a.dest, a.key, a.report, a.builder_id, a.unsigned, flags.publish(a)
+            ),
             "servimg.commands.provenance:push",
         ),
     ),

@@ -25,9 +25,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from servimg.backends import holding
-from servimg.backends.referrers import Referrers, ReferrersError, referrer_descriptor, valid_digest
+from servimg.backends.referrers import (
+    Holds,
+    Referrers,
+    ReferrersError,
+    Update,
+    is_artifact_tag,
+    referrer_descriptor,
+    valid_digest,
+)
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core import jsonview as jv
@@ -152,7 +161,11 @@ def _select(index: dict[str, object], root: Path, tag: str | None, digest: Diges
     elif tag is not None:
         found = [d for d in descs if dict(d.annotations).get(REF_NAME) == tag]
     else:
-        found = [d for d, raw in zip(descs, entries, strict=True) if not raw.get("artifactType")]
+        found = [
+            d
+            for d, raw in zip(descs, entries, strict=True)
+            if not raw.get("artifactType") and not is_artifact_tag(dict(d.annotations).get(REF_NAME, ""))
+        ]
     if len(found) != 1:
         names = sorted(dict(d.annotations).get(REF_NAME, str(d.digest)) for d in descs)
         want = str(digest or tag or "the only image")
@@ -417,6 +430,30 @@ class LayoutReferrers:
         add_artifact(self.root, (*blobs, manifest), referrer_descriptor(manifest))
         return Digest.of_bytes(manifest)
 
+    def tagged(self, tag: str) -> bytes | None:
+        entry = _tag_entry(self._index(), tag)
+        return None if entry is None else self.blob(Digest.parse(entry["digest"]))
+
+    def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
+        """Exact under the layout's lock: read, update and replace the entry named `tag` as one step
+        (`holds` has nothing to re-check: no other writer ran in between)."""
+        self._index()
+        with _locked(self.root):
+            entry = _tag_entry(self._index(), tag)
+            change = update(None if entry is None else self.blob(Digest.parse(entry["digest"])))
+            if change is None:
+                return None
+            for blob in (*change.blobs, change.manifest):
+                digest = Digest.of_bytes(blob)
+                _write_blob(self.root / "blobs" / "sha256" / digest.hex, digest, blob)
+            digest = Digest.of_bytes(change.manifest)
+            new = Descriptor(OCI_MANIFEST, digest, len(change.manifest), ((REF_NAME, tag),)).to_json()
+            index = self._index()
+            kept = [m for m in jv.seq(index["manifests"]) if not _named(m, tag)]
+            index["manifests"] = sorted([*kept, new], key=canonical.dumps)
+            _write_file(self.root / "index.json", canonical.dumps(index))
+            return digest
+
     def _index(self) -> dict[str, object]:
         try:
             index = json.loads((self.root / "index.json").read_bytes())
@@ -428,6 +465,17 @@ class LayoutReferrers:
         if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
             raise ReferrersError(f"{self.root}/index.json has no manifests list")
         return index
+
+
+def _named(entry: object, tag: str) -> bool:
+    return isinstance(entry, dict) and jv.member(entry, "annotations", REF_NAME) == tag
+
+
+def _tag_entry(index: Mapping[str, object], tag: str) -> dict[str, Any] | None:
+    named = [m for m in jv.seq(index["manifests"]) if isinstance(m, dict) and _named(m, tag)]
+    if not named or not valid_digest(named[0].get("digest")):
+        return None
+    return {str(k): v for k, v in named[0].items()}
 
 
 BACKEND = LayoutBackend()

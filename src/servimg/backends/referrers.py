@@ -10,7 +10,9 @@ index.json). What an artifact holds (a DSSE envelope of an attestation) is `prov
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from servimg.core.digest import Digest
@@ -20,6 +22,29 @@ from servimg.oci.image import OCI_MANIFEST
 
 class ReferrersError(BackendError):
     """An attestation artifact or a referrers index is malformed, foreign, or could not be kept."""
+
+
+@dataclass(frozen=True)
+class TagUpdate:
+    """What a writer puts under a tag: the new manifest and the blobs it needs (pushed first)."""
+
+    manifest: bytes
+    blobs: tuple[bytes, ...]
+
+
+# Given the manifest now under the tag (None: no tag yet), the update to write, or None when what this
+# writer adds is already there. It may raise (a foreign or malformed manifest is never replaced).
+Update = Callable[[bytes | None], TagUpdate | None]
+# Does this manifest, read back after writing, still hold what this writer added?
+Holds = Callable[[bytes], bool]
+
+# cosign's tag-based discovery (SIGNATURE_SPEC.md): `sha256-<hex>.sig` and `.att` name artifacts, not
+# images; a layout or a tag listing skips them.
+_COSIGN_TAG = re.compile(r"[a-z0-9]+-[0-9a-f]{32,128}\.(sig|att|sbom)")
+
+
+def is_artifact_tag(tag: str) -> bool:
+    return bool(_COSIGN_TAG.fullmatch(tag))
 
 
 class Referrers(Protocol):
@@ -42,6 +67,16 @@ class Referrers(Protocol):
     def attach(self, subject: Digest, manifest: bytes, blobs: Sequence[bytes]) -> Digest:
         """Store an artifact (its `blobs`, then its `manifest`, which names `subject`) and make it
         discoverable; the manifest's digest."""
+        ...
+
+    def tagged(self, tag: str) -> bytes | None:
+        """The manifest under `tag` (re-hashed against the digest the tag resolved to), or None."""
+        ...
+
+    def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
+        """Read-modify-write the manifest under `tag` so that no concurrent writer loses an entry (a
+        layout: under its lock; a registry: write, re-read, retry); the new manifest's digest, or None
+        when nothing needed adding."""
         ...
 
 

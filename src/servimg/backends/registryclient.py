@@ -5,6 +5,7 @@ and `backends.registryauth`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -45,6 +46,7 @@ from servimg.backends.registrywire import (
     read_limited,
     retry_after,
 )
+from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
 from servimg.core.lazy import LazyModule
@@ -291,6 +293,48 @@ class RegistryClient:
         """GET /v2/ (§Determining support): raise unless the registry answers, authorized, with 200."""
         what = f"checking registry {self.base_url}"
         self._call("GET", self._url(""), what=what, scopes=[], expect={200}, consume=lambda r: None)
+
+    def supports_signatures(self) -> bool:
+        """Whether the registry stores containers/image simple signatures itself: the
+        `X-Registry-Supports-Signatures: 1` answer to GET /v2/ (containers/image
+        docs/signature-protocols.md; OpenShift's integrated registry has it, distribution does not)."""
+        what = f"checking registry {self.base_url} for the signature extension"
+        return self._call(
+            "GET",
+            self._url(""),
+            what=what,
+            scopes=[],
+            expect={200},
+            consume=lambda r: r.headers.get("X-Registry-Supports-Signatures") == "1",
+        )
+
+    def put_signature(self, repo: str, digest: Digest, name: str, content: bytes) -> None:
+        """PUT one signature through the extension API (signature-protocols.md §Writing signatures):
+        `/extensions/v2/<name>/signatures/<digest>` with `{"signatures": [{version 2, type atomic, name
+        <digest>@<32 hex>, content base64}]}`."""
+        self._check_repo(repo)
+        body = canonical.dumps(
+            {
+                "signatures": [
+                    {
+                        "version": 2,
+                        "type": "atomic",
+                        "name": name,
+                        "content": base64.b64encode(content).decode("ascii"),
+                    }
+                ]
+            }
+        )
+        self._call(
+            "PUT",
+            f"{self.base_url}/extensions/v2/{repo}/signatures/{digest}",
+            what=f"storing a signature of {digest} in {self.registry}/{repo}",
+            scopes=push_scopes(repo),
+            expect={200, 201},
+            consume=lambda r: None,
+            headers={"Content-Type": "application/json"},
+            body=body,
+        )
 
     def has_blob(self, repo: str, digest: Digest) -> bool:
         """HEAD /v2/<name>/blobs/<digest> (§Checking if content exists in the registry)."""

@@ -23,7 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from servimg.backends.referrers import ReferrersError, fallback_tag, referrer_descriptor, valid_digest
+from servimg.backends.referrers import (
+    Holds,
+    ReferrersError,
+    Update,
+    fallback_tag,
+    referrer_descriptor,
+    valid_digest,
+)
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registrywire import DEFAULT_ACCEPT
 from servimg.core import canonical
@@ -87,12 +94,40 @@ class RegistryReferrers:
         _add_to_fallback(self.client, self.repository, subject, descriptor, self.attempts, self.settle)
         return digest
 
+    def tagged(self, tag: str) -> bytes | None:
+        found = self.client.head_manifest(self.repository, tag, accept=DEFAULT_ACCEPT)
+        if found is None:
+            return None
+        data, _, _ = self.client.get_manifest(self.repository, str(found[0]), accept=DEFAULT_ACCEPT)
+        return data
 
-def _push_artifact(client: RegistryClient, repo: str, manifest: bytes, blobs: Sequence[bytes]) -> Digest:
+    def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
+        """cosign's `.sig`/`.att` tags are read-modify-write like the fallback index (module docstring):
+        write, wait a jittered moment, re-read, and write again (merged with whatever another writer
+        put there meanwhile) until what this writer added is seen under the tag."""
+        for attempt in range(max(1, self.attempts)):
+            change = update(self.tagged(tag))
+            if change is None:
+                return None
+            digest = _push_artifact(self.client, self.repository, change.manifest, change.blobs, tag=tag)
+            time.sleep(_jittered(self.settle, attempt))
+            now = self.tagged(tag)
+            if now is not None and holds(now):
+                return digest
+            log.info("tag %s lost our entry to a concurrent writer; retry %d", tag, attempt + 1)
+        raise ReferrersError(
+            f"could not keep our entry under {self.repository}:{tag} after {max(1, self.attempts)} attempts",
+            hint="another client keeps rewriting that tag; adding is idempotent, run it again",
+        )
+
+
+def _push_artifact(
+    client: RegistryClient, repo: str, manifest: bytes, blobs: Sequence[bytes], *, tag: str | None = None
+) -> Digest:
     # Blobs before the manifest: a registry refuses a manifest whose blobs it lacks (MANIFEST_BLOB_UNKNOWN).
     for blob in blobs:
         client.push_blob(repo, Digest.of_bytes(blob), len(blob), _opener(blob))
-    return client.put_manifest(repo, str(Digest.of_bytes(manifest)), manifest, OCI_MANIFEST)
+    return client.put_manifest(repo, tag or str(Digest.of_bytes(manifest)), manifest, OCI_MANIFEST)
 
 
 def _opener(blob: bytes) -> Callable[[], BinaryIO]:

@@ -63,6 +63,36 @@ def build_flags(p: argparse.ArgumentParser) -> None:
         help="attach signed provenance + verify result (needs --to HOST/REPO or oci:DIR)",
     )
     p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
+    publish_flags(p)
+
+
+def publish_flags(p: argparse.ArgumentParser, *, gpg: bool = True) -> None:
+    """Where evidence goes beside the digest, in which formats (docs/ecosystem.md)."""
+    p.add_argument(
+        "--formats",
+        default="all",
+        help="comma-separated subset of oci (servimg's DSSE referrers), sig (cosign simple signing), "
+        "att (cosign .att), bundle (sigstore bundle v0.3 referrers); default all",
+    )
+    if gpg:
+        p.add_argument(
+            "--gpg-key",
+            default=None,
+            metavar="FPR",
+            help="also sign the manifest with this GPG key (containers/image simple signing, for "
+            "signedBy policies: podman, skopeo, CRI-O)",
+        )
+        p.add_argument(
+            "--lookaside",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help="with --gpg-key: the lookaside directory the signatures are written to",
+        )
+
+
+def publish(a: argparse.Namespace) -> params.Publish:
+    return params.Publish(a.formats, getattr(a, "gpg_key", None), getattr(a, "lookaside", None))
 
 
 def rebase_flags(p: argparse.ArgumentParser) -> None:
@@ -196,6 +226,12 @@ def key_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="directory for the pair")
     p.add_argument("--name", default="servimg", help="file name stem (default servimg)")
     p.add_argument("--force", action="store_true", help="replace an existing pair")
+    p.add_argument(
+        "--algorithm",
+        choices=params.KEY_ALGORITHMS,
+        default="ed25519",
+        help="ed25519 (default) or ecdsa-p256 (cosign's default; what every sigstore verifier reads)",
+    )
 
 
 def overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
@@ -267,6 +303,7 @@ def push_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="without --key, attach unsigned attestations even where the digest already has signed ones",
     )
+    publish_flags(p)
 
 
 REF_HELP = (
@@ -282,6 +319,7 @@ def attest_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", type=Path, default=None, help="private key to sign with (unsigned without)")
     p.add_argument("--repo", default=None, help="where a local image without RepoDigests was pushed")
     p.add_argument("--remote", action="store_true", help="the registry's image, not a pulled copy")
+    publish_flags(p, gpg=False)
 
 
 def lookup_flags(p: argparse.ArgumentParser) -> None:
@@ -322,6 +360,7 @@ def promote_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sign", type=Path, default=None, metavar="KEY", help="private key to sign the VSA")
     p.add_argument("--verifier-id", default=None, help="VSA verifier id")
     policy_flags(p)
+    publish_flags(p)
 
 
 def show_flags(p: argparse.ArgumentParser) -> None:
@@ -419,9 +458,9 @@ def base(a: argparse.Namespace) -> params.Base:
 
 
 def promote(a: argparse.Namespace) -> params.Promote:
-    return params.Promote(a.ref, a.tag, a.sign, a.verifier_id, policy(a), lookup(a))
+    return params.Promote(a.ref, a.tag, a.sign, a.verifier_id, policy(a), lookup(a), publish(a))
 
 
 def attest(a: argparse.Namespace) -> params.Attest:
     lookup = params.Lookup(repo=a.repo, remote=a.remote)
-    return params.Attest(a.ref, a.predicate_type, a.file, a.key, lookup)
+    return params.Attest(a.ref, a.predicate_type, a.file, a.key, lookup, publish(a))

@@ -1,4 +1,4 @@
-"""`servimg key generate`: an ed25519 pair."""
+"""`servimg key generate`: an ed25519 or ECDSA P-256 pair."""
 
 from __future__ import annotations
 
@@ -12,5 +12,8 @@ from servimg.provenance import keys
 
 def key_generate(p: params.KeyGenerate, ctx: Context) -> Iterator[Outcome]:
     yield attempt(
-        str(p.out), lambda: Outcome(str(p.out), keys.generate(p.out, p.name, force=p.force).as_dict())
+        str(p.out),
+        lambda: Outcome(
+            str(p.out), keys.generate(p.out, p.name, force=p.force, algorithm=p.algorithm).as_dict()
+        ),
     )

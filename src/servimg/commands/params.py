@@ -10,12 +10,24 @@ from pathlib import Path
 # The bases `servimg base NAME` builds (servimg.bases.catalog has their recipes).
 BASES = ("demo", "test-bookworm", "test-trixie")
 DEFAULT_KEY_NAME = "servimg"  # = servimg.provenance.keys.DEFAULT_NAME (tests/test_findings.py checks)
+KEY_ALGORITHMS = ("ed25519", "ecdsa-p256")  # provenance.dsse.ALGORITHMS (kept light: the CLI parses flags)
 
 
 @dataclass(frozen=True)
 class Lock:
     definitions: tuple[Path, ...]
     runner: str = "auto"
+
+
+@dataclass(frozen=True)
+class Publish:
+    """How evidence is published beside a digest (issue 31): the formats (`oci,sig,att,bundle` or
+    `all`, provenance.cosign.FORMATS) and, for containers/image's `signedBy` policies, a GPG key whose
+    simple signatures go to a lookaside directory."""
+
+    formats: str = "all"
+    gpg_key: str | None = None  # a GPG key fingerprint (or anything `gpg --local-user` takes)
+    lookaside: Path | None = None  # where containers/image reads signatures (served over HTTP, or file://)
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,7 @@ class Build:
     tag: str | None = None
     sign: Path | None = None  # a private key: attach signed provenance and the verify result
     builder_id: str | None = None
+    publish: Publish = Publish()
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,7 @@ class KeyGenerate:
     out: Path
     name: str = DEFAULT_KEY_NAME
     force: bool = False
+    algorithm: str = "ed25519"  # or ecdsa-p256 (cosign's default)
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,7 @@ class Push:
     report: Path | None = None  # a `servimg verify --json` report to attach instead of running the probe
     builder_id: str | None = None
     unsigned: bool = False  # attach unsigned attestations even beside signed ones
+    publish: Publish = Publish()
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,7 @@ class Attest:
     file: Path
     key: Path | None = None
     lookup: Lookup = Lookup()
+    publish: Publish = Publish()
 
 
 @dataclass(frozen=True)
@@ -206,6 +222,7 @@ class Promote:
     verifier_id: str | None = None
     policy: PolicyFlags = PolicyFlags()
     lookup: Lookup = Lookup()
+    publish: Publish = Publish()
 
 
 @dataclass(frozen=True)

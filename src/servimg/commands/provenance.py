@@ -11,12 +11,12 @@ from servimg.builder.verify import VerifyReport
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
-from servimg.commands.signed import signing_key
+from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core.errors import ServimgError, UsageError
 from servimg.oci import treediff
 from servimg.provenance import attach, card, keys
 from servimg.provenance.check import CheckFailed, Policy, Rebuild, check, predicate_type
-from servimg.provenance.dsse import SigningKey
+from servimg.provenance.dsse import Signer
 from servimg.provenance.evidence import Evidence, collect, locate
 
 
@@ -50,6 +50,8 @@ def push(p: params.Push, ctx: Context) -> Iterator[Outcome]:
             builder=p.builder_id,
             progress=ctx.progress,
             unsigned=p.unsigned,
+            formats=formats(p.publish),
+            gpg=gpg_plan(p.publish),
         )
         return Outcome(p.image, pushed.as_dict())
 
@@ -67,6 +69,7 @@ def attest(p: params.Attest, ctx: Context) -> Iterator[Outcome]:
             key=signing_key(p.key),
             repo=p.lookup.repo,
             remote=p.lookup.remote,
+            formats=formats(p.publish),
         )
         return Outcome(p.ref, attached.as_dict())
 
@@ -107,7 +110,7 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
     yield attempt(p.ref, run)
 
 
-def _rebuild_signer(paths: Sequence[Path]) -> SigningKey:
+def _rebuild_signer(paths: Sequence[Path]) -> Signer:
     """The one private key among the --key files: it signs the rebuild attestation (and, as every
     --key, is trusted)."""
     found = []
@@ -140,6 +143,8 @@ def promote(p: params.Promote, ctx: Context) -> Iterator[Outcome]:
                 deep=p.policy.deep,
                 repo=p.lookup.repo,
                 remote=p.lookup.remote,
+                formats=formats(p.publish),
+                gpg=gpg_plan(p.publish),
             )
         except CheckFailed as exc:
             return Outcome(p.ref, findings=exc.report, error=exc)

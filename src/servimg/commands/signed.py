@@ -8,12 +8,28 @@ from pathlib import Path
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome
-from servimg.provenance import attach, keys
-from servimg.provenance.dsse import SigningKey
+from servimg.core.errors import UsageError
+from servimg.provenance import attach, cosign, gpgsign, keys
+from servimg.provenance.dsse import Signer
 
 
-def signing_key(path: Path | None) -> SigningKey | None:
+def signing_key(path: Path | None) -> Signer | None:
     return keys.load_signing(path) if path is not None else None
+
+
+def formats(p: params.Publish) -> frozenset[str]:
+    return cosign.parse_formats(p.formats)
+
+
+def gpg_plan(p: params.Publish) -> attach.GpgPlan | None:
+    """`--gpg-key FPR [--lookaside DIR]`; the key is looked up now, before anything is pushed."""
+    if p.gpg_key is None:
+        if p.lookaside is not None:
+            raise UsageError("--lookaside goes with --gpg-key", hint="--gpg-key FPR --lookaside DIR")
+        return None
+    signer = gpgsign.GpgSigner(p.gpg_key)
+    signer.fingerprint()
+    return attach.GpgPlan(signer, gpgsign.Lookaside(p.lookaside) if p.lookaside is not None else None)
 
 
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
@@ -29,5 +45,7 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
         builder=p.builder_id,
         progress=ctx.progress,
         seams=ctx.seams,
+        formats=formats(p.publish),
+        gpg=gpg_plan(p.publish),
     )
     return Outcome(str(path), signed)

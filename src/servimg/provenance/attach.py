@@ -35,28 +35,18 @@ from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, binding, dsse, referrers, sbom
+from servimg.provenance import attest, binding, cosign, dsse, gpgsign, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import CheckFailed, CheckReport, Policy, evaluate, gather
 from servimg.provenance.evidence import Located, locate, top_layer
 from servimg.provenance.policy import REBUILD_V1
+from servimg.provenance.publish import DEFAULT_FORMATS, Attached, Envelope, publish_attestation, sign_manifest
 from servimg.provenance.statements import ImageFacts, Invocation
 
 
 class AttachError(ServimgError):
     """An image or result could not be pushed, attached or promoted."""
-
-
-@dataclass(frozen=True)
-class Attached:
-    kind: str
-    artifact: str
-    signed: bool
-    reused: bool
-
-    def as_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "artifact": self.artifact, "signed": self.signed, "reused": self.reused}
 
 
 @dataclass(frozen=True)
@@ -67,6 +57,7 @@ class Pushed:
     tag: str | None
     attached: tuple[Attached, ...]
     note: str | None = None  # what was deliberately not attached, and why
+    gpg: tuple[gpgsign.GpgSigned, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -75,21 +66,12 @@ class Pushed:
             "destination": self.destination,
             "tag": self.tag,
             "attestations": [a.as_dict() for a in self.attached],
+            **({"gpg_signatures": [g.as_dict() for g in self.gpg]} if self.gpg else {}),
             **({"note": self.note} if self.note else {}),
         }
 
 
-@dataclass(frozen=True)
-class Envelope:
-    """A signed (or deliberately unsigned) statement ready to attach."""
-
-    kind: str
-    predicate_type: str
-    data: bytes
-    signed: bool
-
-
-def envelope(statement: bytes, key: dsse.SigningKey | None) -> tuple[bytes, bool]:
+def envelope(statement: bytes, key: dsse.Signer | None) -> tuple[bytes, bool]:
     """DSSE envelope bytes: signed with `key`, or unsigned (which `check` reports) when key is None."""
     if key is not None:
         return attest.sign_statement(statement, key).to_bytes(), True
@@ -97,7 +79,7 @@ def envelope(statement: bytes, key: dsse.SigningKey | None) -> tuple[bytes, bool
     return dsse.Envelope(attest.PAYLOAD_TYPE, statement, ()).to_bytes(), False
 
 
-def _make(kind: str, predicate_type: str, statement: bytes, key: dsse.SigningKey | None) -> Envelope:
+def _make(kind: str, predicate_type: str, statement: bytes, key: dsse.Signer | None) -> Envelope:
     data, signed = envelope(statement, key)
     return Envelope(kind, predicate_type, data, signed)
 
@@ -113,7 +95,7 @@ def build_statements(
     image: Image,
     facts: ImageFacts,
     report: VerifyReport,
-    key: dsse.SigningKey | None,
+    key: dsse.Signer | None,
     store: BlobStore,
     *,
     invocation: Invocation,
@@ -147,13 +129,15 @@ def build_statements(
 class PushOptions(TypedDict, total=False):
     """What `push` and `push_image` take beside the image and the destination."""
 
-    key: dsse.SigningKey | None
+    key: dsse.Signer | None
     report: VerifyReport | None  # the probe runs when it is None
     builder: str | None
     invocation: Invocation | None
     tag: str | None
     progress: Progress
     unsigned: bool  # without a key, attach unsigned attestations even beside signed ones
+    formats: frozenset[str]  # provenance.cosign.FORMATS to write (default: all)
+    gpg: GpgPlan | None  # containers/image GPG simple signatures too
 
 
 def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
@@ -169,13 +153,15 @@ def push_image(
     store: BlobStore,
     log: Log,
     *,
-    key: dsse.SigningKey | None = None,
+    key: dsse.Signer | None = None,
     report: VerifyReport | None = None,
     builder: str | None = None,
     invocation: Invocation | None = None,
     tag: str | None = None,
     progress: Progress = NULL,
     unsigned: bool = False,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+    gpg: GpgPlan | None = None,
 ) -> Pushed:
     """Push an image value whose blobs are in `store` (see `push`) to a registry or an OCI layout: the
     places attestations can live beside the image.
@@ -188,6 +174,12 @@ def push_image(
         raise AttachError(
             f"{dest}: attestations cannot live in a {target.kind}",
             hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
+        )
+    if gpg is not None and target.is_layout:
+        raise AttachError(
+            f"{dest}: GPG simple signatures are for images in a registry (containers/image keeps none for "
+            "an OCI layout)",
+            hint="push to HOST/REPO[:TAG] with --gpg-key, or leave --gpg-key out",
         )
     facts = image_facts(image, store, log)
     binding.refuse_rebinding(binding.tag_of(dest) or tag, facts.definition, facts.lock_digest, "push under")
@@ -209,11 +201,88 @@ def push_image(
             )
             log(note)
             envelopes = []
+    publishing = Publishing(envelopes, key, formats, gpg)
     if target.is_layout:
-        pushed = _push_layout(image, target, store, log, envelopes, tag)
+        pushed = _push_layout(image, target, store, log, publishing, tag)
     else:
-        pushed = _push_registry(image, dest, store, log, envelopes, tag, progress)
+        pushed = _push_registry(image, dest, store, log, publishing, tag, progress)
     return replace(pushed, note=note)
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """What a push publishes beside the image, before its tag moves: the attestations, and with a key
+    the manifest's own cosign signature (`.sig`), each in the chosen formats."""
+
+    envelopes: Sequence[Envelope]
+    key: dsse.Signer | None
+    formats: frozenset[str]
+    gpg: GpgPlan | None = None
+
+    def publish(self, place: Referrers, subject: Descriptor, name: str, log: Log) -> tuple[Attached, ...]:
+        attached = [publish_attestation(place, subject, e, self.formats, log) for e in self.envelopes]
+        if self.key is not None and cosign.SIG in self.formats:
+            where = sign_manifest(place, subject.digest, name, self.key, log)
+            attached.append(
+                Attached("signature", where, True, where.endswith("(already signed)"), ((cosign.SIG, where),))
+            )
+        return tuple(attached)
+
+
+@dataclass(frozen=True)
+class GpgPlan:
+    """`--gpg-key FPR [--lookaside DIR]`: containers/image simple signatures of each pushed reference."""
+
+    signer: gpgsign.GpgSigner
+    lookaside: gpgsign.Lookaside | None = None
+
+
+@dataclass(frozen=True)
+class _GpgSignature:
+    """A GPG signature made before anything was pushed (a key that cannot sign stops the push first)."""
+
+    plan: GpgPlan
+    reference: str
+    digest: Digest
+    data: bytes
+    to_registry: bool
+
+
+def _gpg_prepare(
+    plan: GpgPlan | None, client: RegistryClient, reference: str, digest: Digest
+) -> _GpgSignature | None:
+    if plan is None:
+        return None
+    to_registry = client.supports_signatures()
+    if plan.lookaside is None and not to_registry:
+        raise AttachError(
+            f"--gpg-key: {client.registry} does not store signatures (no X-Registry-Supports-Signatures), "
+            "and no --lookaside DIR was given",
+            hint="pass --lookaside DIR (serve it over HTTP and name it in registries.d: "
+            "`servimg policy export --runtime containers`)",
+        )
+    data = plan.signer.sign(gpgsign.atomic_payload(reference, digest))
+    return _GpgSignature(plan, reference, digest, data, to_registry)
+
+
+def _gpg_write(
+    prepared: _GpgSignature | None, client: RegistryClient, repository: str, log: Log
+) -> tuple[gpgsign.GpgSigned, ...]:
+    if prepared is None:
+        return ()
+    out = []
+    lookaside = prepared.plan.lookaside
+    if lookaside is not None:
+        there = lookaside.signatures(repository, prepared.digest)
+        found = gpgsign.existing(prepared.plan.signer, there, prepared.reference, prepared.digest)
+        path = found or lookaside.add(repository, prepared.digest, prepared.data)
+        log(f"gpg signature of {prepared.reference}: {path}" + (" (already there)" if found else ""))
+        out.append(gpgsign.GpgSigned(prepared.reference, str(path), found is not None))
+    if prepared.to_registry:
+        name = f"{prepared.digest}@{uuid.uuid4().hex}"
+        client.put_signature(repository, prepared.digest, name, prepared.data)
+        out.append(gpgsign.GpgSigned(prepared.reference, f"registry:{name}", False))
+    return tuple(out)
 
 
 def signed_attestations(target: Target, subject: Digest) -> int:
@@ -239,24 +308,28 @@ def _push_registry(
     dest: str,
     store: BlobStore,
     log: Log,
-    envelopes: Sequence[Envelope],
+    publishing: Publishing,
     tag: str | None,
     progress: Progress,
 ) -> Pushed:
-    """Blobs and the manifest by digest (`backends.registry`), every attestation, the tag last."""
+    """Blobs and the manifest by digest (`backends.registry`), every attestation and signature, the
+    tag last."""
     ref = Reference.parse(dest)
     if ref.digest is not None:
         raise AttachError(f"{dest}: push to a repository (and tag), not a digest")
     chosen = ref.tag or tag
     with RegistryClient(ref.registry) as client:
+        identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
+        gpg = _gpg_prepare(publishing.gpg, client, identity, image.digest)
         registry.write_image(client, ref.repository, image, store, log, progress=progress)
         subject = _subject(image)
-        attached = [_attach_confirmed(client, ref.repository, subject, e, log) for e in envelopes]
+        attached = _publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
+        signed = _gpg_write(gpg, client, ref.repository, log)
         if chosen:
             registry.put_tag(client, ref.repository, chosen, image, log)
             _confirm(client, ref.repository, chosen, subject, "after tagging")
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
-    return Pushed(image.digest, image.config_digest, where, chosen, tuple(attached))
+    return Pushed(image.digest, image.config_digest, where, chosen, attached, gpg=signed)
 
 
 def _subject(image: Image) -> Descriptor:
@@ -275,38 +348,25 @@ def _confirm(client: RegistryClient, repo: str, reference: str, subject: Descrip
         )
 
 
-def _attach_confirmed(
-    client: RegistryClient, repo: str, subject: Descriptor, env: Envelope, log: Log
-) -> Attached:
-    """`_attach` in a registry repository, the image manifest confirmed to be exactly the subject before
-    and after (attaching never changes it)."""
+def _publish_confirmed(
+    client: RegistryClient, repo: str, subject: Descriptor, publishing: Publishing, name: str, log: Log
+) -> tuple[Attached, ...]:
+    """`publishing` in a registry repository, the image manifest confirmed to be exactly the subject
+    before and after (attaching never changes it)."""
     _confirm(client, repo, str(subject.digest), subject, "before attaching")
-    attached = _attach(RegistryReferrers(client, repo), subject, env, log)
+    attached = publishing.publish(RegistryReferrers(client, repo), subject, name, log)
     _confirm(client, repo, str(subject.digest), subject, "after attaching")
     return attached
 
 
-def _attach(place: Referrers, subject: Descriptor, env: Envelope, log: Log) -> Attached:
-    """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
-    artifact_type = attest.artifact_type(env.kind)
-    existing = referrers.already_attached(place, subject.digest, artifact_type, Digest.of_bytes(env.data))
-    if existing is not None:
-        log(f"{env.kind}: already attached as {existing.short}")
-        return Attached(env.kind, str(existing), env.signed, True)
-    annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
-    digest = referrers.attach(place, subject, env.data, artifact_type, annotations)
-    log(f"{env.kind}: attached as {digest.short} ({'signed' if env.signed else 'UNSIGNED'})")
-    return Attached(env.kind, str(digest), env.signed, False)
-
-
 def _push_layout(
-    image: Image, target: Target, store: BlobStore, log: Log, envelopes: Sequence[Envelope], tag: str | None
+    image: Image, target: Target, store: BlobStore, log: Log, publishing: Publishing, tag: str | None
 ) -> Pushed:
     root = Path(target.location)
     chosen = target.tag or tag
     transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
     with transport.referrers(Target.layout(root)) as place:
-        attached = tuple(_attach(place, _subject(image), e, log) for e in envelopes)
+        attached = publishing.publish(place, _subject(image), Target.layout(root).text(), log)
     return Pushed(image.digest, image.config_digest, Target.layout(root, chosen).text(), chosen, attached)
 
 
@@ -319,11 +379,13 @@ class AttestingSink:
     pushed with the signed provenance of this very build (its invocation: id, start, end, command) and
     its verify result (`push_image`). `attached` collects what was attached, for the command's result."""
 
-    key: dsse.SigningKey | None
+    key: dsse.Signer | None
     command: tuple[str, ...]
     builder: str | None = None
     started: str = dataclasses.field(default_factory=provenance.now)
     attached: list[Attached] = dataclasses.field(default_factory=list)
+    formats: frozenset[str] = DEFAULT_FORMATS
+    gpg: GpgPlan | None = None
 
     def check(self, target: Target) -> None:
         if not target.holds_attestations:
@@ -355,6 +417,8 @@ class AttestingSink:
             invocation=invocation,
             tag=options.get("tag"),
             progress=options.get("progress") or NULL,
+            formats=self.formats,
+            gpg=self.gpg,
         )
         self.attached.extend(pushed.attached)
         return pushed.destination
@@ -366,18 +430,21 @@ def build_and_push(
     log: Log,
     *,
     to: str,
-    key: dsse.SigningKey | None,
+    key: dsse.Signer | None,
     runner: str = "auto",
     tag: str | None = None,
     builder: str | None = None,
     progress: Progress = NULL,
     seams: Seams = DEFAULT,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+    gpg: GpgPlan | None = None,
 ) -> dict[str, object]:
     """`servimg build DEF --to REPO|oci:DIR --sign KEY`: the one build pipeline, verified once, published
     by an `AttestingSink` (the image with the signed provenance of this very build and its verify result)."""
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
-    sink = AttestingSink(key, ("servimg", "build", definition_path.name, "--to", to, "--sign"), builder)
+    command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
+    sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)
     result = build(
         definition_path,
         store,
@@ -426,9 +493,10 @@ def attest_file(
     store: BlobStore,
     log: Log,
     *,
-    key: dsse.SigningKey | None = None,
+    key: dsse.Signer | None = None,
     repo: str | None = None,
     remote: bool = False,
+    formats: frozenset[str] = DEFAULT_FORMATS,
 ) -> Attached:
     """`servimg attest REF --predicate-type T --file F`: attach a later result to the image REF names."""
     try:
@@ -440,13 +508,13 @@ def attest_file(
     kind = attest.kind_of(kind_type)
     subjects = provenance.subjects(located.name, located.digest, located.config_digest)
     env = _make(kind, kind_type, attest.statement(subjects, kind_type, predicate), key)
-    return _attach_located(located, env, log)
+    return _attach_located(located, env, log, formats)
 
 
 def attest_rebuild(
     located: Located,
     result: rebuilds.Rebuilt,
-    key: dsse.SigningKey,
+    key: dsse.Signer,
     log: Log,
     *,
     rebuilder: str | None = None,
@@ -460,16 +528,19 @@ def attest_rebuild(
     )
     subjects = provenance.subjects(located.name, located.digest, located.config_digest)
     env = _make("rebuild", REBUILD_V1, attest.statement(subjects, REBUILD_V1, predicate), key)
-    return _attach_located(located, env, log)
+    return _attach_located(located, env, log, DEFAULT_FORMATS)
 
 
-def _attach_located(located: Located, env: Envelope, log: Log) -> Attached:
+def _attach_located(
+    located: Located, env: Envelope, log: Log, formats: frozenset[str], key: dsse.Signer | None = None
+) -> Attached:
     subject = _subject(located.image)
+    publishing = Publishing((env,), key, formats)
     if located.layout is not None:
         with transport.referrers(Target.layout(located.layout)) as place:
-            return _attach(place, subject, env, log)
+            return publishing.publish(place, subject, located.name, log)[0]
     with located.client() as client:
-        return _attach_confirmed(client, str(located.repository), subject, env, log)
+        return _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0]
 
 
 # ------------------------------------------------------------------------------------------------ promote
@@ -509,11 +580,13 @@ def promote(
     log: Log,
     policy: Policy,
     *,
-    key: dsse.SigningKey | None = None,
+    key: dsse.Signer | None = None,
     verifier: str | None = None,
     deep: bool = False,
     repo: str | None = None,
     remote: bool = False,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+    gpg: GpgPlan | None = None,
 ) -> Promoted:
     """Check REF against `policy`; only if it passes, attach a VSA and then move `tag` to the digest."""
     if not is_valid_tag(tag):
@@ -533,7 +606,10 @@ def promote(
     env = _make("vsa", attest.VSA_V1, attest.statement(subjects, attest.VSA_V1, predicate), key)
     with located.client() as client:
         subject = _subject(located.image)
-        vsa = _attach_confirmed(client, str(located.repository), subject, env, log)
+        publishing = Publishing((env,), key, formats)
+        gpg_signature = _gpg_prepare(gpg, client, f"{located.name}:{tag}", located.digest)
+        vsa = _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0]
+        _gpg_write(gpg_signature, client, str(located.repository), log)
         registry.put_tag(client, str(located.repository), tag, located.image, log)
         _confirm(client, str(located.repository), tag, subject, "after promotion")
     return Promoted(report, tag, vsa)

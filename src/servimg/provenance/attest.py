@@ -596,7 +596,7 @@ def _check_resource(rd: object, where: str, problems: list[str]) -> None:
 # --------------------------------------------------------------------------------------- sign and open
 
 
-def sign_statement(statement_bytes: bytes, key: dsse.SigningKey) -> dsse.Envelope:
+def sign_statement(statement_bytes: bytes, key: dsse.Signer) -> dsse.Envelope:
     """A DSSE envelope with payloadType `application/vnd.in-toto+json` over the statement bytes."""
     parse_statement(statement_bytes)  # never sign what a verifier would refuse
     return dsse.sign(PAYLOAD_TYPE, statement_bytes, key)

@@ -1,11 +1,13 @@
-"""DSSE v1 envelopes signed with ed25519 (secure-systems-lab/dsse, `protocol.md` and `envelope.md`).
+"""DSSE v1 envelopes signed with ed25519 or ECDSA P-256 (secure-systems-lab/dsse, `protocol.md`,
+`envelope.md`).
 
 What is signed is never the payload itself but PAE(payloadType, payload) (protocol.md §Signature definition),
 so a signature made for one payload type can never be replayed as another.
 
-Keys: a `keyid` is sha256 of the raw 32-byte public key. It is a HINT only (protocol.md §Protocol: "the
-KEYID is optional and MUST NOT be used for security decisions"): `verify` tries every trusted key against
-every signature and never lets a keyid choose, or skip, a key.
+Keys: a `keyid` is sha256 of the raw 32-byte ed25519 public key (of the DER SubjectPublicKeyInfo of an
+ECDSA key). It is a HINT only (protocol.md §Protocol: "the KEYID is optional and MUST NOT be used for
+security decisions"): `verify` tries every trusted key against every signature and never lets a keyid
+choose, or skip, a key.
 
 No repr, log line or error message in this module contains key material: key classes print their keyid
 only, and loading errors name the file, never its content.
@@ -20,10 +22,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from servimg.core import canonical
@@ -184,22 +187,49 @@ def _read_key_file(path: Path, what: str) -> bytes:
         raise DsseError(f"cannot read {what} {path}: {exc.strerror or 'failed'}") from None
 
 
+PublicKeyType = Ed25519PublicKey | ec.EllipticCurvePublicKey
+PrivateKeyType = Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+ALGORITHMS = ("ed25519", "ecdsa-p256")
+_ECDSA = ec.ECDSA(hashes.SHA256())
+# RFC 6979: the same key and message always give the same signature, so a rerun attaches nothing new
+# (cosign's ECDSA-P256 with SHA-256, SIGNATURE_SPEC.md §Signature Schemes, verifies it like any other).
+_ECDSA_DETERMINISTIC = ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
+_KEY_HINT = "expected an ed25519 or ECDSA P-256 key (servimg key generate writes one)"
+
+
+def _algorithm_of(key: PublicKeyType) -> str:
+    if isinstance(key, Ed25519PublicKey):
+        return "ed25519"
+    if isinstance(key.curve, ec.SECP256R1):
+        return "ecdsa-p256"
+    raise DsseError(f"ECDSA on {key.curve.name} is not supported", hint=_KEY_HINT)
+
+
 class VerifyKey:
-    """An ed25519 public key. Equal keys compare equal whatever file or PEM spelling they came from."""
+    """An ed25519 or ECDSA P-256 public key. Equal keys compare equal whatever file or PEM spelling they
+    came from. ECDSA signatures are ASN.1 DER over SHA-256 of the message (what cosign, containers/image
+    and the sigstore clients make and check)."""
 
-    __slots__ = ("_key", "_raw")
+    __slots__ = ("_key", "_raw", "algorithm")
 
-    def __init__(self, key: Ed25519PublicKey) -> None:
+    def __init__(self, key: PublicKeyType) -> None:
+        self.algorithm = _algorithm_of(key)
         self._key = key
-        self._raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        # The keyid of an ed25519 key is sha256 of its 32 raw bytes (as it always was); of an ECDSA key,
+        # sha256 of its DER SubjectPublicKeyInfo.
+        self._raw = (
+            key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+            if isinstance(key, Ed25519PublicKey)
+            else key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
 
     @property
     def keyid(self) -> str:
-        """sha256 hex of the raw public key: a hint for humans and for `Signature.keyid`, never trusted."""
+        """sha256 hex of the public key: a hint for humans and for `Signature.keyid`, never trusted."""
         return hashlib.sha256(self._raw).hexdigest()
 
     def __repr__(self) -> str:
-        return f"VerifyKey(keyid={self.keyid[:16]}…)"
+        return f"VerifyKey({self.algorithm}, keyid={self.keyid[:16]}…)"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, VerifyKey) and other._raw == self._raw
@@ -209,14 +239,23 @@ class VerifyKey:
 
     def verify(self, signature: bytes, message: bytes) -> bool:
         try:
-            self._key.verify(signature, message)
-        except InvalidSignature:
+            if isinstance(self._key, Ed25519PublicKey):
+                self._key.verify(signature, message)
+            else:
+                self._key.verify(signature, message, _ECDSA)
+        except (InvalidSignature, ValueError):  # ValueError: not a DER ECDSA signature at all
             return False
         return True
 
     def to_pem(self) -> bytes:
+        """SubjectPublicKeyInfo PEM ("PUBLIC KEY"): what cosign, containers/image and Kyverno read."""
         return self._key.public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    def to_der(self) -> bytes:
+        return self._key.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
 
     @classmethod
@@ -225,10 +264,16 @@ class VerifyKey:
             key = serialization.load_pem_public_key(data)
         except (ValueError, TypeError):
             # The library's message may quote the input; ours names only where it came from.
-            raise DsseError(f"{where}: not a PEM public key", hint="expected an ed25519 public key") from None
-        if not isinstance(key, Ed25519PublicKey):
-            raise DsseError(f"{where}: not an ed25519 public key", hint="servimg signs with ed25519 only")
-        return cls(key)
+            raise DsseError(f"{where}: not a PEM public key", hint=_KEY_HINT) from None
+        return cls(_public_of(key, where))
+
+    @classmethod
+    def from_der(cls, data: bytes, *, where: str = "public key") -> VerifyKey:
+        try:
+            key = serialization.load_der_public_key(data)
+        except (ValueError, TypeError):
+            raise DsseError(f"{where}: not a DER public key", hint=_KEY_HINT) from None
+        return cls(_public_of(key, where))
 
     @classmethod
     def load(cls, path: Path) -> VerifyKey:
@@ -239,16 +284,41 @@ class VerifyKey:
         _write_atomically(path, self.to_pem(), 0o644)
 
 
+def _public_of(key: object, where: str) -> PublicKeyType:
+    if isinstance(key, Ed25519PublicKey | ec.EllipticCurvePublicKey):
+        return key
+    raise DsseError(f"{where}: not an ed25519 or ECDSA public key", hint=_KEY_HINT)
+
+
+class Signer(Protocol):
+    """What signs: a key in a file (`SigningKey`) or one that never leaves an HSM (`provenance.pkcs11`).
+    `sign` returns what `VerifyKey.verify` of `public_key` accepts for the same message."""
+
+    @property
+    def public_key(self) -> VerifyKey: ...
+
+    @property
+    def keyid(self) -> str: ...
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
 class SigningKey:
-    """An ed25519 private key. Its repr shows the keyid only; it is saved 0600, atomically."""
+    """An ed25519 or ECDSA P-256 private key. Its repr shows the keyid only; it is saved 0600,
+    atomically."""
 
     __slots__ = ("_key",)
 
-    def __init__(self, key: Ed25519PrivateKey) -> None:
+    def __init__(self, key: PrivateKeyType) -> None:
+        _algorithm_of(key.public_key())
         self._key = key
 
     @classmethod
-    def generate(cls) -> SigningKey:
+    def generate(cls, algorithm: str = "ed25519") -> SigningKey:
+        if algorithm == "ecdsa-p256":
+            return cls(ec.generate_private_key(ec.SECP256R1()))
+        if algorithm != "ed25519":
+            raise DsseError(f"unknown key algorithm {algorithm!r}", hint=f"one of {', '.join(ALGORITHMS)}")
         return cls(Ed25519PrivateKey.generate())
 
     @property
@@ -267,7 +337,9 @@ class SigningKey:
         raise TypeError("SigningKey cannot be pickled")
 
     def sign(self, message: bytes) -> bytes:
-        return self._key.sign(message)
+        if isinstance(self._key, Ed25519PrivateKey):
+            return self._key.sign(message)
+        return self._key.sign(message, _ECDSA_DETERMINISTIC)
 
     def to_pem(self, password: bytes | None = None) -> bytes:
         encryption: serialization.KeySerializationEncryption = (
@@ -278,6 +350,12 @@ class SigningKey:
         )
 
     @classmethod
+    def from_private(cls, key: object, *, where: str = "private key") -> SigningKey:
+        if not isinstance(key, Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
+            raise DsseError(f"{where}: not an ed25519 or ECDSA private key", hint=_KEY_HINT)
+        return cls(key)
+
+    @classmethod
     def from_pem(
         cls, data: bytes, password: bytes | None = None, *, where: str = "private key"
     ) -> SigningKey:
@@ -286,11 +364,9 @@ class SigningKey:
         except (ValueError, TypeError):
             raise DsseError(
                 f"{where}: not a PEM private key, or the password is wrong or missing",
-                hint="expected a PKCS#8 ed25519 private key (servimg keygen writes one)",
+                hint="expected a PKCS#8 ed25519 or ECDSA P-256 private key (servimg key generate writes one)",
             ) from None
-        if not isinstance(key, Ed25519PrivateKey):
-            raise DsseError(f"{where}: not an ed25519 private key", hint="servimg signs with ed25519 only")
-        return cls(key)
+        return cls.from_private(key, where=where)
 
     @classmethod
     def load(cls, path: Path, password: bytes | None = None) -> SigningKey:
@@ -304,12 +380,12 @@ class SigningKey:
 # ------------------------------------------------------------------------------------------- sign, verify
 
 
-def sign(payload_type: str, payload: bytes, key: SigningKey) -> Envelope:
+def sign(payload_type: str, payload: bytes, key: Signer) -> Envelope:
     """A one-signature envelope over PAE(payload_type, payload) (protocol.md §Protocol, Sign)."""
     return Envelope(payload_type, payload, (Signature(key.sign(pae(payload_type, payload)), key.keyid),))
 
 
-def countersign(envelope: Envelope, key: SigningKey) -> Envelope:
+def countersign(envelope: Envelope, key: Signer) -> Envelope:
     """The same envelope with one more signature (envelope.md §Multiple signatures)."""
     extra = Signature(key.sign(pae(envelope.payload_type, envelope.payload)), key.keyid)
     return Envelope(envelope.payload_type, envelope.payload, (*envelope.signatures, extra))

@@ -1,8 +1,11 @@
-"""Signing keys on disk: `servimg key generate` and loading keys named on the command line or in a policy.
+"""Signing keys: `servimg key generate` and loading keys named on the command line or in a policy.
 
-A key pair is `<name>.key` (PKCS#8 PEM, 0600) and `<name>.pub` (SubjectPublicKeyInfo PEM, 0644). Where a
-trusted key is expected, a private key file is accepted too (its public half is used), so one file can
-be handed to both `push --key` and `check --key` in a single-operator setup.
+A key pair is `<name>.key` (PKCS#8 PEM, 0600) and `<name>.pub` (SubjectPublicKeyInfo PEM, 0644), ed25519
+or ECDSA P-256 (cosign's default; its public PEM is what cosign, containers/image and Kyverno read). A
+signing key may also be a cosign-generated encrypted key (`provenance.cosignkey`) or a `pkcs11:` URI, a
+key that never leaves its HSM (`provenance.hsm`). Where a trusted key is expected, a private key is
+accepted too (its public half is used), so one file can be handed to both `push --key` and `check --key`
+in a single-operator setup.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.provenance.dsse import DsseError, SigningKey, VerifyKey
+from servimg.provenance import cosignkey, hsm
+from servimg.provenance.dsse import DsseError, Signer, SigningKey, VerifyKey
 
 DEFAULT_NAME = "servimg"
 PASSWORD_ENV = "SERVIMG_KEY_PASSWORD"
@@ -23,13 +27,22 @@ class KeyPair:
     private: Path
     public: Path
     keyid: str
+    algorithm: str = "ed25519"
 
     def as_dict(self) -> dict[str, object]:
-        return {"private_key": str(self.private), "public_key": str(self.public), "keyid": self.keyid}
+        return {
+            "private_key": str(self.private),
+            "public_key": str(self.public),
+            "keyid": self.keyid,
+            "algorithm": self.algorithm,
+        }
 
 
-def generate(out: Path, name: str = DEFAULT_NAME, *, force: bool = False) -> KeyPair:
-    """Write a fresh ed25519 pair into `out` (created 0700 if missing); never overwrite unless `force`."""
+def generate(
+    out: Path, name: str = DEFAULT_NAME, *, force: bool = False, algorithm: str = "ed25519"
+) -> KeyPair:
+    """Write a fresh pair (ed25519 or ecdsa-p256) into `out` (created 0700 if missing); never overwrite
+    unless `force`."""
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     private, public = out / f"{name}.key", out / f"{name}.pub"
     existing = [p for p in (private, public) if p.exists()]
@@ -38,10 +51,10 @@ def generate(out: Path, name: str = DEFAULT_NAME, *, force: bool = False) -> Key
             f"{', '.join(map(str, existing))} already exist(s); refusing to overwrite a key",
             hint="choose another --out or --name (or pass --force to replace it deliberately)",
         )
-    key = SigningKey.generate()
+    key = SigningKey.generate(algorithm)
     key.save(private, _password())
     key.public_key.save(public)
-    return KeyPair(private, public, key.keyid)
+    return KeyPair(private, public, key.keyid, key.public_key.algorithm)
 
 
 def _password() -> bytes | None:
@@ -49,8 +62,15 @@ def _password() -> bytes | None:
     return value.encode() if value else None
 
 
-def load_signing(path: Path) -> SigningKey:
-    """A private key ($SERVIMG_KEY_PASSWORD decrypts an encrypted one)."""
+def load_signing(path: Path | str) -> Signer:
+    """A private key: a `pkcs11:` URI (the key stays in its token), a cosign-encrypted key
+    ($COSIGN_PASSWORD), or a PKCS#8 PEM ($SERVIMG_KEY_PASSWORD decrypts an encrypted one)."""
+    if str(path).startswith(hsm.SCHEME):
+        return hsm.HsmSigner.load(str(path))
+    path = Path(path)
+    data = path.read_bytes() if path.is_file() else b""
+    if cosignkey.is_cosign_key(data):
+        return cosignkey.load(data, cosignkey.password(), where=str(path))
     return SigningKey.load(path, _password())
 
 
@@ -58,6 +78,9 @@ def load_trusted(paths: Iterable[Path]) -> tuple[VerifyKey, ...]:
     """Trusted public keys: each file is a public key, or a private key whose public half is trusted."""
     keys: list[VerifyKey] = []
     for path in paths:
+        if str(path).startswith(hsm.SCHEME):
+            keys.append(load_signing(path).public_key)
+            continue
         try:
             keys.append(VerifyKey.load(path))
         except DsseError as public_error:

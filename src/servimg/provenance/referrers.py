@@ -22,7 +22,7 @@ from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.oci.image import MANIFEST_TYPES, OCI_INDEX, OCI_MANIFEST, Descriptor
-from servimg.provenance import dsse
+from servimg.provenance import cosign, dsse
 from servimg.provenance.attest import ENVELOPE_MEDIA_TYPE, timestamp
 
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
@@ -51,13 +51,19 @@ def attestation_annotations(predicate_type: str, created: str) -> dict[str, str]
 
 
 def artifact_manifest(
-    subject: Descriptor, envelope_bytes: bytes, artifact_type: str, annotations: Mapping[str, str]
+    subject: Descriptor,
+    envelope_bytes: bytes,
+    artifact_type: str,
+    annotations: Mapping[str, str],
+    *,
+    layer_type: str = ENVELOPE_MEDIA_TYPE,
 ) -> bytes:
     """The artifact's image manifest as canonical JSON (image-spec manifest.md, artifact guidance 2).
 
-    The envelope must parse as DSSE: a registry is no place to park bytes no verifier could read.
+    The layer must parse (a DSSE envelope, or a sigstore bundle of one when `layer_type` is the bundle
+    type, cosign BUNDLE_SPEC.md §Publishing): a registry is no place to park bytes no verifier could read.
     """
-    _check_artifact_inputs(subject, envelope_bytes, artifact_type, annotations)
+    _check_artifact_inputs(subject, envelope_bytes, artifact_type, annotations, layer_type)
     manifest: dict[str, object] = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
@@ -65,7 +71,7 @@ def artifact_manifest(
         "config": dict(EMPTY_DESCRIPTOR),
         "layers": [
             {
-                "mediaType": ENVELOPE_MEDIA_TYPE,
+                "mediaType": layer_type,
                 "digest": str(Digest.of_bytes(envelope_bytes)),
                 "size": len(envelope_bytes),
             }
@@ -78,7 +84,11 @@ def artifact_manifest(
 
 
 def _check_artifact_inputs(
-    subject: Descriptor, envelope_bytes: bytes, artifact_type: str, annotations: Mapping[str, str]
+    subject: Descriptor,
+    envelope_bytes: bytes,
+    artifact_type: str,
+    annotations: Mapping[str, str],
+    layer_type: str,
 ) -> None:
     problems: list[str] = []
     if subject.media_type not in MANIFEST_TYPES | {OCI_INDEX}:
@@ -88,8 +98,11 @@ def _check_artifact_inputs(
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
         problems.append("annotations must map strings to strings")
     try:
-        dsse.Envelope.parse(envelope_bytes)
-    except dsse.DsseError as exc:
+        if layer_type == cosign.BUNDLE_V03:
+            cosign.bundle_envelope(envelope_bytes, "bundle")
+        else:
+            dsse.Envelope.parse(envelope_bytes)
+    except ServimgError as exc:
         problems.extend(f"envelope: {p}" for p in exc.problems or [exc.message])
     if problems:
         raise ReferrersError("refusing to build an attestation artifact", problems=problems)
@@ -102,10 +115,12 @@ def attach(
     envelope_bytes: bytes,
     artifact_type: str,
     annotations: Mapping[str, str],
+    *,
+    layer_type: str = ENVELOPE_MEDIA_TYPE,
 ) -> Digest:
-    """Attach one envelope to `subject` at `place` (its artifact: empty config, envelope, manifest), made
-    discoverable there; the artifact manifest's digest."""
-    manifest = artifact_manifest(subject, envelope_bytes, artifact_type, annotations)
+    """Attach one envelope (or bundle) to `subject` at `place` (its artifact: empty config, the blob,
+    manifest), made discoverable there; the artifact manifest's digest."""
+    manifest = artifact_manifest(subject, envelope_bytes, artifact_type, annotations, layer_type=layer_type)
     return place.attach(subject.digest, manifest, (EMPTY_BLOB, envelope_bytes))
 
 
@@ -117,7 +132,12 @@ def listed(place: Referrers, subject: Digest, artifact_type: str | None = None) 
 
 
 def fetch_envelope(
-    place: Referrers, subject: Digest, artifact: Digest, *, artifact_type: str | None = None
+    place: Referrers,
+    subject: Digest,
+    artifact: Digest,
+    *,
+    artifact_type: str | None = None,
+    layer_type: str = ENVELOPE_MEDIA_TYPE,
 ) -> bytes:
     """The envelope bytes of the artifact `artifact`, checked against `subject`.
 
@@ -125,7 +145,7 @@ def fetch_envelope(
     `subject` (an index entry can point anywhere; the manifest's subject is what binds it) and whose one
     DSSE layer is within the size limit; the blob is re-hashed."""
     data, media_type = place.manifest(artifact)
-    layer = _envelope_layer(data, media_type, subject, artifact_type, f"artifact {artifact}")
+    layer = _envelope_layer(data, media_type, subject, artifact_type, f"artifact {artifact}", layer_type)
     blob = place.blob(layer.digest)
     if len(blob) != layer.size:
         raise ReferrersError(
@@ -135,7 +155,7 @@ def fetch_envelope(
 
 
 def _envelope_layer(
-    data: bytes, media_type: str, subject: Digest, artifact_type: str | None, where: str
+    data: bytes, media_type: str, subject: Digest, artifact_type: str | None, where: str, layer_type: str
 ) -> Descriptor:
     """The DSSE layer of an artifact manifest, after checking the manifest is bound to `subject`."""
     try:
@@ -149,10 +169,10 @@ def _envelope_layer(
     envelopes = [
         d
         for d in (layers if isinstance(layers, list) else [])
-        if isinstance(d, dict) and d.get("mediaType") == ENVELOPE_MEDIA_TYPE
+        if isinstance(d, dict) and d.get("mediaType") == layer_type
     ]
     if len(envelopes) != 1:
-        problems.append(f"has {len(envelopes)} layers of type {ENVELOPE_MEDIA_TYPE}, expected exactly 1")
+        problems.append(f"has {len(envelopes)} layers of type {layer_type}, expected exactly 1")
     if problems:
         raise ReferrersError(f"{where} is not an attestation of {subject}", problems=problems)
     try:
