@@ -176,6 +176,12 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        ("policy", "export"),
+        "write the deploy side's policy: containers policy.json + registries.d/, Kyverno, policy-controller",
+        flags.policy_export_flags,
+        Bound(flags.policy_export, "servimg.commands.policyexport:policy_export"),
+    ),
+    Command(
         ("key", "generate"),
         "write a key pair (ed25519, or ecdsa-p256 as cosign makes): NAME.key (0600) and NAME.pub",
         flags.key_flags,
@@ -246,6 +252,7 @@ COMMANDS: tuple[Command, ...] = (
 GROUPS = {
     "witness": "serving-process witness records (images built with witness: true)",
     "key": "signing keys",
+    "policy": "the deploy side's policy files (containers policy.json, Kyverno, policy-controller)",
     "server": "the resident server that runs servimg commands without a start-up (SERVIMG_SERVER=0: off)",
     "overlay": "author an overlay from an edited copy of an installed package (like patch-package)",
     "cache": "the local cache (~/.cache/servimg, SERVIMG_CACHE): its health, size and pruning",

@@ -91,6 +91,43 @@ def publish_flags(p: argparse.ArgumentParser, *, gpg: bool = True) -> None:
         )
 
 
+def policy_export_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="directory to write the files into")
+    p.add_argument("--registry", required=True, help="the registry scope: HOST[:PORT] or HOST[:PORT]/REPO")
+    p.add_argument(
+        "--key",
+        type=Path,
+        action="append",
+        default=[],
+        help="public key: an armored GPG key (--signatures gpg) or a PEM (sigstore, Kyverno, "
+        "policy-controller); repeatable",
+    )
+    p.add_argument("--runtime", choices=["containers"], default=None, help="policy.json + registries.d/")
+    p.add_argument("--signatures", choices=["gpg", "sigstore"], default="gpg", help="with --runtime")
+    p.add_argument("--lookaside", default=None, metavar="URL", help="where GPG signatures are served")
+    p.add_argument("--kyverno", action="store_true", help="a Kyverno ClusterPolicy (verifyImages)")
+    p.add_argument(
+        "--policy-controller", action="store_true", help="a sigstore policy-controller ClusterImagePolicy"
+    )
+    p.add_argument("--policy", type=Path, default=None, help="the policy file `servimg check --policy` reads")
+    p.add_argument("--require-ladder", action="append", default=[], metavar="NAME", help="repeatable")
+
+
+def policy_export(a: argparse.Namespace) -> params.PolicyExport:
+    return params.PolicyExport(
+        a.out,
+        a.registry,
+        tuple(a.key),
+        a.runtime,
+        a.signatures,
+        a.lookaside,
+        a.kyverno,
+        a.policy_controller,
+        a.policy,
+        tuple(a.require_ladder),
+    )
+
+
 def publish(a: argparse.Namespace) -> params.Publish:
     return params.Publish(a.formats, getattr(a, "gpg_key", None), getattr(a, "lookaside", None))
 

@@ -150,6 +150,22 @@ class KeyGenerate:
 
 
 @dataclass(frozen=True)
+class PolicyExport:
+    """`servimg policy export`: the deploy side's policy files from what `check` enforces."""
+
+    out: Path
+    registry: str
+    key: tuple[Path, ...] = ()  # a GPG public key (containers gpg) or PEM public keys
+    runtime: str | None = None  # containers
+    signatures: str = "gpg"  # gpg | sigstore (with --runtime containers)
+    lookaside: str | None = None  # the URL registries.d names (gpg)
+    kyverno: bool = False
+    policy_controller: bool = False
+    policy: Path | None = None  # the check policy file (keys, requirements, ladders)
+    require_ladder: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Push:
     image: str
     dest: str

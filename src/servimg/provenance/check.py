@@ -25,6 +25,7 @@ from servimg.oci.store import BlobStore
 from servimg.provenance import attest, binding, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
+from servimg.provenance.cosignread import CosignSignature
 from servimg.provenance.evidence import (
     Evidence,
     Found,
@@ -150,7 +151,8 @@ def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]
         why = f"artifactType {f.artifact_type} but the statement is a {declared}"
         return [signature, _ignored(what, why)], False
     covered = "manifest" if statement.covers(loc.digest) else "config"
-    good = row(what, PASS, f"{_describe(statement)}; subject = this image's {covered} digest")
+    message = f"{_describe(statement)}; subject = this image's {covered} digest; found as {f.found_as}"
+    good = row(what, PASS, message)
     if signature.status == WARN:
         return [signature, good], True
     return [replace(good, message=f"{good.message}; {signature.message}")], True
@@ -195,6 +197,15 @@ def _signature_row(policy: Policy, ev: Evidence, f: Found, what: str) -> Finding
     return _ignored(what, f"signed by a key that is not trusted (keyid hint {keys}); trusted: {trusted}")
 
 
+def _cosign_signature_row(signature: CosignSignature) -> Finding:
+    """cosign's simple signature of the manifest (`.sig`): reported, never required; like every piece
+    of evidence that does not verify, a bad one is ignored (anyone who may push may write the tag)."""
+    what = f"cosign signature {signature.layer.removeprefix('sha256:')[:12]}"
+    if signature.status == "verified":
+        return row(what, PASS, f"{signature.why}; its payload names this manifest digest (cosign .sig)")
+    return _ignored(what, signature.why)
+
+
 def _describe(statement: attest.Statement) -> str:
     p = statement.predicate
     if statement.predicate_type == attest.PROVENANCE_V1:
@@ -219,6 +230,7 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
     rows.append(row("attestations", PASS if ev.found else WARN, f"{len(ev.found)} found via {ev.discovery}"))
     for _, attestation_rows, _ in judged:
         rows += attestation_rows
+    rows += [_cosign_signature_row(s) for s in ev.signatures]
     if policy.allow_unsigned:
         rows.append(
             row("signatures", WARN, "unsigned mode: unsigned or unverified attestations are accepted")

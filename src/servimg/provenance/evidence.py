@@ -33,7 +33,7 @@ from servimg.oci import integrity
 from servimg.oci.image import Image
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, dsse, referrers
+from servimg.provenance import attest, cosign, cosignread, dsse, referrers
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.statements import ChangedFile, ImageFacts
@@ -281,6 +281,11 @@ class Found:
     statement: attest.Statement | None = None
     statement_problem: str | None = None
     created: str | None = None
+    forms: tuple[str, ...] = ("oci",)  # where it was found: provenance.cosign.FORMATS
+
+    @property
+    def found_as(self) -> str:
+        return ", ".join(cosign.FORMAT_NAMES.get(f, f) for f in self.forms)
 
     @property
     def short(self) -> str:
@@ -302,6 +307,7 @@ class Evidence:
     typed_trust: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (predicate type, keyids trusted for it)
     lock_file: tuple[str, Lock] | None = None  # `--lock FILE`: the lock the image must be built from
     rebuild: rebuilds.Rebuilt | None = None  # `--rebuild`: this machine's rebuild
+    signatures: tuple[cosignread.CosignSignature, ...] = ()  # cosign's `.sig` layers, each verified
 
 
 def collect(
@@ -319,7 +325,7 @@ def collect(
             f"threshold {threshold} exceeds the {len(set(trusted))} distinct trusted key(s)",
             hint="pass more --key files or lower --threshold",
         )
-    found, discovery = _attestations(located, trusted, threshold)
+    found, discovery, signatures = _attestations(located, trusted, threshold)
     facts: ImageFacts | None = None
     facts_problem = None
     changes = None
@@ -341,6 +347,7 @@ def collect(
         threshold,
         report,
         deep_problem,
+        signatures=signatures,
     )
 
 
@@ -371,17 +378,44 @@ def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None =
 
 def _attestations(
     located: Located, trusted: Sequence[dsse.VerifyKey], threshold: int
-) -> tuple[list[Found], str]:
+) -> tuple[list[Found], str, tuple[cosignread.CosignSignature, ...]]:
+    """Every attestation in every format (servimg's referrers, sigstore bundles, cosign's `.att`), one
+    `Found` per statement (`merged`), and cosign's simple signatures of the manifest."""
     subject = located.digest
     if located.layout is None and located.repository is None:
-        return [], "nowhere (no registry location, no layout)"
+        return [], "nowhere (no registry location, no layout)", ()
     with located.referrers() as place:
         descriptors, via = place.discover(subject)
+        entries = cosignread.listed(place, subject, descriptors, via)
         found = [
-            found_from(d, via, lambda a: referrers.fetch_envelope(place, subject, a), trusted, threshold)
-            for d in descriptors
+            replace(found_from(e.descriptor, e.via, e.fetch, trusted, threshold), forms=(e.form,))
+            for e in entries
         ]
-        return found, via
+        signatures = cosignread.signatures(place, subject, trusted)
+    tags = sorted({e.via for e in entries if e.form == cosignread.ATT})
+    return merged(found), "; ".join([via, *tags]), signatures
+
+
+# The better of two copies of one statement: the one whose signature verified, then unsigned, …
+_RANK = {"verified": 0, "unsigned": 1, "no-keys": 2, "threshold": 3, "untrusted": 4, "forged": 5}
+
+
+def merged(found: Sequence[Found]) -> list[Found]:
+    """One `Found` per statement: the same envelope payload published in several formats (a referrer,
+    an `.att` layer, a bundle) is one piece of evidence, kept as its best-verified copy and listing every
+    format it was found in. What could not be read stays as it is, each reported."""
+    groups: dict[tuple[str, bytes], list[Found]] = {}
+    out: list[Found] = []
+    for f in found:
+        if f.envelope is None:
+            out.append(f)
+            continue
+        groups.setdefault((f.envelope.payload_type, f.envelope.payload), []).append(f)
+    for copies in groups.values():
+        best = min(copies, key=lambda f: _RANK.get(f.signature, 9))
+        forms = tuple(dict.fromkeys(form for f in copies for form in f.forms))
+        out.append(replace(best, forms=forms))
+    return out
 
 
 def found_from(
