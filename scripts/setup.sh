@@ -9,7 +9,8 @@
 # 127.0.0.1:5000, mmdebstrap (the demo base is bootstrapped from pinned packages) and the Python venv with
 # servimg. The tests also need faketime (the reproducibility tests build under another clock), Nix (Debian
 # nix-bin, the offline flake tests), the ecosystem's tools the interop tests drive (skopeo, umoci, podman;
-# docker-credential-pass + pass for the credential-helper tests) and a private one-node Slurm cluster
+# docker-credential-pass + pass for the credential-helper tests; gnupg, softhsm2 and node with the
+# packages of tests/interop/node for the deploy-side tests of issue 31) and a private one-node Slurm cluster
 # (scripts/slurm.sh: its own configuration, munge key and ports; a host's /etc/slurm is never touched).
 #
 # A guest on the host: it installs Debian packages (and says which, and why, before it does), starts
@@ -30,7 +31,8 @@ mkdir -p "$STATE" "$LOGS"
 export DEBIAN_FRONTEND=noninteractive
 demo_tools="dockerd:docker.io docker-registry:docker-registry mmdebstrap:mmdebstrap"
 test_tools="faketime:faketime nix-instantiate:nix-bin skopeo:skopeo umoci:umoci podman:podman
-  docker-credential-pass:golang-docker-credential-helpers pass:pass"
+  docker-credential-pass:golang-docker-credential-helpers pass:pass gpg:gnupg softhsm2-util:softhsm2
+  node:nodejs npm:npm"
 wanted=$demo_tools
 [ "$profile" = test ] && wanted="$demo_tools $test_tools"
 need=()
@@ -84,4 +86,18 @@ if [ ! -x .venv/bin/servimg ]; then
   python3 -m venv .venv
 fi
 if [ "$profile" = test ]; then .venv/bin/pip install -q -e '.[dev]'; else .venv/bin/pip install -q -e .; fi
+
+# The deploy side's own verifiers the interop tests run (tests/interop/node/package.json, pinned by its
+# lock): @sigstore/verify and Kyverno's CRD schemas. They need node >= 20.17.
+if [ "$profile" = test ]; then
+  node_major=$(node -p 'process.versions.node.split(".").map(Number).reduce((a, b, i) => i < 2 ? a * 1000 + b : a)' 2>/dev/null || echo 0)
+  if [ "$node_major" -lt 20017 ]; then
+    echo "setup: node $(node --version 2>/dev/null || echo missing) is older than 20.17, which @sigstore/verify needs;" >&2
+    echo "  install node 20 or later (the tests that run it skip and say so)" >&2
+  elif ! cmp -s tests/interop/node/package-lock.json tests/interop/node/node_modules/.servimg-lock; then
+    echo "setup: installing the interop tests' node packages (npm ci, tests/interop/node)"
+    (cd tests/interop/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+      cp package-lock.json node_modules/.servimg-lock)
+  fi
+fi
 echo "setup ($profile): ready (docker $(docker version -f '{{.Server.Version}}'), registry 127.0.0.1:5000, .venv)"

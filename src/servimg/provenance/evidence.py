@@ -397,6 +397,7 @@ def _attestations(
 
 
 # The better of two copies of one statement: the one whose signature verified, then unsigned, …
+_ORDER = {form: i for i, form in enumerate(cosign.FORMATS)}
 _RANK = {"verified": 0, "unsigned": 1, "no-keys": 2, "threshold": 3, "untrusted": 4, "forged": 5}
 
 
@@ -412,8 +413,9 @@ def merged(found: Sequence[Found]) -> list[Found]:
             continue
         groups.setdefault((f.envelope.payload_type, f.envelope.payload), []).append(f)
     for copies in groups.values():
-        best = min(copies, key=lambda f: _RANK.get(f.signature, 9))
-        forms = tuple(dict.fromkeys(form for f in copies for form in f.forms))
+        # The best-verified copy; of equals, the one in servimg's own format (its artifact is named).
+        best = min(copies, key=lambda f: (_RANK.get(f.signature, 9), _ORDER.get(f.forms[0], 9)))
+        forms = tuple(sorted({form for f in copies for form in f.forms}, key=lambda x: _ORDER.get(x, 9)))
         out.append(replace(best, forms=forms))
     return out
 
