@@ -274,12 +274,12 @@ def test_ecdsa_p256_keys_sign_and_verify_and_other_curves_are_refused() -> None:
     pem = other.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    with pytest.raises(DsseError, match="SECP384R1|secp384r1"):
+    with pytest.raises(DsseError, match=r"SECP384R1|secp384r1"):
         SigningKey.from_pem(pem)
     pub = other.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    with pytest.raises(DsseError, match="secp384r1|SECP384R1"):
+    with pytest.raises(DsseError, match=r"secp384r1|SECP384R1"):
         VerifyKey.from_pem(pub)
     with pytest.raises(DsseError, match="unknown key algorithm"):
         SigningKey.generate("rsa")

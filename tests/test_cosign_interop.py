@@ -465,7 +465,10 @@ def test_check_accepts_a_bundle_signed_without_servimg(
     code, out = cli_json("check", ref, "--key", str(public), cache=world["cache"], capsys=capsys)
     assert code == 0, rows(out)
     passed = [r["why"] for r in rows(out) if r["what"].startswith("attestation ") and r["verdict"] == "PASS"]
-    assert len(passed) == 3 and all("found as OCI referrer (DSSE), sigstore bundle v0.3" in w for w in passed)
+    assert len(passed) == 3 and all("found as sigstore bundle v0.3;" in w for w in passed), passed
+    # servimg's own unsigned copies of the same statements are reported apart, and not counted.
+    unsigned = [r for r in rows(out) if "ignored: unsigned envelope" in r["why"]]
+    assert len(unsigned) == 3
 
 
 # ---------------------------------------------------------------------------------------- writers and faults
@@ -708,6 +711,24 @@ def test_skopeo_accepts_the_gpg_signed_image_and_refuses_the_unsigned_and_anothe
     # gpgme checks the signature against the policy's keyring only: key B is unknown there.
     assert done.returncode != 0 and "Invalid GPG signature" in done.stderr, done.stderr
     assert world["fpr"]["B"] in done.stderr
+
+
+def test_promote_signs_the_promotion_tag_for_the_runtime(
+    world: dict[str, Any], signed: dict[str, Any], gpg_policy: Path, tmp_path: Path
+) -> None:
+    """The default policy wants a signature for exactly the pulled tag: promote makes one for its tag."""
+    repo = "i31/promote"
+    ref, promoted = f"{world['host']}/{repo}:v1", f"{world['host']}/{repo}:qualified"
+    gpg_flags = ("--gpg-key", world["fpr"]["A"], "--lookaside", str(world["lookaside"]))
+    assert push(world, ref, *gpg_flags) == 0
+    flags = ("--file", str(receipt(world, signed["digest"])), "--key", str(world["pair"].private))
+    assert cli("attest", ref, "--predicate-type", "test-result", *flags, cache=world["cache"]) == 0
+    assert skopeo_copy(world, gpg_policy, promoted, tmp_path).returncode != 0  # no such tag yet
+    policy = ("--key", str(world["pair"].public), "--require-ladder", "cpu-smoke")
+    sign = ("--sign", str(world["pair"].private))
+    assert cli("promote", ref, "--tag", "qualified", *sign, *policy, *gpg_flags, cache=world["cache"]) == 0
+    done = skopeo_copy(world, gpg_policy, promoted, tmp_path)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_skopeo_made_signature_beside_servimgs_is_accepted_too(

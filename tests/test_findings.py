@@ -146,6 +146,8 @@ def test_the_cli_has_one_registry_of_commands() -> None:
             argv += ["x.yaml", "vllm", "--dir", "d", *(["--id", "i"] if name[1] == "save" else [])]
         elif name[0] == "init":
             argv += ["--base", "ref", "--name", "n"]
+        elif name[0] == "policy":
+            argv += ["--out", "o", "--registry", "r:5000", "--kyverno"]
         args = top.parse_args(argv)
         command = next(c for c in cli.COMMANDS if c.name == name)
         assert args.run is command.run

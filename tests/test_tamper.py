@@ -31,7 +31,7 @@ from servimg.core.errors import ServimgError
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
-from servimg.provenance import attest, check, dsse, evidence, keys, referrers
+from servimg.provenance import attest, check, cosign, dsse, evidence, keys, referrers
 from servimg.provenance.attach import build_statements, image_facts, push_image
 from servimg.provenance.statements import Invocation
 
@@ -114,11 +114,24 @@ def clean(built: dict[str, Any], registry: Any, keyring: dict[str, Path]) -> dic
     return {"ref": ref, "pushed": pushed}
 
 
-def publish(built: dict[str, Any], registry: Any, image: Image, tag: str, key: dsse.SigningKey | None) -> Any:
+def publish(
+    built: dict[str, Any],
+    registry: Any,
+    image: Image,
+    tag: str,
+    key: dsse.SigningKey | None,
+    formats: frozenset[str] = frozenset(cosign.FORMATS),
+) -> Any:
     """Push a (possibly tampered) image with attestations made by the pipeline from the image itself,
     vouched for by the clean image's verify report: an insider or a broken step, not an outsider."""
     return push_image(
-        image, f"{registry.host}/{REPO_NAME}:{tag}", built["store"], print, key=key, report=built["report"]
+        image,
+        f"{registry.host}/{REPO_NAME}:{tag}",
+        built["store"],
+        print,
+        key=key,
+        report=built["report"],
+        formats=formats,
     )
 
 
@@ -195,7 +208,9 @@ def test_push_is_idempotent_and_never_changes_the_digest(
     assert head(registry, REPO_NAME, "clean") == str(built["image"].digest)
     with RegistryClient(registry.host) as client:
         listed = referrers.listed(RegistryReferrers(client, REPO_NAME), built["image"].digest)
-    assert len(listed) == 3  # provenance, the verify result, the SBOM
+    natives = [d for d in listed if d["artifactType"] != cosign.BUNDLE_V03]
+    assert len(natives) == 3  # provenance, the verify result, the SBOM
+    assert len(listed) == 6  # and each as a sigstore bundle (one signature each)
 
 
 def test_oci_layout_carries_its_attestations(
@@ -319,8 +334,13 @@ def test_attestation_swapped_between_tags(
     built: dict[str, Any], registry: Any, keyring: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = keys.load_signing(keyring["key"])
-    a = publish(built, registry, relabeled(built, **{"io.servimg.test.variant": "swap-a"}), "swap-a", key)
-    b = publish(built, registry, relabeled(built, **{"io.servimg.test.variant": "swap-b"}), "swap-b", key)
+    native = frozenset({cosign.NATIVE})  # the swap is of the referrers index: the one place they are
+    a = publish(
+        built, registry, relabeled(built, **{"io.servimg.test.variant": "swap-a"}), "swap-a", key, native
+    )
+    b = publish(
+        built, registry, relabeled(built, **{"io.servimg.test.variant": "swap-b"}), "swap-b", key, native
+    )
     with RegistryClient(registry.host) as client:
         mine = referrers.listed(RegistryReferrers(client, REPO_NAME), a.digest)
         theirs = referrers.listed(RegistryReferrers(client, REPO_NAME), b.digest)
@@ -344,7 +364,10 @@ def test_stale_fallback_index(
     built: dict[str, Any], registry: Any, keyring: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = keys.load_signing(keyring["key"])
-    pushed = publish(built, registry, relabeled(built, **{"io.servimg.test.variant": "stale"}), "stale", key)
+    # servimg's referrers only: the stale entry is then the one place the provenance was (with cosign's
+    # formats beside it the same statement would still be found, as tests/test_cosign_interop.py shows).
+    stale = relabeled(built, **{"io.servimg.test.variant": "stale"})
+    pushed = publish(built, registry, stale, "stale", key, frozenset({cosign.NATIVE}))
     gone = next(a for a in pushed.attached if a.kind == "provenance")
     with RegistryClient(registry.host) as client:
         client.delete_manifest(REPO_NAME, Digest.parse(gone.artifact))
@@ -784,6 +807,9 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     assert [a.artifact for a in first.attached] == [a.artifact for a in second.attached]
     with RegistryClient(own_registry.host) as client:
         listed = referrers.listed(RegistryReferrers(client, KILLED_REPO), image.digest)
+        bundles = referrers.listed(RegistryReferrers(client, KILLED_REPO), image.digest, cosign.BUNDLE_V03)
+    assert len(bundles) == 3, "each envelope once as a bundle too"
+    listed = [d for d in listed if d["artifactType"] != cosign.BUNDLE_V03]
     assert sorted(d["artifactType"] for d in listed) == sorted(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"

@@ -58,6 +58,7 @@ class Pushed:
     attached: tuple[Attached, ...]
     note: str | None = None  # what was deliberately not attached, and why
     gpg: tuple[gpgsign.GpgSigned, ...] = ()
+    signatures: tuple[str, ...] = ()  # cosign simple signatures of the manifest (`.sig` layers)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -66,6 +67,7 @@ class Pushed:
             "destination": self.destination,
             "tag": self.tag,
             "attestations": [a.as_dict() for a in self.attached],
+            **({"signatures": list(self.signatures)} if self.signatures else {}),
             **({"gpg_signatures": [g.as_dict() for g in self.gpg]} if self.gpg else {}),
             **({"note": self.note} if self.note else {}),
         }
@@ -219,14 +221,15 @@ class Publishing:
     formats: frozenset[str]
     gpg: GpgPlan | None = None
 
-    def publish(self, place: Referrers, subject: Descriptor, name: str, log: Log) -> tuple[Attached, ...]:
-        attached = [publish_attestation(place, subject, e, self.formats, log) for e in self.envelopes]
+    def publish(
+        self, place: Referrers, subject: Descriptor, name: str, log: Log
+    ) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
+        """The attestations as attached, and the manifest's cosign signatures (`.sig`)."""
+        attached = tuple(publish_attestation(place, subject, e, self.formats, log) for e in self.envelopes)
+        signatures: tuple[str, ...] = ()
         if self.key is not None and cosign.SIG in self.formats:
-            where = sign_manifest(place, subject.digest, name, self.key, log)
-            attached.append(
-                Attached("signature", where, True, where.endswith("(already signed)"), ((cosign.SIG, where),))
-            )
-        return tuple(attached)
+            signatures = (sign_manifest(place, subject.digest, name, self.key, log),)
+        return attached, signatures
 
 
 @dataclass(frozen=True)
@@ -323,13 +326,15 @@ def _push_registry(
         gpg = _gpg_prepare(publishing.gpg, client, identity, image.digest)
         registry.write_image(client, ref.repository, image, store, log, progress=progress)
         subject = _subject(image)
-        attached = _publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
+        attached, signatures = _publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
         signed = _gpg_write(gpg, client, ref.repository, log)
         if chosen:
             registry.put_tag(client, ref.repository, chosen, image, log)
             _confirm(client, ref.repository, chosen, subject, "after tagging")
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
-    return Pushed(image.digest, image.config_digest, where, chosen, attached, gpg=signed)
+    return Pushed(
+        image.digest, image.config_digest, where, chosen, attached, gpg=signed, signatures=signatures
+    )
 
 
 def _subject(image: Image) -> Descriptor:
@@ -350,7 +355,7 @@ def _confirm(client: RegistryClient, repo: str, reference: str, subject: Descrip
 
 def _publish_confirmed(
     client: RegistryClient, repo: str, subject: Descriptor, publishing: Publishing, name: str, log: Log
-) -> tuple[Attached, ...]:
+) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
     """`publishing` in a registry repository, the image manifest confirmed to be exactly the subject
     before and after (attaching never changes it)."""
     _confirm(client, repo, str(subject.digest), subject, "before attaching")
@@ -366,8 +371,9 @@ def _push_layout(
     chosen = target.tag or tag
     transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
     with transport.referrers(Target.layout(root)) as place:
-        attached = publishing.publish(place, _subject(image), Target.layout(root).text(), log)
-    return Pushed(image.digest, image.config_digest, Target.layout(root, chosen).text(), chosen, attached)
+        attached, signatures = publishing.publish(place, _subject(image), Target.layout(root).text(), log)
+    where = Target.layout(root, chosen).text()
+    return Pushed(image.digest, image.config_digest, where, chosen, attached, signatures=signatures)
 
 
 # ---------------------------------------------------------------------------------------- build --sign
@@ -538,9 +544,11 @@ def _attach_located(
     publishing = Publishing((env,), key, formats)
     if located.layout is not None:
         with transport.referrers(Target.layout(located.layout)) as place:
-            return publishing.publish(place, subject, located.name, log)[0]
+            return publishing.publish(place, subject, located.name, log)[0][0]
     with located.client() as client:
-        return _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0]
+        return _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0][
+            0
+        ]
 
 
 # ------------------------------------------------------------------------------------------------ promote
@@ -608,7 +616,9 @@ def promote(
         subject = _subject(located.image)
         publishing = Publishing((env,), key, formats)
         gpg_signature = _gpg_prepare(gpg, client, f"{located.name}:{tag}", located.digest)
-        vsa = _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0]
+        vsa = _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0][
+            0
+        ]
         _gpg_write(gpg_signature, client, str(located.repository), log)
         registry.put_tag(client, str(located.repository), tag, located.image, log)
         _confirm(client, str(located.repository), tag, subject, "after promotion")

@@ -402,22 +402,42 @@ _RANK = {"verified": 0, "unsigned": 1, "no-keys": 2, "threshold": 3, "untrusted"
 
 
 def merged(found: Sequence[Found]) -> list[Found]:
-    """One `Found` per statement: the same envelope payload published in several formats (a referrer,
-    an `.att` layer, a bundle) is one piece of evidence, kept as its best-verified copy and listing every
-    format it was found in. What could not be read stays as it is, each reported."""
-    groups: dict[tuple[str, bytes], list[Found]] = {}
+    """One `Found` per envelope however many formats carry it: copies of one statement (a referrer, an
+    `.att` layer, a bundle of one of its signatures) whose signatures are the same, or one a subset of
+    the other's, are one piece of evidence, kept as the best-verified copy and listing every format it
+    was found in. Copies signed differently (unsigned beside signed, another key's) stay apart, each
+    judged and reported as before. What could not be read stays as it is, each reported."""
+    clusters: list[list[Found]] = []
     out: list[Found] = []
     for f in found:
         if f.envelope is None:
             out.append(f)
             continue
-        groups.setdefault((f.envelope.payload_type, f.envelope.payload), []).append(f)
-    for copies in groups.values():
+        home = next((c for c in clusters if _same_envelope(c[0], f)), None)
+        if home is None:
+            clusters.append([f])
+        else:
+            home.append(f)
+            home.sort(key=lambda x: -len(_signatures(x)))  # the widest signature set leads its cluster
+    for copies in clusters:
         # The best-verified copy; of equals, the one in servimg's own format (its artifact is named).
         best = min(copies, key=lambda f: (_RANK.get(f.signature, 9), _ORDER.get(f.forms[0], 9)))
         forms = tuple(sorted({form for f in copies for form in f.forms}, key=lambda x: _ORDER.get(x, 9)))
         out.append(replace(best, forms=forms))
     return out
+
+
+def _signatures(f: Found) -> frozenset[bytes]:
+    return frozenset(s.sig for s in f.envelope.signatures) if f.envelope is not None else frozenset()
+
+
+def _same_envelope(a: Found, b: Found) -> bool:
+    if a.envelope is None or b.envelope is None:
+        return False
+    if (a.envelope.payload_type, a.envelope.payload) != (b.envelope.payload_type, b.envelope.payload):
+        return False
+    mine, theirs = _signatures(a), _signatures(b)
+    return mine == theirs or bool(mine and theirs and (mine <= theirs or theirs <= mine))
 
 
 def found_from(
