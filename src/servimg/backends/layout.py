@@ -29,9 +29,11 @@ from typing import Any
 
 from servimg.backends import holding
 from servimg.backends.referrers import (
+    Artifact,
     Holds,
     Referrers,
     ReferrersError,
+    TagChange,
     Update,
     is_artifact_tag,
     referrer_descriptor,
@@ -453,6 +455,13 @@ class LayoutReferrers:
             index["manifests"] = sorted([*kept, new], key=canonical.dumps)
             _write_file(self.root / "index.json", canonical.dumps(index))
             return digest
+
+    def commit(
+        self, subject: Digest, artifacts: Sequence[Artifact], changes: Sequence[TagChange]
+    ) -> tuple[list[Digest], list[Digest | None]]:
+        """Each artifact and each tag change under the layout's lock: nothing to wait for."""
+        digests = [self.attach(subject, a.manifest, a.blobs) for a in artifacts]
+        return digests, [self.update_tagged(c.tag, c.update, c.holds) for c in changes]
 
     def _index(self) -> dict[str, object]:
         try:

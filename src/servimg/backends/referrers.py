@@ -30,6 +30,7 @@ class TagUpdate:
 
     manifest: bytes
     blobs: tuple[bytes, ...]
+    media_type: str = OCI_MANIFEST
 
 
 # Given the manifest now under the tag (None: no tag yet), the update to write, or None when what this
@@ -45,6 +46,23 @@ _COSIGN_TAG = re.compile(r"[a-z0-9]+-[0-9a-f]{32,128}\.(sig|att|sbom)")
 
 def is_artifact_tag(tag: str) -> bool:
     return bool(_COSIGN_TAG.fullmatch(tag))
+
+
+@dataclass(frozen=True)
+class TagChange:
+    """One read-modify-write of a tag (`Update`, then `Holds` on what is read back)."""
+
+    tag: str
+    update: Update
+    holds: Holds
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An artifact to attach: its manifest (naming the subject) and its blobs."""
+
+    manifest: bytes
+    blobs: tuple[bytes, ...]
 
 
 class Referrers(Protocol):
@@ -77,6 +95,14 @@ class Referrers(Protocol):
         """Read-modify-write the manifest under `tag` so that no concurrent writer loses an entry (a
         layout: under its lock; a registry: write, re-read, retry); the new manifest's digest, or None
         when nothing needed adding."""
+        ...
+
+    def commit(
+        self, subject: Digest, artifacts: Sequence[Artifact], changes: Sequence[TagChange]
+    ) -> tuple[list[Digest], list[Digest | None]]:
+        """One publication: every artifact stored and made discoverable, every tag changed, together
+        (a registry waits once for all its read-modify-writes to settle, not once per tag); the
+        artifacts' manifest digests and each change's result as `update_tagged` gives it."""
         ...
 
 

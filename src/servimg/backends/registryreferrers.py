@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from servimg.backends.referrers import (
+    Artifact,
     Holds,
     ReferrersError,
+    TagChange,
+    TagUpdate,
     Update,
     fallback_tag,
     referrer_descriptor,
@@ -87,12 +90,7 @@ class RegistryReferrers:
     def attach(self, subject: Digest, manifest: bytes, blobs: Sequence[bytes]) -> Digest:
         """Blobs, then the manifest by digest; with the referrers API the registry indexes the artifact
         itself, without it the `sha256-<hex>` index is updated with write-then-verify (module docstring)."""
-        digest = _push_artifact(self.client, self.repository, manifest, blobs)
-        if self.client.referrers(self.repository, subject) is not None:
-            return digest
-        descriptor = referrer_descriptor(manifest)
-        _add_to_fallback(self.client, self.repository, subject, descriptor, self.attempts, self.settle)
-        return digest
+        return self.commit(subject, (Artifact(manifest, tuple(blobs)),), ())[0][0]
 
     def tagged(self, tag: str) -> bytes | None:
         found = self.client.head_manifest(self.repository, tag, accept=DEFAULT_ACCEPT)
@@ -102,63 +100,116 @@ class RegistryReferrers:
         return data
 
     def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
-        """cosign's `.sig`/`.att` tags are read-modify-write like the fallback index (module docstring):
-        write, wait a jittered moment, re-read, and write again (merged with whatever another writer
-        put there meanwhile) until what this writer added is seen under the tag."""
+        return self.commit(Digest.of_bytes(b""), (), (TagChange(tag, update, holds),))[1][0]  # no artifacts
+
+    def commit(
+        self, subject: Digest, artifacts: Sequence[Artifact], changes: Sequence[TagChange]
+    ) -> tuple[list[Digest], list[Digest | None]]:
+        """Artifacts first (blobs, then manifests by digest); then every tag change, the `sha256-<hex>`
+        index among them where the registry has no referrers API. cosign's `.sig`/`.att` tags are
+        read-modify-write like that index (module docstring): all are written, one jittered wait, all
+        re-read, and any whose entry another writer erased meanwhile is written again (merged with
+        what is there now), until each holds what this writer added."""
+        pushed: set[Digest] = set()
+        digests = [
+            _push_artifact(self.client, self.repository, a.manifest, a.blobs, pushed=pushed)
+            for a in artifacts
+        ]
+        index: list[TagChange] = []
+        if artifacts and self.client.referrers(self.repository, subject) is None:
+            descriptors = [referrer_descriptor(a.manifest) for a in artifacts]
+            index.append(_fallback_change(self.client, self.repository, subject, descriptors))
+        results = self._commit_tags([*index, *changes], pushed)
+        return digests, results[len(index) :]
+
+    def _commit_tags(self, changes: Sequence[TagChange], pushed: set[Digest]) -> list[Digest | None]:
+        results: list[Digest | None] = [None] * len(changes)
+        pending = list(range(len(changes)))
         for attempt in range(max(1, self.attempts)):
-            change = update(self.tagged(tag))
-            if change is None:
-                return None
-            digest = _push_artifact(self.client, self.repository, change.manifest, change.blobs, tag=tag)
+            written = []
+            for i in pending:
+                change = changes[i].update(self.tagged(changes[i].tag))
+                if change is None:
+                    continue  # what this writer adds is there already
+                results[i] = _push_artifact(
+                    self.client,
+                    self.repository,
+                    change.manifest,
+                    change.blobs,
+                    tag=changes[i].tag,
+                    media_type=change.media_type,
+                    pushed=pushed,
+                )
+                written.append(i)
+            if not written:
+                return results
+            # A concurrent writer that read before our PUT may overwrite it without our entry: wait
+            # (jittered, so two writers fall out of step), then look again.
             time.sleep(_jittered(self.settle, attempt))
-            now = self.tagged(tag)
-            if now is not None and holds(now):
-                return digest
-            log.info("tag %s lost our entry to a concurrent writer; retry %d", tag, attempt + 1)
+            pending = [i for i in written if not _holds(self.tagged(changes[i].tag), changes[i])]
+            if not pending:
+                return results
+            for i in pending:
+                log.info(
+                    "tag %s lost our entry to a concurrent writer; retry %d", changes[i].tag, attempt + 1
+                )
+        tags = ", ".join(changes[i].tag for i in pending)
         raise ReferrersError(
-            f"could not keep our entry under {self.repository}:{tag} after {max(1, self.attempts)} attempts",
+            f"could not keep our entries under {self.repository}:{tags} "
+            f"after {max(1, self.attempts)} attempts",
             hint="another client keeps rewriting that tag; adding is idempotent, run it again",
         )
 
 
+def _holds(current: bytes | None, change: TagChange) -> bool:
+    return current is not None and change.holds(current)
+
+
+def _fallback_change(
+    client: RegistryClient, repo: str, subject: Digest, descriptors: Sequence[Mapping[str, object]]
+) -> TagChange:
+    """The `sha256-<hex>` index gaining `descriptors` (§Pushing Manifests with Subject, step 4). Read
+    strictly: an aliased tag or something other than an index there is an error, never overwritten."""
+    tag = fallback_tag(subject)
+
+    def update(_: bytes | None) -> TagUpdate | None:
+        entries = _read_index(client, repo, tag, strict=True)
+        if all(_lists(entries, d) for d in descriptors):
+            return None
+        return TagUpdate(_index_bytes(entries, descriptors), (), OCI_INDEX)
+
+    def holds(current: bytes) -> bool:
+        entries = _index_entries(current, OCI_INDEX) or []
+        return all(_lists(entries, d) for d in descriptors)
+
+    return TagChange(tag, update, holds)
+
+
 def _push_artifact(
-    client: RegistryClient, repo: str, manifest: bytes, blobs: Sequence[bytes], *, tag: str | None = None
+    client: RegistryClient,
+    repo: str,
+    manifest: bytes,
+    blobs: Sequence[bytes],
+    *,
+    tag: str | None = None,
+    media_type: str = OCI_MANIFEST,
+    pushed: set[Digest] | None = None,
 ) -> Digest:
-    # Blobs before the manifest: a registry refuses a manifest whose blobs it lacks (MANIFEST_BLOB_UNKNOWN).
+    """Blobs before the manifest: a registry refuses a manifest whose blobs it lacks
+    (MANIFEST_BLOB_UNKNOWN). `pushed`: blobs this publication already stored (the empty config of every
+    artifact, an envelope that is a referrer's layer and an `.att` layer), not asked about again."""
     for blob in blobs:
-        client.push_blob(repo, Digest.of_bytes(blob), len(blob), _opener(blob))
-    return client.put_manifest(repo, tag or str(Digest.of_bytes(manifest)), manifest, OCI_MANIFEST)
+        digest = Digest.of_bytes(blob)
+        if pushed is not None and digest in pushed:
+            continue
+        client.push_blob(repo, digest, len(blob), _opener(blob))
+        if pushed is not None:
+            pushed.add(digest)
+    return client.put_manifest(repo, tag or str(Digest.of_bytes(manifest)), manifest, media_type)
 
 
 def _opener(blob: bytes) -> Callable[[], BinaryIO]:
     return lambda: io.BytesIO(blob)
-
-
-def _add_to_fallback(
-    client: RegistryClient,
-    repo: str,
-    subject: Digest,
-    descriptor: Mapping[str, object],
-    attempts: int,
-    settle: float,
-) -> None:
-    """Read-modify-write the tag index until `descriptor` is seen in it after a settle delay."""
-    tag = fallback_tag(subject)
-    for attempt in range(max(1, attempts)):
-        entries = _read_index(client, repo, tag, strict=True)
-        if not _lists(entries, descriptor):
-            client.put_manifest(repo, tag, _index_bytes(entries, descriptor), OCI_INDEX)
-        # A concurrent writer that read before our PUT may overwrite it with an index lacking our entry:
-        # wait (jittered, so two writers fall out of step), then look again.
-        time.sleep(_jittered(settle, attempt))
-        if _lists(_read_index(client, repo, tag, strict=True), descriptor):
-            return
-        log.info("referrers tag %s lost our entry to a concurrent writer; retry %d", tag, attempt + 1)
-    raise ReferrersError(
-        f"could not keep {descriptor['digest']} in the referrers index {repo}:{tag} "
-        f"after {max(1, attempts)} attempts",
-        hint="another client keeps rewriting that tag; attaching is idempotent, run it again",
-    )
 
 
 def _jittered(settle: float, attempt: int) -> float:
@@ -169,10 +220,11 @@ def _lists(entries: list[dict[str, object]], descriptor: Mapping[str, object]) -
     return any(e.get("digest") == descriptor["digest"] for e in entries)
 
 
-def _index_bytes(entries: list[dict[str, object]], descriptor: Mapping[str, object]) -> bytes:
-    """The merged index: one entry per digest (ours wins), sorted by canonical bytes, canonical JSON."""
+def _index_bytes(entries: list[dict[str, object]], descriptors: Sequence[Mapping[str, object]]) -> bytes:
+    """The merged index: one entry per digest (ours win), sorted by canonical bytes, canonical JSON."""
     by_digest = {e["digest"]: e for e in entries}
-    by_digest[descriptor["digest"]] = dict(descriptor)
+    for descriptor in descriptors:
+        by_digest[descriptor["digest"]] = dict(descriptor)
     manifests = sorted(by_digest.values(), key=canonical.dumps)
     return canonical.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
 

@@ -35,13 +35,13 @@ from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, binding, cosign, dsse, gpgsign, referrers, sbom
+from servimg.provenance import attest, binding, dsse, gpgsign, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import CheckFailed, CheckReport, Policy, evaluate, gather
 from servimg.provenance.evidence import Located, locate, top_layer
 from servimg.provenance.policy import REBUILD_V1
-from servimg.provenance.publish import DEFAULT_FORMATS, Attached, Envelope, publish_attestation, sign_manifest
+from servimg.provenance.publish import DEFAULT_FORMATS, Attached, Envelope, publish
 from servimg.provenance.statements import ImageFacts, Invocation
 
 
@@ -225,11 +225,8 @@ class Publishing:
         self, place: Referrers, subject: Descriptor, name: str, log: Log
     ) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
         """The attestations as attached, and the manifest's cosign signatures (`.sig`)."""
-        attached = tuple(publish_attestation(place, subject, e, self.formats, log) for e in self.envelopes)
-        signatures: tuple[str, ...] = ()
-        if self.key is not None and cosign.SIG in self.formats:
-            signatures = (sign_manifest(place, subject.digest, name, self.key, log),)
-        return attached, signatures
+        signer = (self.key, name) if self.key is not None else None
+        return publish(place, subject, self.envelopes, self.formats, signer, log)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ replaced).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from servimg.backends.referrers import Referrers, TagUpdate
+from servimg.backends.referrers import Artifact, Holds, Referrers, TagChange, TagUpdate, Update
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
 from servimg.oci.image import Descriptor
@@ -56,71 +56,122 @@ class Attached:
         }
 
 
-def publish_attestation(
-    place: Referrers, subject: Descriptor, env: Envelope, formats: frozenset[str], log: Log
-) -> Attached:
-    """`env` about `subject` at `place`, in each of `formats` (an unsigned envelope has no bundle: a
-    bundle's envelope carries exactly one signature)."""
-    written: list[tuple[str, str]] = []
-    reused = True
-    artifact = ""
-    if cosign.NATIVE in formats:
-        artifact, again = _native(place, subject, env, log)
-        written.append((cosign.NATIVE, artifact))
-        reused &= again
-    if cosign.ATT in formats:
-        layer = cosign.attestation_layer(env.data, env.predicate_type)
-        tag = cosign.attestation_tag(subject.digest)
-        added = add_layers(place, tag, [(layer, env.data)], log)
-        written.append((cosign.ATT, f"{tag}#{layer.digest}"))
-        reused &= not added
-    if cosign.BUNDLE in formats and env.signed:
-        for bundle in cosign.bundles(dsse.Envelope.parse(env.data)):
-            digest, again = _bundle(place, subject, bundle, env, log)
-            written.append((cosign.BUNDLE, str(digest)))
-            reused &= again
-    return Attached(env.kind, artifact or written[0][1], env.signed, reused, tuple(written))
-
-
-def _native(place: Referrers, subject: Descriptor, env: Envelope, log: Log) -> tuple[str, bool]:
-    """Attach one envelope unless the same envelope is already attached (idempotent reruns)."""
-    artifact_type = attest.artifact_type(env.kind)
-    existing = referrers.already_attached(place, subject.digest, artifact_type, Digest.of_bytes(env.data))
-    if existing is not None:
-        log(f"{env.kind}: already attached as {existing.short}")
-        return str(existing), True
-    annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
-    digest = referrers.attach(place, subject, env.data, artifact_type, annotations)
-    log(f"{env.kind}: attached as {digest.short} ({'signed' if env.signed else 'UNSIGNED'})")
-    return str(digest), False
-
-
-def _bundle(
-    place: Referrers, subject: Descriptor, bundle: bytes, env: Envelope, log: Log
-) -> tuple[Digest, bool]:
-    existing = referrers.already_attached(place, subject.digest, cosign.BUNDLE_V03, Digest.of_bytes(bundle))
-    if existing is not None:
-        return existing, True
-    created = attest.timestamp(provenance.now())
-    annotations = cosign.bundle_annotations(env.predicate_type, created)
-    digest = referrers.attach(
-        place, subject, bundle, cosign.BUNDLE_V03, annotations, layer_type=cosign.BUNDLE_V03
-    )
-    log(f"{env.kind}: sigstore bundle attached as {digest.short}")
-    return digest, False
-
-
-def add_layers(
+def publish(
     place: Referrers,
+    subject: Descriptor,
+    envelopes: Sequence[Envelope],
+    formats: frozenset[str],
+    signer: tuple[dsse.Signer, str] | None,
+    log: Log,
+) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
+    """`envelopes` about `subject` at `place` in each of `formats`, and with `signer` (a key and the
+    repository name the payload states) cosign's simple signature of the manifest: one `commit`, so a
+    registry waits once for its read-modify-writes to settle however many formats are written. An
+    unsigned envelope has no bundle (a bundle's envelope carries exactly one signature)."""
+    listed = place.discover(subject.digest)[0] if formats & {cosign.NATIVE, cosign.BUNDLE} else []
+    batch = _Batch(place, subject, listed)
+    plans = [batch.plan(env, formats) for env in envelopes]
+    changes = []
+    att = cosign.attestation_tag(subject.digest)
+    if batch.att_layers:
+        changes.append(layers_change(att, batch.att_layers))
+    signature = None
+    if signer is not None and cosign.SIG in formats:
+        signature_tag, where = signature_change(subject.digest, signer[1], signer[0])
+        changes.append(signature_tag)
+    digests, results = place.commit(subject.digest, batch.artifacts, changes)
+    att_added = bool(batch.att_layers) and results[0] is not None
+    attached = tuple(_attached(plan, digests, att_added, log) for plan in plans)
+    if signer is not None and cosign.SIG in formats:
+        signature = where + ("" if results[-1] is not None else " (already signed)")
+        log(f"cosign signature: {signature}")
+    return attached, (signature,) if signature else ()
+
+
+@dataclass
+class _Batch:
+    """What one publication writes: the artifacts to attach and the `.att` layers to add."""
+
+    place: Referrers
+    subject: Descriptor
+    listed: Sequence[Mapping[str, object]]
+    artifacts: list[Artifact] = field(default_factory=list)
+    att_layers: list[tuple[cosign.TagLayer, bytes]] = field(default_factory=list)
+
+    def plan(self, env: Envelope, formats: frozenset[str]) -> _Plan:
+        entries: list[tuple[str, str | int]] = []
+        if cosign.NATIVE in formats:
+            artifact_type = attest.artifact_type(env.kind)
+            annotations = referrers.attestation_annotations(env.predicate_type, provenance.now())
+            entries.append(self._artifact(cosign.NATIVE, env.data, artifact_type, annotations, ENVELOPE))
+        if cosign.ATT in formats:
+            layer = cosign.attestation_layer(env.data, env.predicate_type)
+            if (layer, env.data) not in self.att_layers:
+                self.att_layers.append((layer, env.data))
+            entries.append((cosign.ATT, f"{cosign.attestation_tag(self.subject.digest)}#{layer.digest}"))
+        if cosign.BUNDLE in formats and env.signed:
+            annotations = cosign.bundle_annotations(env.predicate_type, attest.timestamp(provenance.now()))
+            for bundle in cosign.bundles(dsse.Envelope.parse(env.data)):
+                entries.append(
+                    self._artifact(cosign.BUNDLE, bundle, cosign.BUNDLE_V03, annotations, cosign.BUNDLE_V03)
+                )
+        return _Plan(env, tuple(entries))
+
+    def _artifact(
+        self, form: str, data: bytes, artifact_type: str, annotations: Mapping[str, str], layer_type: str
+    ) -> tuple[str, str | int]:
+        """(format, the digest of the artifact already attached) or (format, index of the new one)."""
+        existing = referrers.already_attached(
+            self.place, self.subject.digest, artifact_type, Digest.of_bytes(data), self.listed
+        )
+        if existing is not None:
+            return form, str(existing)
+        manifest = referrers.artifact_manifest(
+            self.subject, data, artifact_type, annotations, layer_type=layer_type
+        )
+        self.artifacts.append(Artifact(manifest, (referrers.EMPTY_BLOB, data)))
+        return form, len(self.artifacts) - 1
+
+
+@dataclass(frozen=True)
+class _Plan:
+    env: Envelope
+    entries: tuple[tuple[str, str | int], ...]  # (format, existing artifact digest | new artifact index)
+
+
+def _attached(plan: _Plan, digests: Sequence[Digest], att_added: bool, log: Log) -> Attached:
+    formats: list[tuple[str, str]] = []
+    reused = True
+    for form, where in plan.entries:
+        if isinstance(where, int):
+            formats.append((form, str(digests[where])))
+            reused = False
+        else:
+            formats.append((form, where))
+            reused &= form != cosign.ATT or not att_added
+    env = plan.env
+    native = dict(formats).get(cosign.NATIVE)
+    state = "already attached" if reused else "attached"
+    log(
+        f"{env.kind}: {state} as {', '.join(f'{f} {w[:19]}' for f, w in formats)} "
+        f"({'signed' if env.signed else 'UNSIGNED'})"
+    )
+    return Attached(
+        env.kind, native or (formats[0][1] if formats else ""), env.signed, reused, tuple(formats)
+    )
+
+
+ENVELOPE = attest.ENVELOPE_MEDIA_TYPE
+
+
+def layers_change(
     tag: str,
     new: Sequence[tuple[cosign.TagLayer, bytes]],
-    log: Log,
-    *,
     present: Callable[[list[cosign.TagLayer]], bool] | None = None,
-) -> bool:
-    """Add layers (descriptor, blob) to the cosign manifest under `tag`, keeping every earlier one;
-    whether anything was written. `present` says, of the layers already there, that what this writer
-    adds is in effect there already (a signature by the same key over the same payload)."""
+) -> TagChange:
+    """Layers (descriptor, blob) added to the cosign manifest under `tag`, every earlier one kept.
+    `present` says, of the layers already there, that what this writer adds is in effect there already
+    (a signature by the same key over the same payload)."""
     where = f"the cosign manifest under {tag}"
 
     def update(existing: bytes | None) -> TagUpdate | None:
@@ -137,13 +188,22 @@ def add_layers(
         have = cosign.tag_layers(current, where)
         return all(layer in have for layer, _ in new) or (present is not None and present(have))
 
-    digest = place.update_tagged(tag, update, holds)
+    return TagChange(tag, update, holds)
+
+
+def add_layers(place: Referrers, tag: str, new: Sequence[tuple[cosign.TagLayer, bytes]], log: Log) -> bool:
+    """`layers_change` on its own; whether anything was written."""
+    digest = place.update_tagged(tag, *_parts(layers_change(tag, new)))
     if digest is not None:
         log(f"{tag}: {len(new)} layer(s) added ({digest.short})")
     return digest is not None
 
 
-def sign_manifest(place: Referrers, subject: Digest, repository: str, key: dsse.Signer, log: Log) -> str:
+def _parts(change: TagChange) -> tuple[Update, Holds]:
+    return change.update, change.holds
+
+
+def signature_change(subject: Digest, repository: str, key: dsse.Signer) -> tuple[TagChange, str]:
     """cosign's simple signing of `subject` under `sha256-<hex>.sig` (SIGNATURE_SPEC.md), unless this
     key already signed the same payload there (ECDSA in an HSM is not deterministic: the same key signs
     the same payload differently each time, so "already there" is a verification, not a byte match)."""
@@ -160,5 +220,4 @@ def sign_manifest(place: Referrers, subject: Digest, repository: str, key: dsse.
         )
 
     layer = cosign.signature_layer(payload, key.sign(payload))
-    added = add_layers(place, tag, [(layer, payload)], log, present=present)
-    return f"{tag}#{layer.digest}" + ("" if added else " (already signed)")
+    return layers_change(tag, [(layer, payload)], present), f"{tag}#{layer.digest}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from servimg.backends.referrers import Referrers, ReferrersError, valid_digest
 from servimg.core import canonical
@@ -200,11 +200,16 @@ def _binding_problems(
 
 
 def already_attached(
-    place: Referrers, subject: Digest, artifact_type: str, envelope: Digest
+    place: Referrers,
+    subject: Digest,
+    artifact_type: str,
+    envelope: Digest,
+    listed: Sequence[Mapping[str, object]] | None = None,
 ) -> Digest | None:
     """The artifact already attached to `subject` with this type and this very envelope (reruns are
-    idempotent), or None. A stale or unreadable entry is skipped: not ours to repair here."""
-    descriptors, _ = place.discover(subject)
+    idempotent), or None. A stale or unreadable entry is skipped: not ours to repair here. `listed`:
+    what `discover` gave, when the caller has it already."""
+    descriptors = listed if listed is not None else place.discover(subject)[0]
     for d in descriptors:
         if d.get("artifactType") != artifact_type or not valid_digest(d.get("digest")):
             continue
