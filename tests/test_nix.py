@@ -58,7 +58,8 @@ let
     platforms.linux = [ "x86_64-linux" "aarch64-linux" ];
   };
   python3Packages = builtins.listToAttrs (map (n: { name = n; value = inert n { }; }) [
-    "setuptools" "pydantic" "pyyaml" "docker" "requests" "rich" "cryptography" "pytestCheckHook" "hypothesis"
+    "setuptools" "pydantic" "pyyaml" "docker" "requests" "rich" "cryptography" "pynacl" "python-pkcs11"
+    "pytestCheckHook" "hypothesis"
   ]) // {
     buildPythonApplication = attrs: inert "${attrs.pname}-${attrs.version}" { stubArgs = attrs; };
     toPythonModule = drv: drv;
@@ -361,7 +362,7 @@ def test_flake_outputs_are_wired(nix: dict[str, str], tmp_path: Path) -> None:
         "version": "0.1.0",
         "pyproject": True,
         "doCheck": False,
-        "dependencies": ["pyyaml", "docker", "requests", "rich", "cryptography"],
+        "dependencies": ["pyyaml", "docker", "requests", "rich", "cryptography", "pynacl", "python-pkcs11"],
     }
     assert got["tests"]["doCheck"] is True
     assert (
