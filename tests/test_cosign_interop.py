@@ -711,6 +711,8 @@ def test_skopeo_accepts_the_gpg_signed_image_and_refuses_the_unsigned_and_anothe
     # gpgme checks the signature against the policy's keyring only: key B is unknown there.
     assert done.returncode != 0 and "Invalid GPG signature" in done.stderr, done.stderr
     assert world["fpr"]["B"] in done.stderr
+    done = podman_pull(world, gpg_policy, f"{host}/i31/otherkey:v1", tmp_path)
+    assert done.returncode != 0 and "Invalid GPG signature" in done.stderr, done.stderr
 
 
 def test_promote_signs_the_promotion_tag_for_the_runtime(
@@ -801,6 +803,8 @@ def test_a_re_pointed_tag_and_a_copied_signature_are_refused(
     assert head is not None and head[0] != signed["digest"]
     done = skopeo_copy(world, gpg_policy, ref, tmp_path)
     assert done.returncode != 0 and "A signature was required, but no signature exists" in done.stderr
+    done = podman_pull(world, gpg_policy, ref, tmp_path)
+    assert done.returncode != 0 and "A signature was required, but no signature exists" in done.stderr
     # The qualified image's signature copied beside the edited one: it names the other digest.
     original = world["lookaside"] / "i31" / f"repointed@sha256={signed['digest'].hex}" / "signature-1"
     copied = world["lookaside"] / "i31" / f"repointed@sha256={head[0].hex}" / "signature-1"
@@ -809,6 +813,8 @@ def test_a_re_pointed_tag_and_a_copied_signature_are_refused(
     done = skopeo_copy(world, gpg_policy, ref, tmp_path)
     assert done.returncode != 0 and "does not match" in done.stderr, done.stderr
     assert str(signed["digest"]) in done.stderr
+    done = podman_pull(world, gpg_policy, ref, tmp_path)
+    assert done.returncode != 0 and "does not match" in done.stderr, done.stderr
 
 
 # ------------------------------------------------------------------------------------------------ PKCS#11
