@@ -488,7 +488,7 @@ def test_two_writers_at_once_lose_no_entry(
                 for i in range(rounds):
                     data = f'{{"payload":"","payloadType":"{name}-{i}","signatures":[]}}'.encode()
                     layer = cosign.attestation_layer(data, attest.TEST_RESULT_V01)
-                    publish.add_layers(place, tag, [(layer, data)], lambda _: None)
+                    place.update_tagged(publish.layers_change(tag, [(layer, data)]))
         except BaseException as exc:
             errors.append(exc)
 

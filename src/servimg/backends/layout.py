@@ -30,11 +30,9 @@ from typing import Any
 from servimg.backends import holding
 from servimg.backends.referrers import (
     Artifact,
-    Holds,
     Referrers,
     ReferrersError,
     TagChange,
-    Update,
     is_artifact_tag,
     referrer_descriptor,
     valid_digest,
@@ -436,13 +434,14 @@ class LayoutReferrers:
         entry = _tag_entry(self._index(), tag)
         return None if entry is None else self.blob(Digest.parse(entry["digest"]))
 
-    def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
-        """Exact under the layout's lock: read, update and replace the entry named `tag` as one step
-        (`holds` has nothing to re-check: no other writer ran in between)."""
+    def update_tagged(self, tag_change: TagChange) -> Digest | None:
+        """Exact under the layout's lock: read, update and replace the entry named by the tag as one
+        step (`holds` has nothing to re-check: no other writer ran in between)."""
+        tag = tag_change.tag
         self._index()
         with _locked(self.root):
             entry = _tag_entry(self._index(), tag)
-            change = update(None if entry is None else self.blob(Digest.parse(entry["digest"])))
+            change = tag_change.update(None if entry is None else self.blob(Digest.parse(entry["digest"])))
             if change is None:
                 return None
             for blob in (*change.blobs, change.manifest):
@@ -461,7 +460,7 @@ class LayoutReferrers:
     ) -> tuple[list[Digest], list[Digest | None]]:
         """Each artifact and each tag change under the layout's lock: nothing to wait for."""
         digests = [self.attach(subject, a.manifest, a.blobs) for a in artifacts]
-        return digests, [self.update_tagged(c.tag, c.update, c.holds) for c in changes]
+        return digests, [self.update_tagged(c) for c in changes]
 
     def _index(self) -> dict[str, object]:
         try:

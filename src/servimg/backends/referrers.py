@@ -91,8 +91,8 @@ class Referrers(Protocol):
         """The manifest under `tag` (re-hashed against the digest the tag resolved to), or None."""
         ...
 
-    def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
-        """Read-modify-write the manifest under `tag` so that no concurrent writer loses an entry (a
+    def update_tagged(self, change: TagChange) -> Digest | None:
+        """Read-modify-write the manifest under `change.tag` so that no concurrent writer loses an entry (a
         layout: under its lock; a registry: write, re-read, retry); the new manifest's digest, or None
         when nothing needed adding."""
         ...

@@ -25,11 +25,9 @@ from typing import BinaryIO
 
 from servimg.backends.referrers import (
     Artifact,
-    Holds,
     ReferrersError,
     TagChange,
     TagUpdate,
-    Update,
     fallback_tag,
     referrer_descriptor,
     valid_digest,
@@ -99,8 +97,8 @@ class RegistryReferrers:
         data, _, _ = self.client.get_manifest(self.repository, str(found[0]), accept=DEFAULT_ACCEPT)
         return data
 
-    def update_tagged(self, tag: str, update: Update, holds: Holds) -> Digest | None:
-        return self.commit(Digest.of_bytes(b""), (), (TagChange(tag, update, holds),))[1][0]  # no artifacts
+    def update_tagged(self, change: TagChange) -> Digest | None:
+        return self._commit_tags([change], set())[0]
 
     def commit(
         self, subject: Digest, artifacts: Sequence[Artifact], changes: Sequence[TagChange]

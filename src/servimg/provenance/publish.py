@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from servimg.backends.referrers import Artifact, Holds, Referrers, TagChange, TagUpdate, Update
+from servimg.backends.referrers import Artifact, Referrers, TagChange, TagUpdate
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
 from servimg.oci.image import Descriptor
@@ -175,8 +175,7 @@ def layers_change(
     where = f"the cosign manifest under {tag}"
 
     def update(existing: bytes | None) -> TagUpdate | None:
-        before = cosign.tag_layers(existing, where) if existing is not None else []
-        if present is not None and present(before):
+        if present is not None and existing is not None and present(cosign.tag_layers(existing, where)):
             return None
         layers, added = cosign.merged(existing, [layer for layer, _ in new], where)
         if not added:
@@ -189,18 +188,6 @@ def layers_change(
         return all(layer in have for layer, _ in new) or (present is not None and present(have))
 
     return TagChange(tag, update, holds)
-
-
-def add_layers(place: Referrers, tag: str, new: Sequence[tuple[cosign.TagLayer, bytes]], log: Log) -> bool:
-    """`layers_change` on its own; whether anything was written."""
-    digest = place.update_tagged(tag, *_parts(layers_change(tag, new)))
-    if digest is not None:
-        log(f"{tag}: {len(new)} layer(s) added ({digest.short})")
-    return digest is not None
-
-
-def _parts(change: TagChange) -> tuple[Update, Holds]:
-    return change.update, change.holds
 
 
 def signature_change(subject: Digest, repository: str, key: dsse.Signer) -> tuple[TagChange, str]:
