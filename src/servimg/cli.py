@@ -87,7 +87,14 @@ COMMANDS: tuple[Command, ...] = (
         flags.build_flags,
         Bound(
             lambda a: params.Build(
-                tuple(a.definitions), a.to, a.runner, a.tag, a.sign, a.builder_id, flags.publish(a)
+                tuple(a.definitions),
+                a.to,
+                a.runner,
+                a.tag,
+                a.sign,
+                a.builder_id,
+                flags.publish(a),
+                a.platform,
             ),
             "servimg.commands.build:build",
             replay="servimg.commands.replay:build",

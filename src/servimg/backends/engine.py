@@ -56,6 +56,17 @@ def client() -> Any:
         ) from exc
 
 
+def server_version() -> str:
+    """The engine's version (`docker version`'s Server.Version), "?" when it does not say."""
+    answer = enginesocket.request("GET", "/version")
+    if answer is None or answer.status != 200:
+        return "?"
+    try:
+        return str(answer.json().get("Version") or "?")
+    except (ValueError, AttributeError):
+        return "?"
+
+
 def engine_available() -> bool:
     try:
         client()

@@ -43,9 +43,11 @@ from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, StoreError
+from servimg.core.platform import Platform, texts
 from servimg.core.progress import Log
 from servimg.oci import integrity
 from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, REF_NAME, Descriptor, Image
+from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
@@ -60,6 +62,7 @@ def read_layout(
     digest: Digest | None = None,
     link: bool = False,
     rehash: bool = False,
+    platform: Platform | None = None,
 ) -> Image:
     """Load the manifest selected by `digest` or `tag` (or the only one) and copy its blobs into `store`.
 
@@ -74,10 +77,14 @@ def read_layout(
     desc = _select(index, root, tag, digest)
     manifest_bytes = _read_blob(root, desc.digest)
     if desc.media_type in INDEX_TYPES:
-        raise BackendError(
-            f"{root}: {desc.digest} is an image index, not a single-platform manifest",
-            hint="select the platform manifest by digest (oci:DIR@sha256:…)",
-        )
+        children = ImageIndex.parse(manifest_bytes, f"{root}@{desc.digest}")
+        if platform is None:
+            raise BackendError(
+                f"{root}: {desc.digest} is a multi-platform index of {texts(children.platforms)}",
+                hint="choose one with --platform (or select its manifest by digest, oci:DIR@sha256:…)",
+            )
+        desc = children.child(platform)
+        manifest_bytes = _read_blob(root, desc.digest)
     try:
         manifest = json.loads(manifest_bytes)
     except (ValueError, RecursionError) as exc:
@@ -277,6 +284,53 @@ def _add_to_layout(
     return tuple(mended)
 
 
+def write_index(
+    index: ImageIndex, children: Sequence[Image], root: Path, store: BlobStore, *, tag: str | None
+) -> None:
+    """Write a multi-platform index into the layout at `root`: each child's blobs and manifest, the
+    index's bytes, and one index.json entry naming the index (with `tag`): the children are reached
+    through it, so they get no entries of their own (an untagged entry a child had before is kept)."""
+    held = set()
+    if (root / "index.json").is_file():
+        held = {str(m.get("digest")) for m in jv.objs(_read_index(root)["manifests"], "index.manifests")}
+    for child in children:
+        write_layout(child, root, store, tag=None)
+    with _locked(root):
+        _write_blob(root / "blobs" / "sha256" / index.digest.hex, index.digest, index.index_bytes)
+        current = _read_index(root)
+        entry = Descriptor(
+            index.media_type, index.digest, len(index.index_bytes), ((REF_NAME, tag),) if tag else ()
+        )
+        ours = {str(c.digest) for c in children} - held
+        kept = [
+            m
+            for m in jv.objs(current["manifests"], "index.manifests")
+            if not (tag and jv.member(m, "annotations", REF_NAME) == tag)
+            and not (str(m.get("digest")) in ours and not m.get("annotations"))
+            and m != entry.to_json()
+        ]
+        current["manifests"] = sorted([*kept, entry.to_json()], key=canonical.dumps)
+        _write_file(root / "index.json", canonical.dumps(current))
+
+
+def read_index(root: Path, tag: str | None) -> ImageIndex | None:
+    """The multi-platform index the layout's `tag` (or its only entry) names, or None for one image."""
+    desc = _select(_read_index(root), root, tag, None)
+    if desc.media_type not in INDEX_TYPES:
+        return None
+    return ImageIndex.parse(_read_blob(root, desc.digest), f"{root}@{desc.digest}")
+
+
+def index_at(root: Path, digest: Digest) -> ImageIndex | None:
+    """The index blob `digest` of the layout, or None when that blob is a single image's manifest."""
+    data = _read_blob(root, digest)
+    try:
+        media = json.loads(data).get("mediaType")
+    except (ValueError, AttributeError):
+        return None
+    return ImageIndex.parse(data, f"{root}@{digest}") if media in INDEX_TYPES else None
+
+
 def add_artifact(root: Path, blobs: Sequence[bytes], descriptor: Mapping[str, object]) -> None:
     """Add an artifact (its blobs, then its manifest's `descriptor` in index.json) to an existing layout,
     under the layout's lock like every other index.json update, so no concurrent writer loses an entry."""
@@ -347,7 +401,12 @@ class LayoutBackend:
 
     def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
         return read_layout(
-            Path(target.location), store, tag=target.tag, digest=how.expected, rehash=how.rehash
+            Path(target.location),
+            store,
+            tag=target.tag,
+            digest=how.expected,
+            rehash=how.rehash,
+            platform=how.platform,
         )
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +22,7 @@ from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Advance, CountingReader, Log, Progress
 from servimg.core.reference import Reference
 from servimg.oci.image import (
@@ -29,29 +30,66 @@ from servimg.oci.image import (
     Descriptor,
     Image,
 )
+from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 
 # ----------------------------------------------------------------------------------------------- images
 
 
 def read_image(
-    client: RegistryClient, repository: str, reference: str, *, expected: Digest | None = None
+    client: RegistryClient,
+    repository: str,
+    reference: str,
+    *,
+    expected: Digest | None = None,
+    platform: Platform | None = None,
 ) -> tuple[Image, str]:
     """One single-platform image's manifest and config (both re-hashed) and the manifest's media type.
 
-    An index is refused: which platform it stands for is the caller's decision (`platform_manifest`)."""
+    An index stands for one of its children only when `platform` says which; without it, it is refused
+    with its platforms named (`platform_manifest` picks for a definition's base)."""
     name = f"{client.registry}/{repository}" + ("@" if ":" in reference else ":") + reference
     data, media_type, digest = client.get_manifest(repository, reference)
-    if media_type in INDEX_TYPES:
-        raise RegistryError(
-            f"{name} is a multi-platform index ({digest})",
-            hint="name the platform's manifest by digest (REPO@sha256:…); a definition's base.digest may "
-            "pin the index (servimg picks linux/amd64)",
-        )
     if expected is not None and digest != expected:
         raise RegistryError(f"{name} resolved to {digest}, not the pinned {expected}")
+    if media_type in INDEX_TYPES:
+        index = ImageIndex.parse(data, name)
+        if platform is None:
+            raise RegistryError(
+                f"{name} is a multi-platform index ({digest}) of {texts(index.platforms)}",
+                hint="choose one with --platform (or name the platform's manifest by digest, REPO@sha256:…)",
+            )
+        child = index.child(platform)
+        data, media_type, digest = client.get_manifest(repository, str(child.digest))
+        if digest != child.digest or media_type in INDEX_TYPES:
+            raise RegistryError(f"{name}: the {platform} entry {child.digest} is not served as listed")
     config = Descriptor.from_json(_manifest_object(data, name).get("config"), "manifest.config")
     return Image.parse(data, client.get_blob(repository, config.digest)), media_type
+
+
+def read_index(ref_text: str) -> ImageIndex | None:
+    """The multi-platform index `ref_text` names (its exact bytes, re-hashed), or None for one image."""
+    ref = Reference.parse(ref_text)
+    with RegistryClient(ref.registry) as client:
+        data, media_type, _ = client.get_manifest(ref.repository, str(ref.reference))
+    return ImageIndex.parse(data, ref_text) if media_type in INDEX_TYPES else None
+
+
+def write_index(
+    client: RegistryClient,
+    repository: str,
+    index: ImageIndex,
+    children: Sequence[Image],
+    store: BlobStore,
+    log: Log,
+    *,
+    progress: Progress = NULL,
+) -> None:
+    """Every child (blobs, manifest by digest), then the index by digest; no tag (the caller tags last)."""
+    for child in children:
+        write_image(client, repository, child, store, log, progress=progress)
+    client.put_manifest(repository, str(index.digest), index.index_bytes, index.media_type)
+    log(f"index {index.digest.short}: {texts(index.platforms)}")
 
 
 def _manifest_object(data: bytes, name: str) -> dict[str, object]:
@@ -73,15 +111,15 @@ def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd6
         data, media_type, digest = client.get_manifest(ref.repository, str(pinned))
     if media_type not in INDEX_TYPES:
         return digest
-    os_name, _, arch = platform.partition("/")
-    for entry in json.loads(data).get("manifests") or []:
-        plat = entry.get("platform") or {}
-        if plat.get("os") == os_name and plat.get("architecture") == arch and not plat.get("variant"):
-            return Descriptor.from_json(entry, "index.manifests[]").digest
-    raise RegistryError(
-        f"{ref_text}@{pinned} is an index without a {platform} manifest",
-        hint="pin the digest of an image built for this platform",
-    )
+    index = ImageIndex.parse(data, f"{ref_text}@{pinned}")
+    wanted = Platform(*platform.split("/", 1))
+    if wanted not in index.platforms:
+        raise RegistryError(
+            f"{ref_text}@{pinned} is an index without a {platform} manifest "
+            f"(it has {texts(index.platforms)})",
+            hint="pin the digest of an image built for this platform",
+        )
+    return index.child(wanted).digest
 
 
 def pull(ref_text: str, store: BlobStore, log: Log, how: ReadOptions | None = None) -> Image:
@@ -93,7 +131,9 @@ def pull(ref_text: str, store: BlobStore, log: Log, how: ReadOptions | None = No
     how = how or ReadOptions()
     expected, progress = how.expected, how.progress
     with RegistryClient(ref.registry) as client:
-        image, _ = read_image(client, ref.repository, str(expected or ref.reference), expected=expected)
+        image, _ = read_image(
+            client, ref.repository, str(expected or ref.reference), expected=expected, platform=how.platform
+        )
         for i, desc in enumerate(image.layer_descriptors):
             if how.rehash and store.has(desc.digest, desc.size):
                 log(f"re-fetching layer {desc.digest.short} ({desc.size / 1e6:.1f} MB) to hash it")

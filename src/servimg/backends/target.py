@@ -19,6 +19,7 @@ from servimg.core.progress import NULL, Log, Progress
 
 if TYPE_CHECKING:  # annotations only: `Target` is read on the action cache's replay path (backends.holding)
     from servimg.backends.referrers import Referrers
+    from servimg.core.platform import Platform
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
@@ -132,6 +133,9 @@ class ReadOptions:
     expected: Digest | None = None
     progress: Progress = NULL
     rehash: bool = False
+    # Which child of a multi-platform index to read (`--platform`); None: an index is refused, naming
+    # its platforms.
+    platform: Platform | None = None
 
 
 class Backend(Protocol):

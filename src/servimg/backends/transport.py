@@ -12,18 +12,24 @@ which logs where it went. A definition's base ref and a `--to` sink are taken as
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Unpack
 
 from servimg.backends import archive, engine, layout, registry
 from servimg.backends import resolve as resolution
 from servimg.backends.referrers import Referrers
+from servimg.backends.registryclient import RegistryClient
 from servimg.backends.resolve import Resolved
 from servimg.backends.target import Backend, ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
-from servimg.core.errors import ServimgError
+from servimg.core.errors import BackendError, ServimgError
+from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Log, Progress
+from servimg.core.reference import Reference
 from servimg.oci.image import Image
+from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 
 __all__ = [
@@ -38,6 +44,8 @@ __all__ = [
     "in_engine",
     "is_explicit",
     "publish",
+    "publish_index",
+    "read_index",
     "referrers",
     "resolve",
 ]
@@ -94,11 +102,81 @@ def fetch(
     progress: Progress = NULL,
     *,
     rehash: bool = False,
+    platform: Platform | None = None,
 ) -> Image:
     """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points; with
-    `rehash`, every blob is read from there and hashed even when the store holds it."""
+    `rehash`, every blob is read from there and hashed even when the store holds it; `platform` picks
+    the child of a multi-platform index."""
     target = Target.parse(ref)
-    return backend(target).read(target, store, log, ReadOptions(expected, progress, rehash))
+    return backend(target).read(target, store, log, ReadOptions(expected, progress, rehash, platform))
+
+
+def read_index(ref: str) -> ImageIndex | None:
+    """The multi-platform index `ref` names (a registry tag or digest, an OCI layout's tag), or None when it
+    names one image (the engine and a docker archive only ever hold single images)."""
+    target = Target.parse(ref)
+    if target.in_registry:
+        return registry.read_index(target.location)
+    if target.is_layout:
+        return layout.read_index(Path(target.location), target.tag)
+    return None
+
+
+def platform_manifest(ref: str, pinned: Digest, platform: Platform) -> Digest:
+    """The single-platform manifest a pinned digest stands for at `ref` (a registry or an OCI layout):
+    itself, or the `platform` child when it names an index."""
+    target = Target.parse(ref)
+    if target.in_registry:
+        return registry.platform_manifest(target.location, pinned, str(platform))
+    found = layout.index_at(Path(target.location), pinned) if target.is_layout else None
+    return found.child(platform).digest if found is not None else pinned
+
+
+def publish_index(
+    index: ImageIndex,
+    children: Mapping[Platform, Image],
+    target: Target,
+    store: BlobStore,
+    log: Log,
+    *,
+    tag: str | None,
+    engine_platform: Platform | None = None,
+    progress: Progress = NULL,
+) -> str:
+    """Write a multi-platform index and its children to `target`, its name last: a registry gets every
+    child and the index by digest, then the tag; a layout the index under its tag. Docker Engine 20.10
+    stores single-platform images only: it gets the child for `engine_platform` (default: this host's),
+    and the returned description says the index was not stored there."""
+    ordered = [children[p] for p in index.platforms]
+    if target.in_registry:
+        ref = Reference.parse(target.location)
+        chosen = ref.tag or tag
+        with RegistryClient(ref.registry) as client:
+            registry.write_index(client, ref.repository, index, ordered, store, log, progress=progress)
+            if chosen:
+                client.put_manifest(ref.repository, chosen, index.index_bytes, index.media_type)
+        return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
+    if target.is_layout:
+        chosen = target.tag or tag
+        layout.write_index(index, ordered, Path(target.location), store, tag=chosen)
+        return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
+    if target.in_engine:
+        wanted = engine_platform or Platform.host()
+        if wanted not in children:
+            raise BackendError(
+                f"the index has no {wanted} image for the Docker Engine (it has {texts(index.platforms)})",
+                hint="choose one of its platforms with --platform",
+            )
+        where = publish(children[wanted], target, store, log, tag=tag, progress=progress)
+        return (
+            f"{where} ({wanted} only: Docker Engine {engine.server_version()} stores single-platform "
+            f"images, not the index {index.digest.short}; push to a registry or an OCI layout for all of "
+            f"{texts(index.platforms)})"
+        )
+    raise BackendError(
+        f"a {target.kind} holds one image, not a multi-platform index",
+        hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG])",
+    )
 
 
 def publish(image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]) -> str:

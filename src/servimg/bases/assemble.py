@@ -30,13 +30,18 @@ from servimg.oci.store import BlobStore
 
 
 def venv_base_config(
-    *, source_date_epoch: int, diff_ids: Sequence[str], labels: Mapping[str, str], history: Sequence[str]
+    *,
+    source_date_epoch: int,
+    diff_ids: Sequence[str],
+    labels: Mapping[str, str],
+    history: Sequence[str],
+    architecture: str = "amd64",
 ) -> dict[str, object]:
     """The config every locally built base shares: /opt/venv first on PATH, its python as Cmd, `created`
     and each history entry at SOURCE_DATE_EPOCH (never the build's clock)."""
     created = dt.datetime.fromtimestamp(source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
-        "architecture": "amd64",
+        "architecture": architecture,
         "os": "linux",
         "created": created,
         "config": {
@@ -75,6 +80,7 @@ def base_config(recipe: Recipe, python: str, diff_ids: Sequence[str]) -> dict[st
             **kind.labels(recipe, python),
         },
         history=[debian_history(recipe.debian_pins), kind.history(recipe)],
+        architecture=recipe.arch,
     )
 
 

@@ -28,6 +28,7 @@ from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
+from servimg.builder import emulation
 from servimg.builder.defedit import definition_text
 from servimg.builder.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.builder.pipeline import lock as lock_definition
@@ -35,6 +36,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError
+from servimg.core.platform import Platform
 from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -69,23 +71,58 @@ BASES: Mapping[str, Recipe] = {
 }
 
 
-def get(name: str) -> Recipe:
-    """The base `name` as it asks Debian (unpinned)."""
+def get(name: str, platform: Platform | None = None) -> Recipe:
+    """The base `name` as it asks Debian (unpinned), for `platform` (default linux/amd64). Another
+    architecture is its own recipe, `NAME.ARCH`, with its own pin files (verify/bases/NAME.ARCH.*): the
+    same request resolved for that architecture, and, for a base of pinned wheels, that architecture's
+    wheel pins."""
     if name not in BASES:
         raise DebianError(f"no base named {name!r}", hint=f"choose one of: {', '.join(sorted(BASES))}")
-    return BASES[name]
+    base = BASES[name]
+    if platform is None or platform.debian_arch == debpins.ARCH:
+        return base
+    arch = platform.debian_arch
+    pins = dataclasses.replace(base.debian_pins, arch=arch)
+    recipe = dataclasses.replace(base, name=f"{name}.{arch}", debian_pins=pins)
+    if base.wheel_source is not None:
+        source = dataclasses.replace(
+            base.wheel_source,
+            pins=arch_pins(base.wheel_source.pins, arch),
+            machine=platform_machine(platform),
+        )
+        wheels, source = load_wheels(source, debpins.REPO_ROOT / source.pins, required=False)
+        recipe = dataclasses.replace(recipe, wheels=wheels, wheel_source=source)
+    return recipe
 
 
-def pinned_recipe(name: str) -> Recipe:
-    """The recipe of base `name` from its committed pins, refusing pins made for another request."""
-    base = get(name)
-    pins = debpins.load_pins(name)
-    wanted = (base.suite, base.variant, base.include)
-    if (pins.suite, pins.variant, pins.include) != wanted:
+def arch_pins(path: str, arch: str) -> str:
+    """The wheel pin file of another architecture: verify/demo-wheels.txt → verify/demo-wheels.arm64.txt."""
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}.{arch}{dot}{ext}"
+
+
+def platform_machine(platform: Platform) -> str:
+    """The manylinux machine name of a platform's wheels (x86_64, aarch64)."""
+    return {"amd64": "x86_64", "arm64": "aarch64"}[platform.architecture]
+
+
+def pinned_recipe(name: str, platform: Platform | None = None) -> Recipe:
+    """The recipe of base `name` (for `platform`) from its committed pins, refusing pins made for another
+    request."""
+    base = get(name, platform)
+    pins = debpins.load_pins(base.name)
+    wanted = (base.suite, base.variant, base.include, base.arch)
+    if (pins.suite, pins.variant, pins.include, pins.arch) != wanted:
         raise DebianError(
-            f"verify/bases/{name}.debian.txt pins {pins.suite}/{pins.variant} {pins.include}, but "
-            f"the {name} base asks for {wanted[0]}/{wanted[1]} {wanted[2]}",
-            hint=f"re-pin it: servimg base {name} --repin",
+            f"verify/bases/{base.name}.debian.txt pins {pins.suite}/{pins.variant} {pins.include} "
+            f"({pins.arch}), but the {base.name} base asks for {wanted[0]}/{wanted[1]} {wanted[2]} "
+            f"({wanted[3]})",
+            hint=f"re-pin it: servimg base {name} --repin" + (f" --platform {platform}" if platform else ""),
+        )
+    if base.wheel_source is not None and not base.wheels:
+        raise DebianError(
+            f"the {base.name} base has no wheel pins ({base.wheel_source.pins})",
+            hint=f"pin them: {base.wheel_source.regenerate}",
         )
     return dataclasses.replace(base, debian_pins=pins)
 
@@ -132,12 +169,18 @@ def repin(
     *,
     repo: Path = debpins.REPO_ROOT,
     workdir: Path | None = None,
+    platform: Platform | None = None,
 ) -> dict[str, object]:
-    """Re-pin one base deliberately; returns what moved. Nothing is written unless every step succeeded."""
-    request = get(name)
+    """Re-pin one base (for one platform) deliberately; returns what moved. Nothing is written unless every
+    step succeeded. Only the default platform's pins move the definitions built on the base: another
+    architecture's base is no definition's `base.ref` by engine tag (a multi-platform definition pins the
+    index)."""
+    request = get(name, platform)
+    if platform is not None:
+        emulation.require(platform, f"re-pinning the {name} base")
     pin_dir = repo / "verify" / "bases"
     try:
-        old = debpins.load_pins(name, pin_dir)
+        old = debpins.load_pins(request.name, pin_dir)
     except DebianError:
         old = None
     work = Path(tempfile.mkdtemp(prefix="servimg-repin-", dir=workdir))
@@ -146,8 +189,9 @@ def repin(
         pins = debian.resolve_pins(request.debian_pins, work, store.layout.debs, log)
         recipe = dataclasses.replace(request, debian_pins=pins)
         image, files = rebuilt_base(recipe, store, log, work, pin_dir)
-        files[debpins.pin_path(name, pin_dir)] = pins.render().encode()
-        files.update(relock_dependents(repo, recipe, image, work, store, log))
+        files[debpins.pin_path(request.name, pin_dir)] = pins.render().encode()
+        if recipe.arch == debpins.ARCH:
+            files.update(relock_dependents(repo, recipe, image, work, store, log))
         write_all(files)
         tag = recipe.tag()
         return {

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from servimg.bases.debpins import ARCH, ArchiveMovedError, DebianError, DebianPins, DebPin
+from servimg.bases.debpins import ArchiveMovedError, DebianError, DebianPins, DebPin
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.progress import Log
 
@@ -88,7 +88,7 @@ def _download(mirror: str, pin: DebPin, cache_dir: Path) -> str:
 def _moved_error(pins: DebianPins, failed: Sequence[tuple[DebPin, str]]) -> DebianError:
     """Name each package whose pinned file is gone, with what the archive serves now (if it answers)."""
     try:
-        served = archive_versions(pins.mirror, pins.suite)
+        served = archive_versions(pins.mirror, pins.suite, pins.arch)
     except DebianError as exc:
         return DebianError(
             f"{len(failed)} pinned Debian package(s) could not be downloaded from {pins.mirror}, and its "
@@ -122,14 +122,14 @@ def _moved_error(pins: DebianPins, failed: Sequence[tuple[DebPin, str]]) -> Debi
     )
 
 
-def archive_versions(mirror: str, suite: str) -> dict[tuple[str, str], tuple[str, str]]:
+def archive_versions(mirror: str, suite: str, arch: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(package, arch) → (version, sha256) the archive's main/binary-<arch> Packages index serves now.
 
     Only explains a failed download; nothing is installed from this answer, so it is read over plain
     HTTP and its hash checked against the suite's Release file.
     """
     base = f"{mirror.rstrip('/')}/dists/{suite}"
-    name = f"main/binary-{ARCH}/Packages.xz"
+    name = f"main/binary-{arch}/Packages.xz"
     release = _get(f"{base}/Release").decode("utf-8", "replace")
     expected = _release_sha256(release).get(name)
     data = _get(f"{base}/{name}")

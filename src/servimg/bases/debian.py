@@ -57,7 +57,6 @@ from typing import Protocol
 
 from servimg.bases.debfetch import fetch_debs, parse_stanzas
 from servimg.bases.debpins import (
-    ARCH,
     DebianError,
     DebianPins,
     DebPin,
@@ -232,14 +231,14 @@ def local_mirror(pins: DebianPins, debs: Mapping[DebPin, Path]) -> Iterator[str]
             dest = pool / f"{pin.name}_{pin.sha256[:16]}.deb"
             _link_or_copy(debs[pin], dest)
             stanzas.append(_stanza(pin, dest, f"pool/{dest.name}"))
-        index = root / "dists" / pins.suite / "main" / f"binary-{ARCH}"
+        index = root / "dists" / pins.suite / "main" / f"binary-{pins.arch}"
         index.mkdir(parents=True)
         packages = "\n".join(stanzas).encode()
         (index / "Packages").write_bytes(packages)
         release = (
-            f"Suite: {pins.suite}\nCodename: {pins.suite}\nArchitectures: {ARCH}\nComponents: main\n"
+            f"Suite: {pins.suite}\nCodename: {pins.suite}\nArchitectures: {pins.arch}\nComponents: main\n"
             f"Description: servimg local mirror of pinned packages\nSHA256:\n"
-            f" {sha256_hex(packages)} {len(packages)} main/binary-{ARCH}/Packages\n"
+            f" {sha256_hex(packages)} {len(packages)} main/binary-{pins.arch}/Packages\n"
         )
         (root / "dists" / pins.suite / "Release").write_text(release, encoding="utf-8")
         yield f"deb [trusted=yes] file://{root} {pins.suite} main"
@@ -339,7 +338,7 @@ def _mmdebstrap(pins: DebianPins, rootfs: Path, source: str, options: BuildOptio
         tool("mmdebstrap"),
         "--mode=root",
         f"--variant={pins.variant}",
-        f"--arch={ARCH}",
+        f"--arch={pins.arch}",
         f"--include={','.join(pins.include)}",
         f"--hook-dir={AUTOMOUNT_HOOK}",
         *_stage_hooks(options.clock),
@@ -570,7 +569,7 @@ def resolve_pins(request: DebianPins, workdir: Path, cache_dir: Path, log: Log) 
             tool("mmdebstrap"),
             "--mode=root",
             f"--variant={request.variant}",
-            f"--arch={ARCH}",
+            f"--arch={request.arch}",
             f"--include={','.join(request.include)}",
             "--skip=essential/unlink,cleanup/apt",
             request.suite,

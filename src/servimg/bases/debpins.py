@@ -4,6 +4,7 @@ from, read and checked (bases.debian builds from them; bases.debfetch fetches wh
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,13 @@ from servimg.core.errors import BaseBuildError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PIN_DIR = REPO_ROOT / "verify" / "bases"
-ARCH = "amd64"
+ARCH = "amd64"  # the default architecture: a pin file without an `arch:` header pins amd64
 _LINE = re.compile(
     r"^(?P<name>[a-z0-9][a-z0-9+.-]*)=(?P<version>\S+) (?P<arch>[a-z0-9-]+) (?P<priority>[a-z]+) "
     r"(?P<size>[0-9]+) sha256:(?P<sha>[0-9a-f]{64}) (?P<file>pool/\S+\.deb)$"
 )
 _HEADER_KEYS = ("suite", "mirror", "variant", "include", "release")
+_OPTIONAL_HEADERS = ("arch",)  # written only when not ARCH, so amd64 pin files (and keys) keep their bytes
 
 
 class DebianError(BaseBuildError):
@@ -65,6 +67,7 @@ class DebianPins:
     include: tuple[str, ...]
     release: str
     packages: tuple[DebPin, ...]
+    arch: str = ARCH  # Debian's architecture name (amd64, arm64): mmdebstrap --arch, binary-<arch>
 
     @classmethod
     def parse(cls, text: str, origin: str = "<pins>") -> DebianPins:
@@ -77,7 +80,7 @@ class DebianPins:
             if not line or line.startswith("#"):
                 continue
             key, sep, value = line.partition(": ")
-            if sep and key in _HEADER_KEYS:
+            if sep and key in (*_HEADER_KEYS, *_OPTIONAL_HEADERS):
                 if key in header:
                     problems.append(f"{origin}:{number}: {key} given twice")
                 header[key] = value.strip()
@@ -106,6 +109,12 @@ class DebianPins:
         ]
         if not packages:
             problems.append(f"{origin}: no packages pinned")
+        arch = header.get("arch", ARCH)
+        problems += [
+            f"{origin}: {p.name} is pinned for {p.arch}, the file for {arch}"
+            for p in packages
+            if p.arch not in (arch, "all")
+        ]
         if problems:
             raise DebianError(
                 f"{origin}: malformed Debian pin file",
@@ -119,6 +128,7 @@ class DebianPins:
             include=tuple(header["include"].split()),
             release=header["release"],
             packages=tuple(sorted(packages)),
+            arch=arch,
         )
 
     def render(self) -> str:
@@ -133,8 +143,18 @@ class DebianPins:
             f"include: {' '.join(self.include)}",
             f"release: {self.release}",
         ]
+        if self.arch != ARCH:
+            lines.insert(lines.index(f"suite: {self.suite}"), f"arch: {self.arch}")
         lines += [p.line() for p in sorted(self.packages)]
         return "\n".join(lines) + "\n"
+
+    def key_document(self) -> dict[str, object]:
+        """The pins as the recipe cache key hashes them: an amd64 pin file without its (default) arch, so
+        the keys of the bases pinned before arm64 existed do not move."""
+        doc = dataclasses.asdict(self)
+        if self.arch == ARCH:
+            del doc["arch"]
+        return doc
 
     def key(self) -> str:
         """sha256 hex of the canonical text (the recipe cache keys include it)."""

@@ -115,8 +115,13 @@ def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
     return parse_pins(_read_pins(path), str(path))
 
 
-def load_wheels(source: WheelSource, path: Path) -> tuple[tuple[PinnedWheel, ...], WheelSource]:
-    """A pin file's wheels, and `source` with the top-level requirements the file records."""
+def load_wheels(
+    source: WheelSource, path: Path, *, required: bool = True
+) -> tuple[tuple[PinnedWheel, ...], WheelSource]:
+    """A pin file's wheels, and `source` with the top-level requirements the file records (not
+    `required`: no wheels when the file does not exist yet, for a platform not pinned yet)."""
+    if not required and not path.exists():
+        return (), source
     text = _read_pins(path)
     recorded = wheelpins.requirements_in(text)
     if recorded is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from servimg.bases.debpins import DebianPins
+from servimg.bases.debpins import ARCH, DebianPins
 from servimg.core import canonical
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import BaseBuildError
@@ -96,6 +96,7 @@ class WheelSource:
     glibc_minor: int = 36  # Debian 12: every manylinux tag up to 2_36
     find_links: str = "/opt/wheels"  # a local wheel directory pip also reads (torch's +cpu build)
     no_deps: bool = False  # only the named wheels, none of their dependencies (`pip download --no-deps`)
+    machine: str = "x86_64"  # the manylinux machine of the platform tags (aarch64 for linux/arm64)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class Recipe:
         (`wheel`) in place of the pinned wheel list.
         """
         recipe: dict[str, object] = {
-            "debian_pins": dataclasses.asdict(self.debian_pins),
+            "debian_pins": self.debian_pins.key_document(),
             "source_date_epoch": self.source_date_epoch,
         }
         doc: dict[str, object] = {"format": self.kind.format, "recipe": recipe}
@@ -161,6 +162,13 @@ class Recipe:
             )
         return sha256_hex(canonical.dumps(self.key_document()))
 
+    @property
+    def arch(self) -> str:
+        """The Debian (and OCI) architecture it is built for: its pins'."""
+        return self.debian_pins.arch
+
     def tag(self) -> str:
-        """Its engine tag: ``servimg/<kind>-base:<suite>-<key12>``."""
-        return f"{self.kind.engine_name}:{self.suite}-{self.cache_key()[:12]}"
+        """Its engine tag: ``servimg/<kind>-base:<suite>-<key12>``, the architecture after the suite when
+        it is not amd64 (``bookworm-arm64-<key12>``)."""
+        arch = "" if self.arch == ARCH else f"-{self.arch}"
+        return f"{self.kind.engine_name}:{self.suite}{arch}-{self.cache_key()[:12]}"

@@ -5,6 +5,7 @@ Each problem names its YAML path (`overlays[1].sha256: …`) so the user can fix
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from servimg.core.fields import (
     text,
     whole_number,
 )
+from servimg.core.platform import Platform
 from servimg.core.strictyaml import StrictLoader, load_problem
 
 _ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -53,6 +55,16 @@ _nonempty = text(min_length=1)
 
 
 @dataclass(frozen=True)
+class PlatformBase:
+    """One platform of a multi-platform definition (`base.platforms`): its base is `ref`/`digest` when
+    given, else the definition's `base.ref`/`base.digest` (then a multi-platform index)."""
+
+    platform: str
+    ref: str | None = None
+    digest: Digest | None = None
+
+
+@dataclass(frozen=True)
 class BaseSpec:
     """The pinned base: where to get it (`ref`) and what it must be (`digest` of its manifest)."""
 
@@ -60,6 +72,15 @@ class BaseSpec:
     digest: Digest
     # When `digest` names a multi-platform index, the manifest for this platform is used (and locked).
     platform: str = "linux/amd64"
+    # A multi-platform image (docs/platforms.md): one image per entry, then an index over them. Empty:
+    # one platform, `platform` (and left out of the definition's JSON, so its digest is what it was).
+    platforms: tuple[PlatformBase, ...] = ()
+
+    def for_platform(self, entry: PlatformBase) -> BaseSpec:
+        """The single-platform base one entry of `platforms` stands for."""
+        return BaseSpec(
+            ref=entry.ref or self.ref, digest=entry.digest or self.digest, platform=entry.platform
+        )
 
     @property
     def manifest_digest(self) -> Digest:
@@ -155,11 +176,41 @@ class ImageDefinition(canonical.Canonical):
     def to_json(self, *, exclude_defaults: bool = False) -> dict[str, object]:
         """Plain JSON values in field order (tuples as lists). `exclude_defaults` leaves out every field,
         at any depth, that equals its default, except a `witness: false` beside a `ladder` (there the
-        default is true: without the key, the rendered definition would read back with the witness on)."""
+        default is true: without the key, the rendered definition would read back with the witness on).
+        `base.platforms` is left out when empty, and its entries' unset `ref`/`digest`, so single-platform
+        definitions keep the bytes (and digests) they had before platforms existed."""
         data = dict(jv.obj(canonical.plain(self, exclude_defaults=exclude_defaults)))
         if exclude_defaults and self.ladder is not None and not self.witness:
             data["witness"] = False
+        base = dict(jv.obj(data["base"]))
+        entries = [
+            {k: v for k, v in jv.obj(e).items() if v is not None} for e in jv.seq(base.pop("platforms", []))
+        ]
+        if entries:
+            base["platforms"] = entries
+        data["base"] = base
         return data
+
+    @property
+    def platforms(self) -> tuple[Platform, ...]:
+        """The platforms this definition builds: `base.platforms`, else the one `base.platform`."""
+        entries = self.base.platforms or (PlatformBase(self.base.platform),)
+        return tuple(Platform.parse(e.platform) for e in entries)
+
+    @property
+    def multi_platform(self) -> bool:
+        return bool(self.base.platforms)
+
+    def for_platform(self, platform: Platform) -> ImageDefinition:
+        """The single-platform definition one platform of a multi-platform definition builds (its lock is
+        that platform's part of the lock)."""
+        for entry in self.base.platforms:
+            if entry.platform == str(platform):
+                return dataclasses.replace(self, base=self.base.for_platform(entry))
+        raise DefinitionError(
+            f"{self.name} does not build {platform}",
+            hint=f"choose one of: {', '.join(str(p) for p in self.platforms)}",
+        )
 
     @classmethod
     def parse(cls, text: str | bytes, *, origin: str = "<definition>") -> ImageDefinition:
@@ -254,9 +305,58 @@ def _place(value: object, path: str, problems: list[str]) -> str:
     return ref
 
 
-_base = record(
+def _platform_name(value: object, path: str, problems: list[str]) -> str:
+    name = _nonempty(value, path, problems)
+    try:
+        Platform.parse(name)
+    except ServimgError as exc:
+        raise Invalid(f"{exc.message} ({exc.hint})") from None
+    return name
+
+
+_platform_fields = record(
+    PlatformBase,
+    {"platform": _platform_name, "ref": optional(_place), "digest": optional(_digest)},
+    unknown=_UNKNOWN,
+)
+
+
+def _platform_entry(value: object, path: str, problems: list[str]) -> PlatformBase:
+    """`linux/arm64`, or `{platform: linux/arm64, ref: …, digest: …}` (that platform's own base)."""
+    if isinstance(value, str):
+        return PlatformBase(_platform_name(value, path, problems))
+    entry = _platform_fields(value, path, problems)
+    if (entry.ref is None) != (entry.digest is None):
+        raise Invalid("give both `ref` and `digest` (that platform's own base), or neither")
+    return entry
+
+
+def _platform_list(value: object, path: str, problems: list[str]) -> tuple[PlatformBase, ...]:
+    entries = items(_platform_entry)(value, path, problems)
+    names = [e.platform for e in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise Invalid(f"{', '.join(twice)} listed more than once")
+    if not entries:
+        raise Invalid("list at least one platform (or leave `platforms` out for one, `platform`)")
+    return tuple(sorted(entries, key=lambda e: e.platform))
+
+
+def _base(value: object, path: str, problems: list[str]) -> BaseSpec:
+    spec = _base_fields(value, path, problems)
+    if isinstance(value, Mapping) and "platform" in value and "platforms" in value:
+        raise Invalid("give `platform` (one) or `platforms` (several), not both")
+    return spec
+
+
+_base_fields = record(
     BaseSpec,
-    {"ref": _place, "digest": _digest, "platform": text(pattern=r"^[a-z0-9]+/[a-z0-9_]+$")},
+    {
+        "ref": _place,
+        "digest": _digest,
+        "platform": text(pattern=r"^[a-z0-9]+/[a-z0-9_]+$"),
+        "platforms": _platform_list,
+    },
     unknown=_UNKNOWN,
 )
 _package = record(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 from servimg.backends.target import Target
 from servimg.builder.definition import (
@@ -15,18 +16,33 @@ from servimg.builder.definition import (
 )
 from servimg.builder.lock import (
     Lock,
+    PackageLock,
 )
+from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, DefinitionError, ServimgError
 from servimg.core.reference import Reference
 
 SERVIMG_DIR = "opt/servimg"
 
 
+class Locked(Protocol):
+    """What a tag is made from: a lock's digest and packages (one platform's `Lock`, or the lock of a
+    multi-platform definition, `builder.platformlock.PlatformLocks`)."""
+
+    @property
+    def digest(self) -> Digest: ...
+
+    @property
+    def packages(self) -> tuple[PackageLock, ...]: ...
+
+
 def registry_tag(target: Target) -> str | None:
     return Reference.parse(target.location).tag if target.in_registry else None
 
 
-def refuse_tag_of_another_lock(definition: ImageDefinition, locked: Lock, tags: Sequence[str | None]) -> None:
+def refuse_tag_of_another_lock(
+    definition: ImageDefinition, locked: Locked, tags: Sequence[str | None]
+) -> None:
     """A tag made from the tag template names one lock: never publish another lock's image under it."""
     templates = (definition.tag, DEFAULT_TEMPLATE)
     for tag in tags:
@@ -45,7 +61,7 @@ def full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
     return tag
 
 
-def derive_tag(definition: ImageDefinition, locked: Lock) -> str:
+def derive_tag(definition: ImageDefinition, locked: Locked) -> str:
     """`<name>-<vllm version>-<lock sha256[:12]>` by default: one tag names one set of inputs."""
     fields: dict[str, str] = {
         "name": definition.name,

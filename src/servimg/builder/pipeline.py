@@ -169,10 +169,22 @@ class BuildResult:
 
 # -- resolve --------------------------------------------------------------------------------------
 def resolve(
-    definition_path: Path, store: BlobStore, log: Log, runner: str = "auto", seams: Seams = DEFAULT
+    definition_path: Path,
+    store: BlobStore,
+    log: Log,
+    runner: str = "auto",
+    seams: Seams = DEFAULT,
+    *,
+    definition: ImageDefinition | None = None,
 ) -> Resolution:
-    """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock."""
-    definition = ImageDefinition.load(definition_path)
+    """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock. `definition`
+    is given for one platform of a multi-platform definition (`builder.platforms`); else it is read."""
+    definition = definition or ImageDefinition.load(definition_path)
+    if definition.multi_platform:
+        raise DefinitionError(
+            f"{definition_path} lists base.platforms: it builds an image index, one platform at a time",
+            hint="build it with `servimg build` (every platform), or choose one with --platform",
+        )
     base, index = _fetch_base(definition, store, log, seams.base_source)
     fs = base_fs(base, store)
     packages = tuple(
@@ -300,7 +312,7 @@ def _fetch_base(
     pinned = definition.base.manifest_digest
     index: Digest | None = None
     try:
-        if definition.base.transport == "registry":
+        if definition.base.transport in ("registry", "oci"):
             platform = source.platform_manifest(definition.base.ref, pinned, definition.base.platform)
             index, pinned = (pinned, platform) if platform != pinned else (None, pinned)
         base = source.fetch(definition.base.ref, store, log, expected=pinned)
@@ -434,7 +446,7 @@ def build(
     progress: Progress = NULL,
     seams: Seams = DEFAULT,
 ) -> BuildResult:
-    target = Target.parse(to) if to else _default_target(definition_path)
+    target = Target.parse(to) if to else default_target(definition_path)
     seams.sink.check(target)
     locked = Lock.load(lock_path_for(definition_path))
     resolution = resolve(definition_path, store, log, runner, seams)
@@ -509,7 +521,7 @@ def _verified(
     return report, staged.result() if staged is not None else None
 
 
-def _default_target(definition_path: Path) -> Target:
+def default_target(definition_path: Path) -> Target:
     if engine.engine_available():
         return Target.parse("docker")
     return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
-from servimg.backends import engine, registry, transport
+from servimg.backends import engine, transport
 from servimg.backends.target import Target, WriteOptions
 from servimg.builder import resultcache, warmroot
 from servimg.builder.bytecode import ChrootRunner, DockerRunner, Runner
@@ -38,9 +38,11 @@ from servimg.builder.warmroot import WarmRoot, WarmRunner
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
-from servimg.core.progress import Log
+from servimg.core.platform import Platform
+from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
+from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore, Tap, no_tap
 
 
@@ -62,7 +64,7 @@ class ByReference:
         return transport.fetch(ref, store, log, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
-        return registry.platform_manifest(ref, pinned, platform)
+        return transport.platform_manifest(ref, pinned, Platform.parse(platform))
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,33 @@ class VerifiedSink(Protocol):
 
 
 @dataclass(frozen=True)
+class PlatformImage:
+    """One platform's image of a multi-platform build, with the probe report that verified it."""
+
+    platform: Platform
+    image: Image
+    report: VerifyReport | None
+
+
+@runtime_checkable
+class IndexSink(Protocol):
+    """A sink that can publish a multi-platform index: every child, then the index, its name last."""
+
+    def publish_index(
+        self,
+        index: ImageIndex,
+        children: Sequence[PlatformImage],
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        engine_platform: Platform | None = None,
+        progress: Progress = NULL,
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
 class TargetSink:
     """The target the user named: engine, OCI layout, docker-archive or registry (`backends.transport`).
 
@@ -321,6 +350,25 @@ class TargetSink:
         self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
     ) -> str:
         return transport.publish(image, target, store, log, **options)
+
+    def publish_index(
+        self,
+        index: ImageIndex,
+        children: Sequence[PlatformImage],
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        engine_platform: Platform | None = None,
+        progress: Progress = NULL,
+    ) -> str:
+        for child in children:
+            store.put_bytes(child.image.config_bytes)
+        images = {c.platform: c.image for c in children}
+        return transport.publish_index(
+            index, images, target, store, log, tag=tag, engine_platform=engine_platform, progress=progress
+        )
 
 
 @dataclass(frozen=True)

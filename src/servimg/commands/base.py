@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from servimg.bases import catalog as bases
+from servimg.bases import platforms
+from servimg.builder import emulation
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
@@ -15,8 +17,20 @@ def base(p: params.Base, ctx: Context) -> Iterator[Outcome]:
 
     def run() -> Outcome:
         if p.repin:
-            return Outcome(f"{p.name}-base", bases.repin(p.name, ctx.store, ctx.log, workdir=p.workdir))
-        built = bases.build_base(p.name, ctx.store, ctx.log, targets=p.to, workdir=p.workdir)
+            repinned = [
+                bases.repin(p.name, ctx.store, ctx.log, workdir=p.workdir, platform=platform)
+                for platform in p.platforms or (None,)
+            ]
+            return Outcome(f"{p.name}-base", repinned[0] if len(repinned) == 1 else {"repinned": repinned})
+        if len(p.platforms) > 1:
+            built = platforms.build_platforms(
+                p.name, p.platforms, ctx.store, ctx.log, targets=p.to, workdir=p.workdir
+            )
+            return Outcome(f"{p.name}-base", built)
+        recipe = bases.pinned_recipe(p.name, p.platforms[0] if p.platforms else None)
+        if p.platforms:
+            emulation.require(p.platforms[0], f"building the {p.name} base")
+        built = bases.build_base(recipe, ctx.store, ctx.log, targets=p.to, workdir=p.workdir)
         return Outcome(f"{p.name}-base", built)
 
     yield attempt(f"{p.name}-base", run)

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
-from servimg.builder import actioncache, pipeline
+from servimg.builder import actioncache, pipeline, platforms
+from servimg.builder.definition import ImageDefinition
 from servimg.builder.lock import lock_path_for
 from servimg.builder.seams import Seams
 from servimg.commands import params
@@ -24,6 +25,18 @@ def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
     for path in p.definitions:
 
         def run(path: Path = path) -> Outcome:
+            definition = ImageDefinition.load(path)
+            if definition.multi_platform:
+                many, changed = platforms.lock_platforms(
+                    definition, path, ctx.store, ctx.log, p.runner, ctx.seams
+                )
+                fields: dict[str, object] = {
+                    "lock": str(lock_path_for(path)),
+                    "lock_digest": str(many.digest),
+                    "changed": changed,
+                    "platforms": sorted(many.platforms),
+                }
+                return Outcome(str(path), fields)
             locked, changed = pipeline.lock(path, ctx.store, ctx.log, p.runner, ctx.seams)
             fields = {"lock": str(lock_path_for(path)), "lock_digest": str(locked.digest), "changed": changed}
             return Outcome(str(path), fields)
@@ -47,7 +60,24 @@ def signed_build() -> BuildOne:
 
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
     """Build it; with the default seams, also record the build in the action cache (what it read, where
-    it went), so that the same command run again is replayed (servimg.commands.replay)."""
+    it went), so that the same command run again is replayed (servimg.commands.replay). A definition
+    with `base.platforms` builds every platform and an index over them (not replayed: its sinks are a
+    registry or a layout's index)."""
+    definition = ImageDefinition.load(path)
+    if definition.multi_platform:
+        many = platforms.build_platforms(
+            definition,
+            path,
+            ctx.store,
+            ctx.log,
+            to=p.to,
+            runner=p.runner,
+            tag=p.tag,
+            progress=ctx.progress,
+            seams=ctx.seams,
+            engine_platform=p.platform,
+        )
+        return Outcome(str(path), many.as_dict())
     with actioncache.recording() as reads:
         built = pipeline.build(
             path,

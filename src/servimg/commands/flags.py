@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servimg.commands import params
+from servimg.core.platform import Platform
 
 
 # -- flags ---------------------------------------------------------------------------------------------
@@ -63,6 +64,13 @@ def build_flags(p: argparse.ArgumentParser) -> None:
         help="attach signed provenance + verify result (needs --to HOST/REPO or oci:DIR)",
     )
     p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
+    p.add_argument(
+        "--platform",
+        type=Platform.parse,
+        default=None,
+        help="a multi-platform definition built to the Docker Engine: the platform it gets (default: "
+        "this host's; the engine stores no index)",
+    )
     publish_flags(p)
 
 
@@ -257,6 +265,13 @@ def base_flags(p: argparse.ArgumentParser) -> None:
         "digest and the definitions (and locks) built on it",
     )
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument(
+        "--platform",
+        default=None,
+        help="comma-separated platforms (linux/amd64, linux/arm64; default linux/amd64): one base each, "
+        "built from its own pins (verify/bases/NAME.ARCH.*) under qemu emulation where the host differs; "
+        "several give a multi-platform index too",
+    )
 
 
 def key_flags(p: argparse.ArgumentParser) -> None:
@@ -491,7 +506,8 @@ def rebase(a: argparse.Namespace) -> params.Rebase:
 
 
 def base(a: argparse.Namespace) -> params.Base:
-    return params.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir)
+    platforms = Platform.parse_list(a.platform) if a.platform else ()
+    return params.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir, platforms)
 
 
 def promote(a: argparse.Namespace) -> params.Promote:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servimg.core.platform import Platform
 
 # The bases `servimg base NAME` builds (servimg.bases.catalog has their recipes).
 BASES = ("demo", "test-bookworm", "test-trixie")
@@ -39,6 +43,7 @@ class Build:
     sign: Path | None = None  # a private key: attach signed provenance and the verify result
     builder_id: str | None = None
     publish: Publish = Publish()
+    platform: Platform | None = None  # a multi-platform build to the engine: which child it gets
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ class Base:
     to: tuple[str, ...] | None = None  # default: docker when an engine runs
     repin: bool = False
     workdir: Path | None = None
+    platforms: tuple[Platform, ...] = ()  # default: linux/amd64
 
 
 @dataclass(frozen=True)

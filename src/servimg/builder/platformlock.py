@@ -1,0 +1,151 @@
+"""The lock of a multi-platform definition: one complete lock per platform, under one digest.
+
+Each platform is resolved as a single-platform definition (`ImageDefinition.for_platform`): its base
+(manifest, config, diffIDs, and the index it was picked from), its interpreter, its packages' RECORDs and
+its overlays' files are that platform's own, because two architectures' wheels differ. The file pins them
+all (`platforms`, keyed by `os/arch`) with the whole definition's sha256, canonical JSON like every lock;
+its digest names the image index (the `{lock12}` of the index tag), each child image carries its own
+platform's lock. `servimg build` re-resolves every platform and refuses a drift with its platform named.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servimg import __version__
+from servimg.builder.lock import LOCK_VERSION, Lock, PackageLock, drift, lock_to_definition
+from servimg.core import canonical, fields
+from servimg.core.atomic import atomic_write
+from servimg.core.errors import LockError, ServimgError
+from servimg.core.platform import Platform
+
+_UNKNOWN = "unknown key (locks are written by `servimg lock`, never by hand)"
+
+
+@dataclass(frozen=True)
+class PlatformLocks(canonical.Canonical):
+    name: str
+    definition_sha256: str
+    platforms: Mapping[str, Lock]  # `os/arch` → that platform's lock
+    tool: Mapping[str, str] = field(default_factory=lambda: {"name": "servimg", "version": __version__})
+    lock_version: int = LOCK_VERSION
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "definition_sha256": self.definition_sha256,
+            "platforms": {p: self.platforms[p].to_json() for p in sorted(self.platforms)},
+            "tool": dict(self.tool),
+            "lock_version": self.lock_version,
+        }
+
+    def of(self, platform: Platform) -> Lock:
+        """One platform's lock, or LockError naming the platforms this lock has."""
+        found = self.platforms.get(str(platform))
+        if found is None:
+            raise LockError(
+                f"the lock has no {platform} part (it pins {', '.join(sorted(self.platforms))})",
+                hint="run `servimg lock` after changing base.platforms",
+            )
+        return found
+
+    @property
+    def packages(self) -> tuple[PackageLock, ...]:
+        """The packages the tag template reads (`{vllm}`): every platform pins the same versions."""
+        return self.platforms[min(self.platforms)].packages
+
+    @classmethod
+    def from_json(cls, data: object, origin: str = "<lock>") -> PlatformLocks:
+        return fields.read_all(
+            _platform_locks,
+            data,
+            lambda problems: LockError(
+                f"{origin}: malformed multi-platform lock ({len(problems)} problem(s))",
+                problems=problems,
+                hint="do not edit locks by hand; regenerate with `servimg lock`",
+            ),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> PlatformLocks:
+        data = _read(path)
+        if not isinstance(data, dict) or "platforms" not in data:
+            raise LockError(
+                f"{path} is a single-platform lock, but the definition lists base.platforms",
+                hint=f"run `servimg lock {lock_to_definition(path)}`",
+            )
+        return cls.from_json(data, str(path))
+
+    def pretty_bytes(self) -> bytes:
+        return canonical.dumps_pretty(self.to_json())
+
+    def write(self, path: Path) -> None:
+        """Atomically replace `path` (a failed write never leaves a truncated lock)."""
+        atomic_write(path, self.pretty_bytes(), 0o644)
+
+
+def _read(path: Path) -> object:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LockError(
+            f"no lock at {path}", hint=f"run `servimg lock {lock_to_definition(path)}` first"
+        ) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise LockError(f"{path}: not valid JSON: {exc}", hint="regenerate with `servimg lock`") from None
+
+
+def _platform_key(value: object, path: str, problems: list[str]) -> str:
+    text = fields.text()(value, path, problems)
+    try:
+        Platform.parse(text)
+    except ServimgError as exc:  # not a platform servimg builds
+        raise fields.Invalid(exc.message) from None
+    return text
+
+
+def _lock(value: object, path: str, problems: list[str]) -> Lock:
+    try:
+        return Lock.from_json(value, path)
+    except LockError as exc:
+        problems.extend(exc.problems)
+        raise fields.Invalid() from None
+
+
+_platform_locks = fields.record(
+    PlatformLocks,
+    {
+        "name": fields.text(),
+        "definition_sha256": fields.text(),
+        "platforms": fields.mapping(_platform_key, _lock),
+        "tool": fields.mapping(fields.text(), fields.text()),
+        "lock_version": fields.exact_integer,
+    },
+    unknown=_UNKNOWN,
+)
+
+
+def check_drift(locked: PlatformLocks, actual: PlatformLocks, definition_path: Path) -> None:
+    """Every field that moved on any platform, each problem prefixed with its platform."""
+    problems = [
+        p
+        for p in drift(
+            {k: v for k, v in locked.to_json().items() if k != "tool"},
+            {k: v for k, v in actual.to_json().items() if k != "tool"},
+        )
+        if not p.split(".", 2)[-1].startswith("tool.")
+    ]
+    if problems:
+        moved = sorted({p.split(".")[1] for p in problems if p.startswith("platforms.")})
+        raise LockError(
+            f"inputs drifted from the lock ({len(problems)} field(s)"
+            + (f"; platform(s) {', '.join(moved)}" if moved else "")
+            + ")",
+            problems=[p.removeprefix("platforms.") for p in problems],
+            hint=f"if the change is intended, run `servimg lock {definition_path}` and review the diff",
+        )

@@ -1,0 +1,119 @@
+"""A multi-platform image index as a value: one child manifest per platform (OCI image-index v1).
+
+servimg writes an index over the images it built per platform (`ImageIndex.of`): canonical bytes (sorted
+keys, compact), children sorted by platform, no time and no host fact in it, so equal children give an
+equal index digest on every rebuild. An index read from elsewhere keeps its exact bytes (`parse`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from servimg.core import canonical
+from servimg.core.digest import Digest
+from servimg.core.errors import ImageError, ServimgError, UsageError
+from servimg.core.platform import Platform, texts
+from servimg.oci.image import INDEX_TYPES, MANIFEST_TYPES, OCI_INDEX, Descriptor, Image
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    platform: Platform
+    descriptor: Descriptor  # the child's manifest
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """An image index and the exact bytes that define its digest."""
+
+    index_bytes: bytes
+    entries: tuple[IndexEntry, ...] = field(compare=False)
+    media_type: str = OCI_INDEX
+
+    @classmethod
+    def of(
+        cls, children: Mapping[Platform, Image], annotations: Mapping[str, str] | None = None
+    ) -> ImageIndex:
+        """The index servimg writes over its per-platform images: OCI media type, children sorted by
+        platform, each with its manifest's media type, digest, size and `platform`."""
+        manifests = []
+        entries = []
+        for platform in sorted(children):
+            image = children[platform]
+            descriptor = Descriptor(
+                image.media_type,
+                image.digest,
+                len(image.manifest_bytes),
+                platform=tuple(sorted(platform.index_entry().items())),
+            )
+            manifests.append(descriptor.to_json())
+            entries.append(IndexEntry(platform, descriptor))
+        doc: dict[str, object] = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
+        if annotations:
+            doc["annotations"] = dict(sorted(annotations.items()))
+        return cls(canonical.dumps(doc), tuple(entries))
+
+    @classmethod
+    def parse(cls, data: bytes, where: str = "index") -> ImageIndex:
+        """Validate an index's bytes (every problem collected); entries without a platform are skipped
+        (attestation manifests some builders add), entries of unsupported platforms are kept as read."""
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise ImageError(f"{where}: not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ImageError(f"{where}: not a JSON object")
+        problems: list[str] = []
+        media = str(doc.get("mediaType") or OCI_INDEX)
+        if media not in INDEX_TYPES:
+            problems.append(f"{where}.mediaType {media!r} is not an image index")
+        if doc.get("schemaVersion") != 2:
+            problems.append(f"{where}.schemaVersion must be 2")
+        manifests = doc.get("manifests")
+        entries: list[IndexEntry] = []
+        if not isinstance(manifests, list):
+            problems.append(f"{where}.manifests: missing or not a list")
+            manifests = []
+        for i, raw in enumerate(manifests):
+            try:
+                descriptor = Descriptor.from_json(raw, f"{where}.manifests[{i}]")
+            except ServimgError as exc:
+                problems.extend([exc.message, *exc.problems])
+                continue
+            plat = dict(descriptor.platform)
+            if descriptor.media_type not in MANIFEST_TYPES or "architecture" not in plat:
+                continue
+            entries.append(IndexEntry(Platform(plat.get("os", "linux"), plat["architecture"]), descriptor))
+        seen = [e.platform for e in entries]
+        problems += [f"{where}: {p} listed twice" for p in sorted(set(seen)) if seen.count(p) > 1]
+        if problems:
+            raise ImageError(f"malformed image index ({where})", problems=problems)
+        return cls(bytes(data), tuple(entries), media)
+
+    @property
+    def digest(self) -> Digest:
+        return Digest.of_bytes(self.index_bytes)
+
+    @property
+    def platforms(self) -> tuple[Platform, ...]:
+        return tuple(e.platform for e in self.entries)
+
+    @property
+    def descriptor(self) -> Descriptor:
+        return Descriptor(self.media_type, self.digest, len(self.index_bytes))
+
+    def child(self, platform: Platform) -> Descriptor:
+        """The manifest the index lists for `platform`, or UsageError naming the ones it has."""
+        for entry in self.entries:
+            if entry.platform == platform:
+                return entry.descriptor
+        raise UsageError(
+            f"the index {self.digest.short} has no {platform} image",
+            hint=f"choose one of its platforms: {texts(self.platforms)}",
+        )
+
+
+def is_index(media_type: str) -> bool:
+    return media_type in INDEX_TYPES
