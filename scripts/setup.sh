@@ -30,6 +30,9 @@ mkdir -p "$STATE" "$LOGS"
 
 export DEBIAN_FRONTEND=noninteractive
 demo_tools="dockerd:docker.io docker-registry:docker-registry mmdebstrap:mmdebstrap"
+# qemu-user-static + binfmt-support: multi-platform builds run another architecture's binaries (an arm64
+# base's dpkg and python) under qemu through binfmt_misc (docs/platforms.md).
+demo_tools="$demo_tools qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support"
 test_tools="faketime:faketime nix-instantiate:nix-bin skopeo:skopeo umoci:umoci podman:podman
   docker-credential-pass:golang-docker-credential-helpers pass:pass gpg:gnupg softhsm2-util:softhsm2
   node:nodejs npm:npm"
@@ -45,6 +48,21 @@ if ((${#need[@]})); then
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+# binfmt_misc: mounted (a container may not have it) and qemu's handlers registered (F flag: usable inside
+# chroots and containers). Idempotent; where the mount is refused (an unprivileged container) it says so,
+# and multi-platform builds refuse with the same reason.
+binfmt=/proc/sys/fs/binfmt_misc
+if [ ! -e "$binfmt/status" ]; then
+  mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null ||
+    echo "setup: cannot mount binfmt_misc at $binfmt (unprivileged?): no emulated platform will build" >&2
+fi
+if [ -e "$binfmt/status" ] && [ ! -e "$binfmt/qemu-aarch64" ]; then
+  echo "setup: registering qemu's binfmt_misc handlers (update-binfmts --enable)"
+  update-binfmts --enable >/dev/null 2>&1 || true
+fi
+[ -e "$binfmt/status" ] && [ ! -e "$binfmt/qemu-aarch64" ] &&
+  echo "setup: qemu-aarch64 is not registered in binfmt_misc: linux/arm64 builds will refuse" >&2
 
 # Docker Engine: prefer Debian's client beside Debian's daemon (same API version).
 export PATH="/usr/bin:$PATH"

@@ -110,7 +110,9 @@ COMMANDS: tuple[Command, ...] = (
         ("verify",),
         "run the in-image probe: sources, bytecode, imports, sentinels, RECORDs",
         flags.verify_flags,
-        Bound(lambda a: params.Verify(tuple(a.images), a.audit), "servimg.commands.verify:verify"),
+        Bound(
+            lambda a: params.Verify(tuple(a.images), a.audit, a.platform), "servimg.commands.verify:verify"
+        ),
     ),
     Command(
         ("witness", "collect"),
@@ -243,7 +245,10 @@ COMMANDS: tuple[Command, ...] = (
         ("show",),
         "the provenance card (text, or --markdown)",
         flags.show_flags,
-        Bound(lambda a: params.Show(a.ref, a.markdown, flags.lookup(a)), "servimg.commands.provenance:show"),
+        Bound(
+            lambda a: params.Show(a.ref, a.markdown, flags.lookup(a), a.platform),
+            "servimg.commands.provenance:show",
+        ),
     ),
     Command(
         ("diff",),

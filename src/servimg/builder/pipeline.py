@@ -527,9 +527,16 @@ def default_target(definition_path: Path) -> Target:
     return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))
 
 
-def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -> tuple[Image, Descriptor]:
+def assemble(
+    resolution: Resolution,
+    locked: Lock,
+    store: BlobStore,
+    log: Log,
+    extra_labels: Mapping[str, str] | None = None,
+) -> tuple[Image, Descriptor]:
     """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
-    new image (a value: the base is unchanged)."""
+    new image (a value: the base is unchanged). `extra_labels`: a platform image's tie to its index's
+    lock (`builder.platforms`)."""
     entries = plan_layer(resolution, locked, log, store.root)
     tmp = store.layout.tmp
     tmp.mkdir(exist_ok=True)
@@ -548,7 +555,7 @@ def assemble(resolution: Resolution, locked: Lock, store: BlobStore, log: Log) -
     tag = naming.derive_tag(resolution.definition, locked)
     image = resolution.base.with_layer(
         Layer(descriptor, blob.diff_id),
-        labels=naming.labels(resolution.definition, locked, tag, created),
+        labels={**naming.labels(resolution.definition, locked, tag, created), **(extra_labels or {})},
         created=created,
         history=f"servimg build {resolution.definition.name} "
         f"overlays={','.join(o.id for o in locked.overlays) or '-'}",

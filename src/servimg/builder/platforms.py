@@ -90,6 +90,22 @@ class IndexBuildResult:
         }
 
 
+# What ties the children to their index, whoever re-assembles one: each child's config names the
+# multi-platform lock and its platform; the index names the lock and the definition.
+PLATFORMS_LOCK_LABEL = "io.servimg.platforms.lock"
+PLATFORM_LABEL = "io.servimg.platform"
+INDEX_LOCK = "io.servimg.lock"
+INDEX_DEFINITION = "io.servimg.definition.sha256"
+
+
+def child_labels(locked: PlatformLocks, platform: Platform) -> dict[str, str]:
+    return {PLATFORMS_LOCK_LABEL: str(locked.digest), PLATFORM_LABEL: str(platform)}
+
+
+def index_annotations(definition: ImageDefinition, locked: PlatformLocks) -> dict[str, str]:
+    return {INDEX_LOCK: str(locked.digest), INDEX_DEFINITION: definition.digest.hex}
+
+
 # -- lock -----------------------------------------------------------------------------------------
 def resolve_platforms(
     definition: ImageDefinition,
@@ -168,7 +184,7 @@ def build_platforms(
     )
     comparison = compare_bytecode(children, store)
     log(f"bytecode: {comparison.summary()}")
-    index = ImageIndex.of({c.platform: c.image for c in children})
+    index = ImageIndex.of({c.platform: c.image for c in children}, index_annotations(definition, locked))
     full_tag = naming.full_tag(definition, target, chosen_tag)
     destination = sink.publish_index(
         index, children, target, store, log, tag=full_tag, engine_platform=engine_platform, progress=progress
@@ -192,7 +208,7 @@ def _build_one(
         resolution = resolve(
             definition_path, store, log, runner, seams, definition=definition.for_platform(platform)
         )
-        image, _ = assemble(resolution, locked.of(platform), store, log)
+        image, _ = assemble(resolution, locked.of(platform), store, log, child_labels(locked, platform))
         report = None
         if verify:
             report = verify_or_refuse(

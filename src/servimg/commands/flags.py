@@ -192,6 +192,11 @@ IMAGE_HELP = (
 def verify_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", help=IMAGE_HELP)
     p.add_argument("--audit", action="store_true", help="also audit every pyc of the declared packages")
+    platform_flag(p, "one platform of a multi-platform index (default: every one)")
+
+
+def platform_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--platform", type=Platform.parse, default=None, help=f"linux/amd64 | linux/arm64: {what}")
 
 
 def witness_flags(p: argparse.ArgumentParser) -> None:
@@ -203,6 +208,7 @@ def witness_flags(p: argparse.ArgumentParser) -> None:
 
 def ladder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", help=f"the image under test (its arms run as containers): {IMAGE_HELP}")
+    platform_flag(p, "which platform of a multi-platform index (default: this host's; never emulated)")
     p.add_argument("--ladder", type=Path, default=None, help="ladder YAML (default: the image's bundled one)")
     p.add_argument(
         "--gpus",
@@ -404,6 +410,7 @@ def check_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--attach", action="store_true", help="with --rebuild: attach the signed result (--key)")
     p.add_argument("--rebuilder-id", default=None, help="with --attach: who rebuilt")
+    platform_flag(p, "one platform of a multi-platform index (default: every one, and the index)")
 
 
 def promote_flags(p: argparse.ArgumentParser) -> None:
@@ -419,6 +426,7 @@ def show_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("ref")
     p.add_argument("--markdown", action="store_true", help="Markdown instead of text")
     lookup_flags(p)
+    platform_flag(p, "which platform of a multi-platform index")
 
 
 def diff_flags(p: argparse.ArgumentParser) -> None:
@@ -455,7 +463,7 @@ def policy(a: argparse.Namespace) -> params.PolicyFlags:
 def check(a: argparse.Namespace) -> params.Check:
     asked = a.rebuild or a.definition or a.attach or a.rebuilder_id
     rebuild = params.RebuildFlags(a.definition, a.attach, a.rebuilder_id, a.rebuild) if asked else None
-    return params.Check(a.ref, policy(a), lookup(a), rebuild)
+    return params.Check(a.ref, policy(a), lookup(a), rebuild, a.platform)
 
 
 def ladder(a: argparse.Namespace) -> params.Ladder:
@@ -489,6 +497,7 @@ def ladder(a: argparse.Namespace) -> params.Ladder:
         a.emit,
         a.collect,
         a.k8s_jobs,
+        a.platform,
     )
 
 

@@ -11,8 +11,11 @@ from servimg.backends import transport
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.commands.platformref import one_platform
 from servimg.commands.signed import signing_key
 from servimg.core.errors import LadderError, UsageError
+from servimg.core.platform import Platform
+from servimg.core.progress import Log
 from servimg.ladder import k8s, receipt, runner, server, slurm
 from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.receipt import Receipt
@@ -37,6 +40,21 @@ def k8s_options(given: params.K8s) -> k8s.K8sOptions:
     )
 
 
+def native_platform(ref: str, platform: Platform | None, log: Log) -> str:
+    """The image whose arms run here: one platform of an index (default: this host's). A platform this
+    host would only emulate is refused: a ladder measures serving, and under qemu its timings mean
+    nothing."""
+    wanted = platform or Platform.host()
+    if wanted.emulated:
+        raise LadderError(
+            f"refusing to run the ladder for {wanted} on this {Platform.host()} host: under emulation its "
+            "timings (and its GPU arms) would mean nothing",
+            hint=f"run it on a {wanted} host (`servimg ladder --platform {wanted}` there), or --on slurm/k8s "
+            "with nodes of that platform",
+        )
+    return one_platform(ref, wanted, log, what="ladder")
+
+
 def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
     """Run the smoke ladder: OK only on PASS; FAIL and NOT_EXERCISED fail (never a pass)."""
 
@@ -53,7 +71,8 @@ def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
         # Arms and the bundled ladder need the image in the engine: a name or ID it has, else pulled in
         # (emitted Kubernetes Jobs run it on the cluster: only a bundled ladder needs it here).
         needs_engine = path is None or not (p.endpoint or p.on == "k8s")
-        image = transport.in_engine(p.image, ctx.store, ctx.log) if needs_engine else p.image
+        chosen = native_platform(p.image, p.platform, ctx.log) if p.on == "local" else p.image
+        image = transport.in_engine(chosen, ctx.store, ctx.log) if needs_engine else chosen
         if path is None:
             out = out or Path("ladder-out") / "bundled"
             path = runner.bundled_ladder(image, out / "ladder")

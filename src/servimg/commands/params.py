@@ -87,6 +87,7 @@ class Rebase:
 class Verify:
     images: tuple[str, ...]
     audit: bool = False
+    platform: Platform | None = None  # one platform of an index (default: every one)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Ladder:
     emit: Path | None = None  # --on k8s: the manifests' directory
     collect: Path | None = None  # the results of emitted Jobs: judge them, write the receipt
     k8s_jobs: Path | None = None  # with collect: `kubectl get jobs -o json`, for the Jobs' own states
+    platform: Platform | None = None  # an index: which platform's arms run (default: this host's)
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ class Check:
     policy: PolicyFlags = PolicyFlags()
     lookup: Lookup = Lookup()
     rebuild: RebuildFlags | None = None
+    platform: Platform | None = None  # one platform of an index (default: every one, and the index)
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,7 @@ class Show:
     ref: str
     markdown: bool = False
     lookup: Lookup = Lookup()
+    platform: Platform | None = None  # an index: which platform's card
 
 
 @dataclass(frozen=True)

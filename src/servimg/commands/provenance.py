@@ -11,10 +11,11 @@ from servimg.builder.verify import VerifyReport
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.commands.platformref import index_of, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core.errors import ServimgError, UsageError
 from servimg.oci import treediff
-from servimg.provenance import attach, card, keys
+from servimg.provenance import attach, card, indexcheck, keys
 from servimg.provenance.check import CheckFailed, Policy, Rebuild, check, predicate_type
 from servimg.provenance.dsse import Signer
 from servimg.provenance.evidence import Evidence, collect, locate
@@ -84,11 +85,20 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
         if p.rebuild is not None and not p.rebuild.requested:
             raise UsageError("--definition, --attach and --rebuilder-id go with --rebuild")
         signer = _rebuild_signer(p.lookup.keys) if p.rebuild is not None and p.rebuild.attach else None
+        policy = policy_of(p.policy, p.lookup.keys)
+        resolved, index = index_of(p.ref, ctx.log) if p.rebuild is None else (p.ref, None)
+        if index is not None:
+            found = indexcheck.check_index(
+                resolved, index, ctx.store, ctx.log, policy, deep=p.policy.deep, only=p.platform
+            )
+            summary: dict[str, object] = {"digest": str(found.digest or ""), "summary": found.counts()}
+            failed = None if found.ok else CheckFailed(found)
+            return Outcome(p.ref, summary, dict(found.as_dict()), found, error=failed)
         report, evidence = check(
             p.ref,
             ctx.store,
             ctx.log,
-            policy_of(p.policy, p.lookup.keys),
+            policy,
             deep=p.policy.deep,
             repo=p.lookup.repo,
             remote=p.lookup.remote,
@@ -165,7 +175,8 @@ def show(p: params.Show, ctx: Context) -> Iterator[Outcome]:
     still says what went wrong)."""
 
     def run() -> Outcome:
-        shown = card.card(evidence(p.ref, p.lookup, ctx))
+        ref = one_platform(p.ref, p.platform, ctx.log, what="show")
+        shown = card.card(evidence(ref, p.lookup, ctx))
         document = shown.markdown() if p.markdown else shown.text()
         return Outcome(
             p.ref, {"digest": str(shown.digest)}, shown.as_dict(), document=document, quiet_ok=p.markdown

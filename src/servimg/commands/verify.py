@@ -8,15 +8,24 @@ from servimg.builder.verify import VerifyFailed, verify_ref
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.commands.platformref import each_platform
+from servimg.core.errors import ServimgError
 
 
 def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
-    """Run the in-image probe in each image; FAIL when any check fails."""
-    for image in p.images:
+    """Run the in-image probe in each image (each platform of an index, or the one `--platform` names);
+    FAIL when any check fails."""
+    for given in p.images:
+        try:
+            images = each_platform(given, p.platform, ctx.log)
+        except ServimgError as exc:
+            yield Outcome(given, error=exc)
+            continue
+        for label, image in images:
 
-        def run(image: str = image) -> Outcome:
-            report = verify_ref(image, ctx.store, ctx.log, audit=p.audit)
-            error = None if report.ok else VerifyFailed(report)
-            return Outcome(image, {"summary": report.counts()}, report.as_dict(), report, error=error)
+            def run(label: str = label, image: str = image) -> Outcome:
+                report = verify_ref(image, ctx.store, ctx.log, audit=p.audit)
+                error = None if report.ok else VerifyFailed(report)
+                return Outcome(label, {"summary": report.counts()}, report.as_dict(), report, error=error)
 
-        yield attempt(image, run)
+            yield attempt(label, run)

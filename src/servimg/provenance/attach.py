@@ -26,16 +26,20 @@ from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import Target, WriteOptions
+from servimg.builder.definition import ImageDefinition
 from servimg.builder.pipeline import build
-from servimg.builder.seams import DEFAULT, ProbeVerifier, Seams, Verified, verify_or_refuse
+from servimg.builder.platforms import build_platforms
+from servimg.builder.seams import DEFAULT, PlatformImage, ProbeVerifier, Seams, Verified, verify_or_refuse
 from servimg.builder.verify import VerifyFailed, VerifyReport
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
+from servimg.core.platform import Platform
 from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
 from servimg.oci.image import Descriptor, Image
+from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, binding, dsse, gpgsign, referrers, sbom
+from servimg.provenance import attest, binding, dsse, gpgsign, indexcheck, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import CheckFailed, CheckReport, Policy, evaluate, gather
@@ -426,6 +430,54 @@ class AttestingSink:
         self.attached.extend(pushed.attached)
         return pushed.destination
 
+    def publish_index(
+        self,
+        index: ImageIndex,
+        children: Sequence[PlatformImage],
+        target: Target,
+        store: BlobStore,
+        log: Log,
+        *,
+        tag: str | None,
+        engine_platform: Platform | None = None,
+        progress: Progress = NULL,
+    ) -> str:
+        """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
+        its own provenance naming the children, and the tag last."""
+        untagged = _untagged(target)
+        images = {c.platform: c.image for c in children}
+        for child in children:
+            if child.report is None:
+                raise BuildError("a signed build publishes only verified images", hint="build with verify")
+            self.publish_verified(
+                Verified(child.image, child.report), untagged, store, log, progress=progress
+            )
+        transport.publish_index(index, images, untagged, store, log, tag=None)
+        invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
+        name = index_name(children, store, log)
+        builder = provenance.builder_id(self.builder)
+        statement = indexcheck.index_statement(index, children, name, invocation, builder)
+        envelopes = [_make("provenance", attest.PROVENANCE_V1, statement, self.key)]
+        with transport.referrers(untagged) as place:
+            published, _ = Publishing(envelopes, self.key, self.formats).publish(
+                place, index.descriptor, name, log
+            )
+        self.attached.extend(published)
+        return transport.publish_index(index, images, target, store, log, tag=tag, progress=progress)
+
+
+def _untagged(target: Target) -> Target:
+    """The repository or layout of `target`, without its tag (children and the index go there by digest)."""
+    if target.is_layout:
+        return Target.layout(target.location)
+    ref = Reference.parse(target.location)
+    return Target.parse(f"{ref.registry}/{ref.repository}")
+
+
+def index_name(children: Sequence[PlatformImage], store: BlobStore, log: Log) -> str:
+    """The subject name of the index's statement: the repository its children's provenance names."""
+    return provenance.subject_name(image_facts(children[0].image, store, log))
+
 
 def build_and_push(
     definition_path: Path,
@@ -448,6 +500,22 @@ def build_and_push(
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
     command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
     sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)
+    definition = ImageDefinition.load(definition_path)
+    if definition.multi_platform:
+        if gpg is not None:
+            raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
+        many = build_platforms(
+            definition,
+            definition_path,
+            store,
+            log,
+            to=to,
+            runner=runner,
+            tag=tag,
+            progress=progress,
+            seams=dataclasses.replace(seams, sink=sink),
+        )
+        return {**many.as_dict(), "attestations": [a.as_dict() for a in sink.attached]}
     result = build(
         definition_path,
         store,

@@ -1,0 +1,49 @@
+"""`--platform`: which image an IMAGE/REF argument that names a multi-platform index stands for.
+
+An index in a registry is read (its exact bytes, re-hashed); each child is then named by digest in the
+same repository, so every command reads a child exactly as it reads any image. Without `--platform`,
+`verify` and `check` take every platform of an index; `show` and `ladder` need one.
+"""
+
+from __future__ import annotations
+
+from servimg.backends import transport
+from servimg.core.errors import UsageError
+from servimg.core.platform import Platform, texts
+from servimg.core.progress import Log
+from servimg.oci.index import ImageIndex
+from servimg.provenance.indexcheck import child_ref
+
+
+def index_of(ref: str, log: Log) -> tuple[str, ImageIndex | None]:
+    """The argument with its transport written out, and the index it names (None: one image)."""
+    found = transport.resolve(ref, log)
+    if found.kind not in ("registry", "oci"):
+        return found.ref, None
+    return found.ref, transport.read_index(found.ref)
+
+
+def each_platform(ref: str, platform: Platform | None, log: Log) -> list[tuple[str, str]]:
+    """(target label, ref) for each image the argument stands for: an index's children (or the one
+    `platform` chooses), else the argument itself."""
+    resolved, index = index_of(ref, log)
+    if index is None:
+        return [(ref, ref)]
+    entries = [e for e in index.entries if platform is None or e.platform == platform]
+    if not entries and platform is not None:
+        index.child(platform)  # raises, naming the platforms the index has
+    return [(f"{ref} [{e.platform}]", child_ref(resolved, e.descriptor.digest)) for e in entries]
+
+
+def one_platform(ref: str, platform: Platform | None, log: Log, *, what: str) -> str:
+    """The one image the argument stands for: an index needs `platform` (else UsageError naming its
+    platforms)."""
+    resolved, index = index_of(ref, log)
+    if index is None:
+        return ref
+    if platform is None:
+        raise UsageError(
+            f"{ref} is a multi-platform index of {texts(index.platforms)}: {what} takes one platform",
+            hint="choose one with --platform",
+        )
+    return child_ref(resolved, index.child(platform).digest)
