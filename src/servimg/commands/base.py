@@ -10,26 +10,28 @@ from servimg.builder import emulation
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.core.platform import Platform
 
 
 def base(p: params.Base, ctx: Context) -> Iterator[Outcome]:
     """Build a local base from its pins, or (`repin`) re-pin it deliberately."""
 
     def run() -> Outcome:
+        chosen = Platform.parse_list(p.platforms) if p.platforms else ()
         if p.repin:
             repinned = [
                 bases.repin(p.name, ctx.store, ctx.log, workdir=p.workdir, platform=platform)
-                for platform in p.platforms or (None,)
+                for platform in chosen or (None,)
             ]
             return Outcome(f"{p.name}-base", repinned[0] if len(repinned) == 1 else {"repinned": repinned})
-        if len(p.platforms) > 1:
+        if len(chosen) > 1:
             built = platforms.build_platforms(
-                p.name, p.platforms, ctx.store, ctx.log, targets=p.to, workdir=p.workdir
+                p.name, chosen, ctx.store, ctx.log, targets=p.to, workdir=p.workdir
             )
             return Outcome(f"{p.name}-base", built)
-        recipe = bases.pinned_recipe(p.name, p.platforms[0] if p.platforms else None)
-        if p.platforms:
-            emulation.require(p.platforms[0], f"building the {p.name} base")
+        recipe = bases.pinned_recipe(p.name, chosen[0] if chosen else None)
+        if chosen:
+            emulation.require(chosen[0], f"building the {p.name} base")
         built = bases.build_base(recipe, ctx.store, ctx.log, targets=p.to, workdir=p.workdir)
         return Outcome(f"{p.name}-base", built)
 

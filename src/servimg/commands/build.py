@@ -16,6 +16,7 @@ from servimg.builder.seams import Seams
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.core.platform import Platform
 
 # A signed build pushes with attestations (servimg.provenance): loaded only when --sign asks for it.
 SIGNED_BUILD = "servimg.commands.signed"
@@ -75,7 +76,7 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
             tag=p.tag,
             progress=ctx.progress,
             seams=ctx.seams,
-            engine_platform=p.platform,
+            engine_platform=Platform.optional(p.platform),
         )
         return Outcome(str(path), many.as_dict())
     with actioncache.recording() as reads:

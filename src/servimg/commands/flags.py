@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servimg.commands import params
-from servimg.core.platform import Platform
 
 
 # -- flags ---------------------------------------------------------------------------------------------
@@ -66,7 +65,6 @@ def build_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--builder-id", default=None, help="provenance builder id (default $SERVIMG_BUILDER_ID)")
     p.add_argument(
         "--platform",
-        type=Platform.parse,
         default=None,
         help="a multi-platform definition built to the Docker Engine: the platform it gets (default: "
         "this host's; the engine stores no index)",
@@ -196,7 +194,7 @@ def verify_flags(p: argparse.ArgumentParser) -> None:
 
 
 def platform_flag(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--platform", type=Platform.parse, default=None, help=f"linux/amd64 | linux/arm64: {what}")
+    p.add_argument("--platform", default=None, help=f"linux/amd64 | linux/arm64: {what}")
 
 
 def witness_flags(p: argparse.ArgumentParser) -> None:
@@ -515,8 +513,7 @@ def rebase(a: argparse.Namespace) -> params.Rebase:
 
 
 def base(a: argparse.Namespace) -> params.Base:
-    platforms = Platform.parse_list(a.platform) if a.platform else ()
-    return params.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir, platforms)
+    return params.Base(a.name, tuple(a.to) if a.to is not None else None, a.repin, a.workdir, a.platform)
 
 
 def promote(a: argparse.Namespace) -> params.Promote:

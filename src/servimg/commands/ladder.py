@@ -71,7 +71,9 @@ def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
         # Arms and the bundled ladder need the image in the engine: a name or ID it has, else pulled in
         # (emitted Kubernetes Jobs run it on the cluster: only a bundled ladder needs it here).
         needs_engine = path is None or not (p.endpoint or p.on == "k8s")
-        chosen = native_platform(p.image, p.platform, ctx.log) if p.on == "local" else p.image
+        chosen = (
+            native_platform(p.image, Platform.optional(p.platform), ctx.log) if p.on == "local" else p.image
+        )
         image = transport.in_engine(chosen, ctx.store, ctx.log) if needs_engine else chosen
         if path is None:
             out = out or Path("ladder-out") / "bundled"

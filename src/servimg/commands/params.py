@@ -6,10 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from servimg.core.platform import Platform
 
 # The bases `servimg base NAME` builds (servimg.bases.catalog has their recipes).
 BASES = ("demo", "test-bookworm", "test-trixie")
@@ -43,7 +39,7 @@ class Build:
     sign: Path | None = None  # a private key: attach signed provenance and the verify result
     builder_id: str | None = None
     publish: Publish = Publish()
-    platform: Platform | None = None  # a multi-platform build to the engine: which child it gets
+    platform: str | None = None  # a multi-platform build to the engine: which child it gets
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ class Rebase:
 class Verify:
     images: tuple[str, ...]
     audit: bool = False
-    platform: Platform | None = None  # one platform of an index (default: every one)
+    platform: str | None = None  # one platform of an index (default: every one)
 
 
 @dataclass(frozen=True)
@@ -137,7 +133,7 @@ class Ladder:
     emit: Path | None = None  # --on k8s: the manifests' directory
     collect: Path | None = None  # the results of emitted Jobs: judge them, write the receipt
     k8s_jobs: Path | None = None  # with collect: `kubectl get jobs -o json`, for the Jobs' own states
-    platform: Platform | None = None  # an index: which platform's arms run (default: this host's)
+    platform: str | None = None  # an index: which platform's arms run (default: this host's)
 
 
 @dataclass(frozen=True)
@@ -146,7 +142,7 @@ class Base:
     to: tuple[str, ...] | None = None  # default: docker when an engine runs
     repin: bool = False
     workdir: Path | None = None
-    platforms: tuple[Platform, ...] = ()  # default: linux/amd64
+    platforms: str | None = None  # linux/amd64,linux/arm64 (default: linux/amd64)
 
 
 @dataclass(frozen=True)
@@ -236,7 +232,7 @@ class Check:
     policy: PolicyFlags = PolicyFlags()
     lookup: Lookup = Lookup()
     rebuild: RebuildFlags | None = None
-    platform: Platform | None = None  # one platform of an index (default: every one, and the index)
+    platform: str | None = None  # one platform of an index (default: every one, and the index)
 
 
 @dataclass(frozen=True)
@@ -255,7 +251,7 @@ class Show:
     ref: str
     markdown: bool = False
     lookup: Lookup = Lookup()
-    platform: Platform | None = None  # an index: which platform's card
+    platform: str | None = None  # an index: which platform's card
 
 
 @dataclass(frozen=True)

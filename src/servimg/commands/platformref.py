@@ -18,7 +18,7 @@ from servimg.provenance.indexcheck import child_ref
 def index_of(ref: str, log: Log) -> tuple[str, ImageIndex | None]:
     """The argument with its transport written out, and the index it names (None: one image)."""
     found = transport.resolve(ref, log)
-    if found.kind not in ("registry", "oci"):
+    if not (found.target.in_registry or found.target.is_layout):
         return found.ref, None
     return found.ref, transport.read_index(found.ref)
 

@@ -14,6 +14,7 @@ from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.platformref import index_of, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core.errors import ServimgError, UsageError
+from servimg.core.platform import Platform
 from servimg.oci import treediff
 from servimg.provenance import attach, card, indexcheck, keys
 from servimg.provenance.check import CheckFailed, Policy, Rebuild, check, predicate_type
@@ -89,7 +90,13 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
         resolved, index = index_of(p.ref, ctx.log) if p.rebuild is None else (p.ref, None)
         if index is not None:
             found = indexcheck.check_index(
-                resolved, index, ctx.store, ctx.log, policy, deep=p.policy.deep, only=p.platform
+                resolved,
+                index,
+                ctx.store,
+                ctx.log,
+                policy,
+                deep=p.policy.deep,
+                only=Platform.optional(p.platform),
             )
             summary: dict[str, object] = {"digest": str(found.digest or ""), "summary": found.counts()}
             failed = None if found.ok else CheckFailed(found)
@@ -175,7 +182,7 @@ def show(p: params.Show, ctx: Context) -> Iterator[Outcome]:
     still says what went wrong)."""
 
     def run() -> Outcome:
-        ref = one_platform(p.ref, p.platform, ctx.log, what="show")
+        ref = one_platform(p.ref, Platform.optional(p.platform), ctx.log, what="show")
         shown = card.card(evidence(ref, p.lookup, ctx))
         document = shown.markdown() if p.markdown else shown.text()
         return Outcome(

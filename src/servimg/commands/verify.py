@@ -10,6 +10,7 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.platformref import each_platform
 from servimg.core.errors import ServimgError
+from servimg.core.platform import Platform
 
 
 def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
@@ -17,7 +18,7 @@ def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
     FAIL when any check fails."""
     for given in p.images:
         try:
-            images = each_platform(given, p.platform, ctx.log)
+            images = each_platform(given, Platform.optional(p.platform), ctx.log)
         except ServimgError as exc:
             yield Outcome(given, error=exc)
             continue

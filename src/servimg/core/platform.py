@@ -35,6 +35,11 @@ class Platform:
         return cls(os_name, arch)
 
     @classmethod
+    def optional(cls, text: str | None) -> Platform | None:
+        """A `--platform` flag's value: None when the flag was not given."""
+        return cls.parse(text) if text else None
+
+    @classmethod
     def parse_list(cls, text: str) -> tuple[Platform, ...]:
         """A comma-separated list (`linux/amd64,linux/arm64`), each once, in the order given."""
         found: list[Platform] = []

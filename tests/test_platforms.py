@@ -1,0 +1,316 @@
+"""Multi-platform images (docs/platforms.md): linux/amd64 + linux/arm64 from one definition and one lock.
+
+The fast tests pin the values (platforms, the index's canonical bytes, the definition's `platforms:`, the
+lock of all platforms, pins per architecture, the emulation check). The end-to-end test builds the small
+test base for both platforms (arm64 under qemu), pushes the index to a real registry, builds and signs a
+two-platform image on it twice (one index digest), pulls each platform with Docker Engine
+(`docker pull --platform`: servimg's config digest), verifies both children, checks the index, and then
+replaces one child with an image of another lock: `check` FAILs in a row that names the platform.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO, _require, docker_available
+from servimg.bases import debpins
+from servimg.builder import emulation
+from servimg.builder.definition import ImageDefinition
+from servimg.builder.lock import Lock
+from servimg.builder.platformlock import PlatformLocks, check_drift
+from servimg.cli import main
+from servimg.core.digest import Digest
+from servimg.core.errors import DefinitionError, LockError, UsageError
+from servimg.core.platform import Platform
+from servimg.oci.image import OCI_INDEX, Image
+from servimg.oci.index import ImageIndex
+
+AMD64, ARM64 = Platform("linux", "amd64"), Platform("linux", "arm64")
+EXAMPLE = REPO / "images" / "tiny-multiarch.yaml"
+
+
+# ----------------------------------------------------------------------------------------------- values
+
+
+def test_platforms_parse_and_refuse_what_servimg_cannot_build() -> None:
+    assert Platform.parse_list("linux/arm64,linux/amd64") == (ARM64, AMD64)
+    assert str(ARM64) == "linux/arm64" and ARM64.index_entry() == {"architecture": "arm64", "os": "linux"}
+    with pytest.raises(UsageError, match="unsupported platform 'linux/s390x'") as exc:
+        Platform.parse("linux/s390x")
+    assert "linux/amd64, linux/arm64" in exc.value.hint
+    with pytest.raises(UsageError, match="given twice"):
+        Platform.parse_list("linux/amd64,linux/amd64")
+
+
+def _image(arch: str) -> Image:
+    config = {"architecture": arch, "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}, "config": {}}
+    return Image.create(config, [])
+
+
+def test_index_is_canonical_sorted_and_reads_back() -> None:
+    arm, amd = _image("arm64"), _image("amd64")
+    one = ImageIndex.of({ARM64: arm, AMD64: amd}, {"io.servimg.lock": "sha256:" + "a" * 64})
+    two = ImageIndex.of({AMD64: amd, ARM64: arm}, {"io.servimg.lock": "sha256:" + "a" * 64})
+    assert one.index_bytes == two.index_bytes  # the order children were given in does not matter
+    doc = json.loads(one.index_bytes)
+    assert doc["mediaType"] == OCI_INDEX and doc["schemaVersion"] == 2
+    assert [m["platform"]["architecture"] for m in doc["manifests"]] == ["amd64", "arm64"]
+    assert doc["manifests"][1]["digest"] == str(arm.digest)
+    read = ImageIndex.parse(one.index_bytes)
+    assert read.digest == one.digest and read.platforms == (AMD64, ARM64)
+    assert read.child(ARM64).digest == arm.digest
+    with pytest.raises(UsageError, match="has no linux/ppc64le image"):
+        read.child(Platform("linux", "ppc64le"))
+
+
+def test_index_parse_refuses_a_platform_listed_twice() -> None:
+    entry = {
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "size": 1,
+        "digest": "sha256:" + "b" * 64,
+    }
+    doc = {
+        "schemaVersion": 2,
+        "manifests": [{**entry, "platform": {"os": "linux", "architecture": "arm64"}}] * 2,
+    }
+    with pytest.raises(Exception, match="malformed image index") as exc:
+        ImageIndex.parse(json.dumps(doc).encode())
+    assert any("listed twice" in p for p in exc.value.problems)  # type: ignore[attr-defined]
+
+
+def _definition(base: str) -> str:
+    text = EXAMPLE.read_text()
+    start = text.index("base:")
+    end = text.index("packages:")
+    return text[:start] + base + text[end:]
+
+
+def test_definition_platforms_forms_and_refusals() -> None:
+    listed = ImageDefinition.parse(EXAMPLE.read_bytes())
+    assert listed.multi_platform and listed.platforms == (AMD64, ARM64)
+    arm = listed.for_platform(ARM64)
+    assert (
+        arm.base.platform == "linux/arm64"
+        and arm.base.digest == listed.base.digest
+        and not arm.multi_platform
+    )
+    own = ImageDefinition.parse(
+        _definition(
+            "base:\n  ref: docker-daemon:a\n  digest: sha256:" + "1" * 64 + "\n  platforms:\n"
+            "    - linux/amd64\n    - {platform: linux/arm64, ref: docker-daemon:b, digest: sha256:"
+            + "2" * 64
+            + "}\n"
+        )
+    )
+    assert own.for_platform(ARM64).base.ref == "docker-daemon:b"
+    assert own.for_platform(AMD64).base.ref == "docker-daemon:a"
+    bad = (
+        "base:\n  ref: docker-daemon:a\n  digest: sha256:" + "1" * 64 + "\n  platform: linux/amd64\n"
+        "  platforms: [linux/amd64, linux/amd64, linux/mips, {platform: linux/arm64, ref: docker-daemon:b}]\n"
+    )
+    with pytest.raises(DefinitionError) as exc:
+        ImageDefinition.parse(_definition(bad))
+    problems = " ".join(exc.value.problems)
+    assert "unsupported platform 'linux/mips'" in problems
+    assert "give both `ref` and `digest`" in problems
+
+
+def test_a_single_platform_definition_keeps_its_digest() -> None:
+    """`platforms` is left out of the canonical JSON when empty: the demo's lock still names it."""
+    demo = ImageDefinition.load(REPO / "images" / "demo.yaml")
+    assert "platforms" not in json.loads(demo.canonical_bytes())["base"]
+    assert Lock.load(REPO / "images" / "demo.lock.json").definition_sha256 == demo.digest.hex
+
+
+def test_the_example_lock_pins_every_platform_and_drift_names_it() -> None:
+    locked = PlatformLocks.load(REPO / "images" / "tiny-multiarch.lock.json")
+    definition = ImageDefinition.load(EXAMPLE)
+    assert locked.definition_sha256 == definition.digest.hex
+    assert sorted(locked.platforms) == ["linux/amd64", "linux/arm64"]
+    for platform in definition.platforms:
+        part = locked.of(platform)
+        assert part.definition_sha256 == definition.for_platform(platform).digest.hex
+        assert part.base.index_digest == definition.base.digest  # picked from the pinned index
+    arm = locked.platforms["linux/arm64"]
+    moved = PlatformLocks(
+        locked.name,
+        locked.definition_sha256,
+        {**locked.platforms, "linux/arm64": Lock.from_json({**arm.to_json(), "source_date_epoch": 1})},
+    )
+    with pytest.raises(LockError, match="platform\\(s\\) linux/arm64") as exc:
+        check_drift(locked, moved, EXAMPLE)
+    assert any(p.startswith("linux/arm64.source_date_epoch") for p in exc.value.problems)
+    with pytest.raises(LockError, match="single-platform lock"):
+        PlatformLocks.load(REPO / "images" / "demo.lock.json")
+
+
+def test_pins_carry_their_architecture_and_amd64_keys_do_not_move() -> None:
+    amd = debpins.load_pins("test-bookworm")
+    arm = debpins.load_pins("test-bookworm.arm64")
+    assert amd.arch == "amd64" and "arch:" not in amd.render()
+    assert arm.arch == "arm64" and arm.render().splitlines()[3] == "arch: arm64"
+    assert "arch" not in amd.key_document() and arm.key_document()["arch"] == "arm64"
+    assert {p.arch for p in arm.packages} <= {"arm64", "all"}
+    assert debpins.DebianPins.parse(arm.render()) == arm
+    wrong = arm.render().replace("arch: arm64\n", "")
+    with pytest.raises(debpins.DebianError) as exc:
+        debpins.DebianPins.parse(wrong)
+    assert any("pinned for arm64, the file for amd64" in p for p in exc.value.problems)
+
+
+def test_emulation_check_says_what_is_missing(tmp_path: Path) -> None:
+    foreign = ARM64 if Platform.host() == AMD64 else AMD64
+    handler = emulation.HANDLERS[foreign.architecture]
+    assert emulation.problem(Platform.host(), tmp_path) is None  # native: nothing needed
+    assert "not mounted" in str(emulation.problem(foreign, tmp_path))
+    (tmp_path / "status").write_text("enabled\n")
+    assert "no binfmt_misc handler" in str(emulation.problem(foreign, tmp_path))
+    (tmp_path / handler).write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/x\nflags: P\n")
+    assert "lacks the F flag" in str(emulation.problem(foreign, tmp_path))
+    (tmp_path / handler).write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/x\nflags: PF\n")
+    assert emulation.problem(foreign, tmp_path) is None
+
+
+# ----------------------------------------------------------------------------------------- end to end
+
+
+def _json(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict[str, Any]]]:
+    capfd.readouterr()
+    code = main([*argv, "--json", "-q"])
+    out = capfd.readouterr().out
+    lines = [json.loads(line[line.index('{"') :]) for line in out.splitlines() if '{"' in line]
+    return code, lines
+
+
+@pytest.fixture(scope="session")
+def two_platform_base(registry: Any) -> dict[str, Any]:
+    """The test base for amd64 and arm64 (arm64 under qemu), the index pushed to the test registry."""
+    _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
+    foreign = ARM64 if Platform.host() == AMD64 else AMD64
+    _require(emulation.problem(foreign) is None, f"needs qemu for {foreign}: bash scripts/setup.sh")
+    from servimg.bases.platforms import build_platforms
+    from servimg.oci.store import BlobStore
+
+    return build_platforms(
+        "test-bookworm", (AMD64, ARM64), BlobStore(), print, targets=[f"{registry.host}/servimg/test-base"]
+    )
+
+
+@pytest.fixture(scope="session")
+def two_platform_repo(
+    tmp_path_factory: pytest.TempPathFactory, two_platform_base: dict[str, Any], registry: Any
+) -> Path:
+    """A checkout whose tiny-multiarch definition names the index in the test registry, locked there."""
+    repo = tmp_path_factory.mktemp("multiarch")
+    shutil.copytree(REPO / "images", repo / "images")
+    shutil.copytree(REPO / "overlays", repo / "overlays")
+    path = repo / "images" / "tiny-multiarch.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["base"]["ref"] = f"{registry.host}/servimg/test-base:{two_platform_base['tag']}"
+    doc["base"]["digest"] = two_platform_base["digest"]
+    doc["repository"] = f"{registry.host}/servimg/tiny-multiarch"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["lock", str(path), "-q"]) == 0
+    return repo
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.root
+def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
+    two_platform_repo: Path, registry: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    _require(docker_available(), "needs a running Docker Engine")
+    assert two_platform_base_is_pinned(two_platform_repo)
+    definition = two_platform_repo / "images" / "tiny-multiarch.yaml"
+    key = tmp_path / "keys"
+    assert main(["key", "generate", "--out", str(key), "-q"]) == 0
+    repo = f"{registry.host}/servimg/tiny-multiarch"
+    sign = ["--sign", str(key / "servimg.key"), "--formats", "oci"]
+    code, [first] = _json(capfd, "build", str(definition), "--to", repo, *sign)
+    assert code == 0, first
+    code, [second] = _json(capfd, "build", str(definition), "--to", f"{repo}-again", *sign)
+    assert code == 0 and second["digest"] == first["digest"]  # two builds, one index digest
+    assert first["bytecode"]["files"] >= 1 and first["bytecode"]["identical"], first["bytecode"]
+    tag = f"{repo}:{first['tag']}"
+
+    # Docker Engine pulls each platform of the index: the config servimg built for that platform.
+    for platform, child in first["platforms"].items():
+        subprocess.run(["docker", "pull", "-q", "--platform", platform, tag], check=True, capture_output=True)
+        inspect = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Id}} {{.Architecture}}", tag],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert inspect == [child["config_digest"], platform.split("/")[1]]
+
+    # `docker pull` put the tag in the engine too, where an unprefixed name resolves first (as docker
+    # would): the registry's index is named with docker://.
+    index_ref = f"docker://{tag}"
+    code, verified = _json(capfd, "verify", index_ref)
+    assert code == 0 and len(verified) == 2, verified  # both children, each probed by its own interpreter
+    trust = ["--key", str(key / "servimg.pub")]
+    code, [checked] = _json(capfd, "check", index_ref, *trust)
+    assert code == 0, [
+        r for r in checked.get("report", checked).get("rows", []) if r.get("verdict") == "FAIL"
+    ]
+    code, [one] = _json(capfd, "check", index_ref, *trust, "--platform", "linux/arm64")
+    assert code == 0 and all("linux/amd64" not in r["what"] for r in one["rows"]), one
+
+    # Another lock (a later source_date_epoch): its arm64 child put into a copy of the index, pushed
+    # under the first build's tag. check FAILs, and the failing row names linux/arm64.
+    doc = yaml.safe_load(definition.read_text())
+    doc["source_date_epoch"] = 1767225601
+    other = two_platform_repo / "images" / "tiny-other.yaml"
+    other.write_text(yaml.safe_dump({**doc, "name": "tiny-other"}, sort_keys=False))
+    assert main(["lock", str(other), "-q"]) == 0
+    code, [replacement] = _json(capfd, "build", str(other), "--to", repo, *sign)
+    assert code == 0
+    original = json.loads(_registry_manifest(registry.host, "servimg/tiny-multiarch", first["tag"]))
+    swapped = replacement["platforms"]["linux/arm64"]["digest"]
+    for entry in original["manifests"]:
+        if entry["platform"]["architecture"] == "arm64":
+            entry["digest"] = swapped
+            entry["size"] = len(_registry_manifest(registry.host, "servimg/tiny-multiarch", swapped))
+    _put_index(registry.host, "servimg/tiny-multiarch", first["tag"], json.dumps(original).encode())
+    code, [failed] = _json(capfd, "check", index_ref, *trust)
+    assert code != 0
+    rows = failed["report"]["rows"]
+    bad = [r for r in rows if r["verdict"] == "FAIL"]
+    assert any("linux/arm64" in r["what"] and "replaced child" in r["why"] for r in bad), bad
+    assert not any("linux/amd64" in r["what"] for r in bad), bad
+    assert any(r["what"] == "index provenance" for r in bad), bad
+
+
+def two_platform_base_is_pinned(repo: Path) -> bool:
+    locked = PlatformLocks.load(repo / "images" / "tiny-multiarch.lock.json")
+    pinned = json.loads((REPO / "images" / "tiny-multiarch.lock.json").read_text())
+    # The same base children as the committed lock: the test registry holds what the pins make.
+    return all(
+        str(locked.platforms[p].base.manifest_digest) == pinned["platforms"][p]["base"]["manifest_digest"]
+        for p in locked.platforms
+    )
+
+
+def _registry_manifest(host: str, repository: str, reference: str) -> bytes:
+    from servimg.backends.registryclient import RegistryClient
+
+    with RegistryClient(host) as client:
+        data, _, _ = client.get_manifest(repository, reference)
+    return data
+
+
+def _put_index(host: str, repository: str, tag: str, data: bytes) -> Digest:
+    from servimg.backends.registryclient import RegistryClient
+
+    with RegistryClient(host) as client:
+        return client.put_manifest(repository, tag, data, OCI_INDEX)
