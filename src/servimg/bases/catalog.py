@@ -24,7 +24,7 @@ from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
 from servimg.bases.debpins import DebianError, DebianPins
-from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, load_wheels
+from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, X86_ONLY, arm64_requirements, load_wheels
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
@@ -89,6 +89,9 @@ def get(name: str, platform: Platform | None = None) -> Recipe:
             base.wheel_source,
             pins=arch_pins(base.wheel_source.pins, arch),
             machine=platform_machine(platform),
+            requirements=arm64_requirements(base.wheels),
+            excluded=(*base.wheel_source.excluded, *X86_ONLY),
+            no_deps=True,
         )
         wheels, source = load_wheels(source, debpins.REPO_ROOT / source.pins, required=False)
         recipe = dataclasses.replace(recipe, wheels=wheels, wheel_source=source)

