@@ -258,6 +258,12 @@ def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
     index_ref = f"docker://{tag}"
     code, verified = _json(capfd, "verify", index_ref)
     assert code == 0 and len(verified) == 2, verified  # both children, each probed by its own interpreter
+    code, [arm] = _json(capfd, "verify", index_ref, "--platform", "linux/arm64")
+    assert code == 0 and arm["image"] == "tiny-multiarch", arm
+    code, [card] = _json(capfd, "show", index_ref, "--platform", "linux/arm64")
+    assert code == 0 and card["digest"] == first["platforms"]["linux/arm64"]["digest"], card
+    code, [refused] = _json(capfd, "show", index_ref)
+    assert code != 0 and "linux/amd64, linux/arm64: show takes one platform" in json.dumps(refused), refused
     trust = ["--key", str(key / "servimg.pub")]
     code, [checked] = _json(capfd, "check", index_ref, *trust)
     assert code == 0, [
@@ -314,3 +320,58 @@ def _put_index(host: str, repository: str, tag: str, data: bytes) -> Digest:
 
     with RegistryClient(host) as client:
         return client.put_manifest(repository, tag, data, OCI_INDEX)
+
+
+def test_a_ladder_under_emulation_is_refused(capfd: pytest.CaptureFixture[str]) -> None:
+    foreign = ARM64 if Platform.host() == AMD64 else AMD64
+    code = main(["ladder", "servimg-test/never-pulled:x", "--platform", str(foreign)])
+    err = capfd.readouterr()
+    assert code != 0
+    assert f"refusing to run the ladder for {foreign}" in err.out + err.err
+    assert "timings" in err.out + err.err
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.root
+def test_the_engine_gets_one_platform_and_says_so_and_a_layout_holds_the_index(
+    two_platform_repo: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    _require(docker_available(), "needs a running Docker Engine")
+    definition = two_platform_repo / "images" / "tiny-multiarch.yaml"
+    code, [engine] = _json(capfd, "build", str(definition), "--to", "docker", "--platform", "linux/arm64")
+    assert code == 0, engine
+    assert (
+        "linux/arm64 only" in engine["destination"]
+        and "stores single-platform images" in engine["destination"]
+    )
+    inspect = subprocess.run(
+        [
+            "docker",
+            "image",
+            "inspect",
+            "-f",
+            "{{.Id}} {{.Architecture}}",
+            engine["platforms"]["linux/arm64"]["config_digest"],
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert inspect == [engine["platforms"]["linux/arm64"]["config_digest"], "arm64"]
+
+    layout = tmp_path / "layout"
+    code, [built] = _json(capfd, "build", str(definition), "--to", f"oci:{layout}:multi")
+    assert code == 0 and built["digest"] == engine["digest"]  # the same index, whichever sink
+    index = json.loads((layout / "index.json").read_text())
+    [entry] = index["manifests"]  # the index only: its children are reached through it
+    assert entry["mediaType"] == OCI_INDEX and entry["digest"] == built["digest"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == "multi"
+    children = ImageIndex.parse(
+        (layout / "blobs" / "sha256" / Digest.parse(built["digest"]).hex).read_bytes()
+    )
+    for child in children.entries:
+        assert (layout / "blobs" / "sha256" / child.descriptor.digest.hex).is_file()
+    code, [refused] = _json(capfd, "build", str(definition), "--to", f"docker-archive:{tmp_path / 'a.tar'}")
+    assert code != 0 and "holds one image, not a multi-platform index" in json.dumps(refused), refused
+    assert not (tmp_path / "a.tar").exists()

@@ -172,6 +172,12 @@ def build_platforms(
             f"this destination cannot take a multi-platform index ({type(sink).__name__})",
             hint="build to a registry or an OCI layout",
         )
+    if target.is_archive:  # refused before any platform is built, not after
+        raise BuildError(
+            "a docker-archive holds one image, not a multi-platform index",
+            hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG]), or "
+            "--to docker for this host's platform",
+        )
     sink.check(target)
     locked = PlatformLocks.load(lock_path_for(definition_path))
     actual = resolve_platforms(definition, definition_path, store, log, runner, seams)
