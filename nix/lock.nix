@@ -214,21 +214,29 @@ let
     else value;
 
   entries = readDir (at imagesDir);
-  definitionFiles = filter
+  lockedFiles = filter
     (f:
       entries.${f} == "regular"
       && (hasSuffix ".yaml" f || hasSuffix ".yml" f)
       && pathExists (at "${imagesDir}/${removeSuffix ".yml" (removeSuffix ".yaml" f)}.lock.json"))
     (attrNames entries);
   stemOf = f: removeSuffix ".yml" (removeSuffix ".yaml" f);
+  # A multi-platform lock (`base.platforms`, docs/platforms.md: a complete lock per platform under
+  # `platforms`) is not built by the flake: each platform's derivation would need an emulating builder
+  # (extra-platforms and binfmt inside the sandbox). `servimg build` builds it; it is listed in
+  # `multiPlatform`, never silently dropped.
+  isMultiPlatform = f: (fromJSON (readFile (at "${imagesDir}/${stemOf f}.lock.json"))) ? platforms;
+  definitionFiles = filter (f: !(isMultiPlatform f)) lockedFiles;
 
   images = listToAttrs (map (f: { name = stemOf f; value = readImage f; }) definitionFiles);
 in
 {
   # images.<stem>: the checked lock values (throws on a malformed lock or drift when forced).
   inherit images;
-  # The stems of every definition that has a lock, sorted.
+  # The stems of every definition that has a (single-platform) lock, sorted.
   names = map stemOf definitionFiles;
+  # The stems of the multi-platform ones (not built by the flake; see isMultiPlatform).
+  multiPlatform = map stemOf (filter isMultiPlatform lockedFiles);
   # true once every image's lock is checked (forces them all; throws on the first problem).
   ok = foldl' (acc: name: builtins.seq (builtins.deepSeq images.${name} true) acc) true (attrNames images);
   # The schema mirrored from src/servimg/builder/lock.py (for the test that keeps both in step).

@@ -143,9 +143,17 @@ def nix_lock(env: dict[str, str], repo: Path, attr: str) -> subprocess.Completed
 
 
 def locked_definitions(repo: Path = REPO) -> list[Path]:
+    """The single-platform definitions with a lock: what the flake builds (a multi-platform lock is listed
+    in `multiPlatform` instead, nix/lock.nix)."""
     return sorted(
-        p for p in (repo / "images").iterdir() if p.suffix in (".yaml", ".yml") and lock_path_for(p).exists()
+        p
+        for p in (repo / "images").iterdir()
+        if p.suffix in (".yaml", ".yml") and lock_path_for(p).exists() and not _multi_platform(p)
     )
+
+
+def _multi_platform(definition: Path) -> bool:
+    return "platforms" in json.loads(lock_path_for(definition).read_bytes())
 
 
 def copy_repo(dest: Path) -> Path:
@@ -203,6 +211,11 @@ def test_lock_nix_reads_every_lock_like_the_python_reader(nix: dict[str, str]) -
     assert definitions, "the repository has at least the demo lock"
     names = nix_eval(nix, "(import ./nix/lock.nix { }).names")
     assert names == [p.stem for p in definitions]
+    multi = nix_eval(nix, "(import ./nix/lock.nix { }).multiPlatform")
+    assert multi == sorted(
+        p.stem for p in (REPO / "images").glob("*.yaml") if lock_path_for(p).exists() and _multi_platform(p)
+    )
+    assert multi == ["tiny-multiarch"]
     for definition in definitions:
         lock = Lock.load(lock_path_for(definition))
         got = nix_eval(nix, f"(import ./nix/lock.nix {{ }}).images.{definition.stem}")
