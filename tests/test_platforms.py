@@ -375,3 +375,18 @@ def test_the_engine_gets_one_platform_and_says_so_and_a_layout_holds_the_index(
     code, [refused] = _json(capfd, "build", str(definition), "--to", f"docker-archive:{tmp_path / 'a.tar'}")
     assert code != 0 and "holds one image, not a multi-platform index" in json.dumps(refused), refused
     assert not (tmp_path / "a.tar").exists()
+
+
+def test_platform_on_a_single_platform_build_is_refused(capfd: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "build",
+            str(REPO / "images" / "demo.yaml"),
+            "--to",
+            "oci:/nonexistent/x",
+            "--platform",
+            "linux/arm64",
+        ]
+    )
+    out = capfd.readouterr()
+    assert code != 0 and "builds linux/amd64 only" in out.out + out.err

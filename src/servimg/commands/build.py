@@ -16,6 +16,7 @@ from servimg.builder.seams import Seams
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.core.errors import UsageError
 from servimg.core.platform import Platform
 
 # A signed build pushes with attestations (servimg.provenance): loaded only when --sign asks for it.
@@ -79,6 +80,11 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
             engine_platform=Platform.optional(p.platform),
         )
         return Outcome(str(path), many.as_dict())
+    if p.platform is not None and Platform.parse(p.platform) not in definition.platforms:
+        raise UsageError(
+            f"--platform {p.platform}: {path} builds {definition.base.platform} only",
+            hint="leave --platform out, or list platforms under base.platforms (docs/platforms.md)",
+        )
     with actioncache.recording() as reads:
         built = pipeline.build(
             path,

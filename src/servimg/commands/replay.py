@@ -18,8 +18,9 @@ from servimg.core.progress import Log
 def build(p: params.Build, cache: Path | None, log: Log) -> list[Outcome] | None:
     """Every definition's outcome from the action cache, or None when any one must be built (then all
     are, in order, as without the cache). A `--sign` build or the default destination never is: the one
-    pushes its attestations, the other depends on whether an engine runs."""
-    if p.sign is not None or p.to is None:
+    pushes its attestations, the other depends on whether an engine runs; a `--platform` build is not
+    recorded (it is a multi-platform one, or refused)."""
+    if p.sign is not None or p.to is None or p.platform is not None:
         return None
     root = cache or default_cache_dir()
     found = []
