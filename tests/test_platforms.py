@@ -269,6 +269,11 @@ def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
     assert code == 0, [
         r for r in checked.get("report", checked).get("rows", []) if r.get("verdict") == "FAIL"
     ]
+    lock_file = two_platform_repo / "images" / "tiny-multiarch.lock.json"
+    code, [pinned] = _json(capfd, "check", index_ref, *trust, "--lock", str(lock_file))
+    assert code == 0 and {"index lock", "[linux/arm64] lock", "[linux/amd64] lock"} <= {
+        r["what"] for r in pinned["rows"] if r["verdict"] == "PASS"
+    }, pinned
     code, [one] = _json(capfd, "check", index_ref, *trust, "--platform", "linux/arm64")
     assert code == 0 and all("linux/amd64" not in r["what"] for r in one["rows"]), one
 
@@ -288,13 +293,14 @@ def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
             entry["digest"] = swapped
             entry["size"] = len(_registry_manifest(registry.host, "servimg/tiny-multiarch", swapped))
     _put_index(registry.host, "servimg/tiny-multiarch", first["tag"], json.dumps(original).encode())
-    code, [failed] = _json(capfd, "check", index_ref, *trust)
+    code, [failed] = _json(capfd, "check", index_ref, *trust, "--lock", str(lock_file))
     assert code != 0
     rows = failed["report"]["rows"]
     bad = [r for r in rows if r["verdict"] == "FAIL"]
     assert any("linux/arm64" in r["what"] and "replaced child" in r["why"] for r in bad), bad
     assert not any("linux/amd64" in r["what"] for r in bad), bad
     assert any(r["what"] == "index provenance" for r in bad), bad
+    assert any(r["what"] == "[linux/arm64] lock" for r in bad), bad  # not the lock file's arm64 part
 
 
 def two_platform_base_is_pinned(repo: Path) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from servimg.backends import transport
 from servimg.backends.target import Target
+from servimg.builder.platformlock import PlatformLocks
 from servimg.builder.platforms import INDEX_LOCK, PLATFORM_LABEL, PLATFORMS_LOCK_LABEL
 from servimg.builder.seams import PlatformImage
 from servimg.core.digest import Digest
@@ -33,7 +34,7 @@ from servimg.provenance import attest, dsse, referrers
 from servimg.provenance.check import CheckReport, Policy, check
 from servimg.provenance.evidence import row
 from servimg.provenance.keys import load_trusted
-from servimg.provenance.statements import Invocation
+from servimg.provenance.statements import ImageFacts, Invocation
 
 INDEX_BUILD_TYPE = "https://servimg.io/buildtypes/image-index/v1"
 
@@ -97,6 +98,12 @@ def check_index(
     """Every platform checked as an image (`only`: that one), then the bindings into this index."""
     lock = index_annotations(index).get(INDEX_LOCK)
     findings: list[Finding] = []
+    # `--lock` with a multi-platform lock file: each child against its platform's part, the index
+    # against the whole (a single-platform lock file is each child's as for one image).
+    locked = _platform_locks(policy)
+    if locked is not None:
+        policy = dataclasses.replace(policy, lock=None)
+        findings.append(_lock_file_row(locked, lock))
     chosen = [e for e in index.entries if only is None or e.platform == only]
     if not chosen and only is not None:
         index.child(only)  # raises, naming the platforms it has
@@ -110,6 +117,8 @@ def check_index(
         findings += [dataclasses.replace(f, subject=f"{prefix} {f.subject}") for f in report.findings]
         labels = evidence.located.image.labels
         findings.append(_binding_row(prefix, entry.platform, entry.descriptor.digest, labels, lock))
+        if locked is not None:
+            findings.append(_platform_lock_row(prefix, entry.platform, evidence.facts, locked))
     if only is None:
         findings.append(_index_provenance_row(ref, index, policy))
     return CheckReport(
@@ -136,6 +145,35 @@ def _binding_row(
     return row(
         what, PASS, f"{platform}: {digest.short} built from the index's lock {Digest.parse(lock).short}"
     )
+
+
+def _platform_locks(policy: Policy) -> PlatformLocks | None:
+    if policy.lock is None or "platforms" not in json.loads(policy.lock.read_bytes()):
+        return None
+    return PlatformLocks.load(policy.lock)
+
+
+def _lock_file_row(locked: PlatformLocks, lock: str | None) -> Finding:
+    what = "index lock"
+    if lock != str(locked.digest):
+        return row(what, FAIL, f"the index names lock {lock}, the lock file is {locked.digest}")
+    return row(what, PASS, f"the index was built from the lock file ({locked.digest.short})")
+
+
+def _platform_lock_row(
+    prefix: str, platform: Platform, facts: ImageFacts | None, locked: PlatformLocks
+) -> Finding:
+    what = f"{prefix} lock"
+    if str(platform) not in locked.platforms:
+        return row(what, FAIL, f"the lock file has no {platform} part")
+    expected = locked.of(platform).digest
+    if facts is None:
+        return row(what, FAIL, f"{platform}: the image carries no readable lock")
+    if facts.lock_digest != expected:
+        return row(
+            what, FAIL, f"{platform}: built from lock {facts.lock_digest}, the lock file's part is {expected}"
+        )
+    return row(what, PASS, f"{platform}: built from the lock file's {platform} part ({expected.short})")
 
 
 def _index_provenance_row(ref: str, index: ImageIndex, policy: Policy) -> Finding:
