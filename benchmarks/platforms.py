@@ -2,6 +2,7 @@
 demo base under emulation.
 
     .venv/bin/python benchmarks/platforms.py --base-ref HOST/REPO:TAG --base-digest sha256:… [--runs 5]
+        [--variants two-platform,amd64,arm64] [--checkout DIR]
     .venv/bin/python benchmarks/platforms.py --demo-base
 
 The first form builds images/tiny-multiarch.yaml on the two-platform test base index (`servimg base
@@ -11,7 +12,9 @@ test-bookworm --platform linux/amd64,linux/arm64 --to HOST/REPO` prints its ref 
 a copy of the checkout; each timed run is `servimg build DEF --to oci:DIR` in a fresh process
 (SERVIMG_SERVER=0) with an empty cache (SERVIMG_CACHE): the base is read from the registry, the overlay
 compiled and the image probed, nothing replayed. The variants alternate, so drift on a shared machine hits
-all of them; reported: each median, and the two-platform build's ratio to the amd64 one.
+all of them; reported: each median, and the two-platform build's ratio to the amd64 one. `--checkout DIR`
+runs another checkout's servimg (`python -m servimg` with DIR/src first on the path): the amd64 variant at
+the commit before multi-platform builds existed is the "before" of a one-platform build.
 
 `--demo-base` times `servimg base demo --platform linux/arm64` once with the arm64 demo base's layout
 removed from the cache (its pinned .debs and wheels stay: downloads are not what is measured): mmdebstrap
@@ -26,6 +29,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,11 +42,11 @@ from servimg.core.platform import Platform
 from servimg.oci.store import BlobStore
 
 REPO = Path(__file__).resolve().parent.parent
-SERVIMG = str(REPO / ".venv" / "bin" / "servimg")
+SERVIMG = [sys.executable, "-m", "servimg"]
 VARIANTS = {
     "two-platform": {"platforms": ["linux/amd64", "linux/arm64"]},
     "amd64": {"platform": "linux/amd64"},
-    "arm64 (qemu)": {"platform": "linux/arm64"},
+    "arm64": {"platform": "linux/arm64"},  # every interpreter run under qemu on an amd64 host
 }
 
 
@@ -54,34 +58,34 @@ def run(argv: list[str], env: dict[str, str]) -> float:
 
 def tiny(args: argparse.Namespace) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="bench-platforms-"))
-    env = {**os.environ, "SERVIMG_SERVER": "0"}
+    env = {**os.environ, "SERVIMG_SERVER": "0", "PYTHONPATH": str(args.checkout / "src")}
+    chosen = {name: VARIANTS[name] for name in args.variants.split(",")}
     try:
         for part in ("images", "overlays"):
             shutil.copytree(REPO / part, work / part)
         definitions = {}
-        for i, (name, base) in enumerate(VARIANTS.items()):
+        for i, (name, base) in enumerate(chosen.items()):
             doc = yaml.safe_load((REPO / "images" / "tiny-multiarch.yaml").read_text())
             doc["base"] = {"ref": args.base_ref, "digest": args.base_digest, **base}
             path = work / "images" / f"variant{i}.yaml"
             path.write_text(yaml.safe_dump({**doc, "name": f"variant{i}"}, sort_keys=False))
-            subprocess.run([SERVIMG, "lock", str(path), "-q"], check=True, env=env)
+            subprocess.run([*SERVIMG, "lock", str(path), "-q"], check=True, env=env)
             definitions[name] = path
-        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        times: dict[str, list[float]] = {name: [] for name in chosen}
         for n in range(args.runs):
             for name, path in definitions.items():
                 cache = work / f"cache-{n}-{path.stem}"
                 out = work / f"out-{n}-{path.stem}"
-                argv = [SERVIMG, "build", str(path), "--to", f"oci:{out}", "-q"]
+                argv = [*SERVIMG, "build", str(path), "--to", f"oci:{out}", "-q"]
                 times[name].append(run(argv, {**env, "SERVIMG_CACHE": str(cache)}))
                 shutil.rmtree(cache, ignore_errors=True)
                 shutil.rmtree(out, ignore_errors=True)
         medians = {name: statistics.median(t) for name, t in times.items()}
-        return {
-            "runs": args.runs,
-            "seconds": times,
-            "median": medians,
-            "two_platform_over_amd64": medians["two-platform"] / medians["amd64"],
-        }
+        result: dict[str, object] = {"checkout": str(args.checkout), "runs": args.runs, "seconds": times}
+        result["median"] = medians
+        if "two-platform" in medians and "amd64" in medians:
+            result["two_platform_over_amd64"] = medians["two-platform"] / medians["amd64"]
+        return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -103,6 +107,8 @@ def main() -> None:
     parser.add_argument("--base-digest")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--demo-base", action="store_true")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--checkout", type=Path, default=REPO)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if not args.demo_base and not (args.base_ref and args.base_digest):
