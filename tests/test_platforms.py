@@ -96,6 +96,9 @@ def _definition(base: str) -> str:
 def test_definition_platforms_forms_and_refusals() -> None:
     listed = ImageDefinition.parse(EXAMPLE.read_bytes())
     assert listed.multi_platform and listed.platforms == (AMD64, ARM64)
+    for exclude_defaults in (False, True):  # its JSON (provenance, rebase) reads back to it
+        assert ImageDefinition.from_mapping(listed.to_json(exclude_defaults=exclude_defaults)) == listed
+    assert "platform" not in listed.to_json()["base"]  # exclusive with platforms: the default is moot
     arm = listed.for_platform(ARM64)
     assert (
         arm.base.platform == "linux/arm64"

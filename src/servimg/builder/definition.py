@@ -188,6 +188,7 @@ class ImageDefinition(canonical.Canonical):
         ]
         if entries:
             base["platforms"] = entries
+            base.pop("platform", None)  # `platform` and `platforms` are exclusive (the default is moot)
         data["base"] = base
         return data
 
