@@ -182,8 +182,9 @@ def resolve(
     definition = definition or ImageDefinition.load(definition_path)
     if definition.multi_platform:
         raise DefinitionError(
-            f"{definition_path} lists base.platforms: it builds an image index, one platform at a time",
-            hint="build it with `servimg build` (every platform), or choose one with --platform",
+            f"{definition_path} lists base.platforms: `servimg lock` and `servimg build` take it (one image "
+            "per platform, one index); this command takes a single-platform definition",
+            hint="run it on a copy of the definition with one `base.platform` (docs/platforms.md)",
         )
     base, index = _fetch_base(definition, store, log, seams.base_source)
     fs = base_fs(base, store)
