@@ -19,6 +19,7 @@ from servimg.bases.demo import DEMO
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.core.errors import BaseBuildError
+from servimg.core.platform import Platform
 
 KEYS = {
     "demo": "d552dd882ec53d71ec2e8c8ac868f658b9b637f138fc3cee66b2852fddd41c65",
@@ -69,3 +70,24 @@ def test_the_kind_and_name_are_no_input_of_the_key() -> None:
     assert dataclasses.replace(demo, name="other").cache_key() == demo.cache_key()
     test = catalog.pinned_recipe("test-bookworm")
     assert Recipe(DEMO, "d", test.debian_pins).cache_key() != test.cache_key()
+
+
+# The arm64 bases (issue 32): their own pins (verify/bases/NAME.arm64.*), `arch: arm64` in their key
+# document; the amd64 keys above did not move when the architecture entered the pins.
+ARM64_KEYS = {
+    "demo": "2fa478233a606dfe847cb17202d2bc8b4b778c2d750557cc970a1a93e3c685c0",
+    "test-bookworm": "fd34e14620a9b729e1a2abc95a7fd24abd877896a1ec2ef1159a6aa5937860ab",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARM64_KEYS))
+def test_each_arm64_base_keeps_its_key_tag_and_config(name: str) -> None:
+    recipe = catalog.pinned_recipe(name, Platform.parse("linux/arm64"))
+    pin = basepin.load(recipe.name)
+    assert pin is not None and recipe.name == f"{name}.arm64"
+    assert recipe.cache_key() == ARM64_KEYS[name] == pin.recipe_key
+    engine = "demo-base" if name == "demo" else "test-base"
+    assert recipe.tag() == f"servimg/{engine}:{recipe.suite}-arm64-{ARM64_KEYS[name][:12]}"
+    diff_ids = [str(diff_id) for _, diff_id in pin.layers]
+    assert base_config(recipe, PYTHON[name], diff_ids) == pin.config
+    assert pin.config["architecture"] == "arm64"
