@@ -2,8 +2,8 @@
 demo base under emulation.
 
     .venv/bin/python benchmarks/platforms.py --base-ref HOST/REPO:TAG --base-digest sha256:… [--runs 5]
-        [--variants two-platform,amd64,arm64] [--checkout DIR]
-    .venv/bin/python benchmarks/platforms.py --demo-base
+        [--variants two-platform,amd64,arm64] [--checkout DIR] [--before DIR]
+    .venv/bin/python benchmarks/platforms.py --demo-base [linux/arm64 | linux/amd64]
 
 The first form builds images/tiny-multiarch.yaml on the two-platform test base index (`servimg base
 test-bookworm --platform linux/amd64,linux/arm64 --to HOST/REPO` prints its ref and digest) three ways:
@@ -13,12 +13,15 @@ a copy of the checkout; each timed run is `servimg build DEF --to oci:DIR` in a 
 (SERVIMG_SERVER=0) with an empty cache (SERVIMG_CACHE): the base is read from the registry, the overlay
 compiled and the image probed, nothing replayed. The variants alternate, so drift on a shared machine hits
 all of them; reported: each median, and the two-platform build's ratio to the amd64 one. `--checkout DIR`
-runs another checkout's servimg (`python -m servimg` with DIR/src first on the path): the amd64 variant at
-the commit before multi-platform builds existed is the "before" of a one-platform build.
+runs another checkout's servimg (`python -m servimg` with DIR/src first on the path); `--before DIR` adds the
+amd64 variant at that checkout (the commit before multi-platform builds existed: the "before" of a
+one-platform build), alternating with the others in the same run.
 
-`--demo-base` times `servimg base demo --platform linux/arm64` once with the arm64 demo base's layout
-removed from the cache (its pinned .debs and wheels stay: downloads are not what is measured): mmdebstrap
-of the pinned arm64 packages, 179 wheels installed and every module compiled, all under qemu.
+`--demo-base` times the build `servimg base demo --platform linux/arm64` does, once, in-process, with the
+arm64 demo base's layout removed from the cache (its pinned .debs and wheels stay: downloads are not what
+is measured): mmdebstrap of the pinned arm64 packages (`--demo-base linux/amd64`: the native build, for
+comparison), 179 wheels installed and every module compiled, all
+under qemu, the two layers written and the digest checked against verify/bases/demo.arm64.lock.json.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from servimg.bases.assemble import layout_path
+from servimg.bases.assemble import base_image, layout_path
 from servimg.bases.catalog import pinned_recipe
 from servimg.core.platform import Platform
 from servimg.oci.store import BlobStore
@@ -60,6 +63,10 @@ def tiny(args: argparse.Namespace) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="bench-platforms-"))
     env = {**os.environ, "SERVIMG_SERVER": "0", "PYTHONPATH": str(args.checkout / "src")}
     chosen = {name: VARIANTS[name] for name in args.variants.split(",")}
+    envs = dict.fromkeys(chosen, env)
+    if args.before is not None:  # the one-platform build at another checkout, alternating with these
+        chosen["amd64 (before)"] = VARIANTS["amd64"]
+        envs["amd64 (before)"] = {**env, "PYTHONPATH": str(args.before / "src")}
     try:
         for part in ("images", "overlays"):
             shutil.copytree(REPO / part, work / part)
@@ -69,7 +76,7 @@ def tiny(args: argparse.Namespace) -> dict[str, object]:
             doc["base"] = {"ref": args.base_ref, "digest": args.base_digest, **base}
             path = work / "images" / f"variant{i}.yaml"
             path.write_text(yaml.safe_dump({**doc, "name": f"variant{i}"}, sort_keys=False))
-            subprocess.run([*SERVIMG, "lock", str(path), "-q"], check=True, env=env)
+            subprocess.run([*SERVIMG, "lock", str(path), "-q"], check=True, env=envs[name])
             definitions[name] = path
         times: dict[str, list[float]] = {name: [] for name in chosen}
         for n in range(args.runs):
@@ -77,7 +84,7 @@ def tiny(args: argparse.Namespace) -> dict[str, object]:
                 cache = work / f"cache-{n}-{path.stem}"
                 out = work / f"out-{n}-{path.stem}"
                 argv = [*SERVIMG, "build", str(path), "--to", f"oci:{out}", "-q"]
-                times[name].append(run(argv, {**env, "SERVIMG_CACHE": str(cache)}))
+                times[name].append(run(argv, {**envs[name], "SERVIMG_CACHE": str(cache)}))
                 shutil.rmtree(cache, ignore_errors=True)
                 shutil.rmtree(out, ignore_errors=True)
         medians = {name: statistics.median(t) for name, t in times.items()}
@@ -90,15 +97,16 @@ def tiny(args: argparse.Namespace) -> dict[str, object]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def demo_base() -> dict[str, object]:
-    recipe = pinned_recipe("demo", Platform.parse("linux/arm64"))
-    cached = layout_path(recipe, BlobStore())
-    shutil.rmtree(cached, ignore_errors=True)
-    env = {**os.environ, "SERVIMG_SERVER": "0"}
-    seconds = run(
-        [SERVIMG, "base", "demo", "--platform", "linux/arm64", "--to", f"oci:{tempfile.mkdtemp()}/x"], env
-    )
-    return {"recipe": recipe.name, "seconds": seconds}
+def demo_base(platform: Platform) -> dict[str, object]:
+    """`servimg base demo --platform P`'s work, in-process: the base built from its pins (its cached
+    layout removed first) and checked against its pinned digest; published nowhere."""
+    recipe = pinned_recipe("demo", platform)
+    store = BlobStore()
+    shutil.rmtree(layout_path(recipe, store), ignore_errors=True)
+    started = time.perf_counter()
+    image = base_image(recipe, store, print)
+    seconds = time.perf_counter() - started
+    return {"recipe": recipe.name, "platform": str(platform), "digest": str(image.digest), "seconds": seconds}
 
 
 def main() -> None:
@@ -106,14 +114,15 @@ def main() -> None:
     parser.add_argument("--base-ref")
     parser.add_argument("--base-digest")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--demo-base", action="store_true")
+    parser.add_argument("--demo-base", nargs="?", const="linux/arm64", default=None, metavar="PLATFORM")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--checkout", type=Path, default=REPO)
+    parser.add_argument("--before", type=Path, default=None, help="a checkout whose amd64 build alternates")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if not args.demo_base and not (args.base_ref and args.base_digest):
         parser.error("--base-ref and --base-digest (or --demo-base)")
-    result = demo_base() if args.demo_base else tiny(args)
+    result = demo_base(Platform.parse(args.demo_base)) if args.demo_base else tiny(args)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.json is not None:

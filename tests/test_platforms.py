@@ -399,3 +399,24 @@ def test_platform_on_a_single_platform_build_is_refused(capfd: pytest.CaptureFix
     )
     out = capfd.readouterr()
     assert code != 0 and "builds linux/amd64 only" in out.out + out.err
+
+
+@pytest.mark.registry
+@pytest.mark.root
+def test_a_multi_platform_base_in_an_oci_layout(
+    two_platform_base: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The base index from the cache's own layout (`oci_ref`): each platform's manifest is reached through
+    the index (children have no index.json entries of their own)."""
+    shutil.copytree(REPO / "images", tmp_path / "images")
+    shutil.copytree(REPO / "overlays", tmp_path / "overlays")
+    path = tmp_path / "images" / "tiny-multiarch.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["base"]["ref"], doc["base"]["digest"] = two_platform_base["oci_ref"], two_platform_base["digest"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["lock", str(path), "-q"]) == 0
+    locked = PlatformLocks.load(tmp_path / "images" / "tiny-multiarch.lock.json")
+    for platform, child in two_platform_base["platforms"].items():
+        assert str(locked.platforms[platform].base.manifest_digest) == child["digest"]
+    code, [built] = _json(capfd, "build", str(path), "--to", f"oci:{tmp_path / 'out'}")
+    assert code == 0 and built["bytecode"]["identical"], built

@@ -74,7 +74,7 @@ def read_layout(
     bit at all (a Nix store path, a read-only layout): a copy would only double the disk a multi-GB base
     takes."""
     index = _read_index(root)
-    desc = _select(index, root, tag, digest)
+    desc = _nested(index, root, digest) or _select(index, root, tag, digest)
     manifest_bytes = _read_blob(root, desc.digest)
     if desc.media_type in INDEX_TYPES:
         children = ImageIndex.parse(manifest_bytes, f"{root}@{desc.digest}")
@@ -183,6 +183,26 @@ def _select(index: dict[str, object], root: Path, tag: str | None, digest: Diges
     return found[0]
 
 
+def _nested(index: dict[str, object], root: Path, digest: Digest | None) -> Descriptor | None:
+    """The child manifest `digest` of an image index the layout lists (a multi-platform image's child is
+    reached through its index, never listed in index.json itself); None when index.json lists `digest`,
+    or no listed index has it."""
+    if digest is None:
+        return None
+    entries = [
+        Descriptor.from_json(d, "index.manifests[]") for d in jv.objs(index["manifests"], "index.manifests")
+    ]
+    if any(d.digest == digest for d in entries):
+        return None
+    for entry in entries:
+        if entry.media_type in INDEX_TYPES:
+            children = ImageIndex.parse(_read_blob(root, entry.digest), f"{root}@{entry.digest}")
+            found = [e.descriptor for e in children.entries if e.descriptor.digest == digest]
+            if found:
+                return found[0]
+    return None
+
+
 def _read_blob(root: Path, digest: Digest) -> bytes:
     path = root / "blobs" / digest.algorithm / digest.hex
     try:
@@ -285,16 +305,23 @@ def _add_to_layout(
 
 
 def write_index(
-    index: ImageIndex, children: Sequence[Image], root: Path, store: BlobStore, *, tag: str | None
+    index: ImageIndex,
+    children: Sequence[Image],
+    root: Path,
+    store: BlobStore,
+    *,
+    tag: str | None,
+    store_owned: bool = False,
 ) -> None:
     """Write a multi-platform index into the layout at `root`: each child's blobs and manifest, the
     index's bytes, and one index.json entry naming the index (with `tag`): the children are reached
-    through it, so they get no entries of their own (an untagged entry a child had before is kept)."""
+    through it, so they get no entries of their own (an untagged entry a child had before is kept).
+    `store_owned`: the cache's own layout (a multi-platform base), hard-linked as `write_layout` does."""
     held = set()
     if (root / "index.json").is_file():
         held = {str(m.get("digest")) for m in jv.objs(_read_index(root)["manifests"], "index.manifests")}
     for child in children:
-        write_layout(child, root, store, tag=None)
+        write_layout(child, root, store, tag=None, store_owned=store_owned)
     with _locked(root):
         _write_blob(root / "blobs" / "sha256" / index.digest.hex, index.digest, index.index_bytes)
         current = _read_index(root)

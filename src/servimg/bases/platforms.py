@@ -68,7 +68,9 @@ def build_platforms(
     index = ImageIndex.of(children)
     tag = index_tag(suite, index)
     cached = store.layout.bases(pinned_recipe(name, platforms[0]).kind.name) / f"index-{index.digest.hex}"
-    layout.write_index(index, [children[p] for p in index.platforms], cached, store, tag=tag)
+    layout.write_index(
+        index, [children[p] for p in index.platforms], cached, store, tag=tag, store_owned=True
+    )
     log(f"{name} base index {index.digest.short}: {texts(index.platforms)}")
     published_index = [
         publish_index(index, children, Target.parse(text), store, log, tag=tag)
