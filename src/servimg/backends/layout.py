@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,18 +322,24 @@ def write_index(
         held = {str(m.get("digest")) for m in jv.objs(_read_index(root)["manifests"], "index.manifests")}
     for child in children:
         write_layout(child, root, store, tag=None, store_owned=store_owned)
+    add_index(index, root, tag=tag, replacing={str(c.digest) for c in children} - held)
+
+
+def add_index(index: ImageIndex, root: Path, *, tag: str | None, replacing: Set[str] = frozenset()) -> None:
+    """The index's bytes and its index.json entry (with `tag`) in the layout that holds its children, under
+    the layout's lock; untagged entries of the manifests in `replacing` (children just written) are
+    dropped: the index reaches them."""
     with _locked(root):
         _write_blob(root / "blobs" / "sha256" / index.digest.hex, index.digest, index.index_bytes)
         current = _read_index(root)
         entry = Descriptor(
             index.media_type, index.digest, len(index.index_bytes), ((REF_NAME, tag),) if tag else ()
         )
-        ours = {str(c.digest) for c in children} - held
         kept = [
             m
             for m in jv.objs(current["manifests"], "index.manifests")
             if not (tag and jv.member(m, "annotations", REF_NAME) == tag)
-            and not (str(m.get("digest")) in ours and not m.get("annotations"))
+            and not (str(m.get("digest")) in replacing and not m.get("annotations"))
             and m != entry.to_json()
         ]
         current["manifests"] = sorted([*kept, entry.to_json()], key=canonical.dumps)

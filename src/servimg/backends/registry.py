@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -73,23 +73,6 @@ def read_index(ref_text: str) -> ImageIndex | None:
     with RegistryClient(ref.registry) as client:
         data, media_type, _ = client.get_manifest(ref.repository, str(ref.reference))
     return ImageIndex.parse(data, ref_text) if media_type in INDEX_TYPES else None
-
-
-def write_index(
-    client: RegistryClient,
-    repository: str,
-    index: ImageIndex,
-    children: Sequence[Image],
-    store: BlobStore,
-    log: Log,
-    *,
-    progress: Progress = NULL,
-) -> None:
-    """Every child (blobs, manifest by digest), then the index by digest; no tag (the caller tags last)."""
-    for child in children:
-        write_image(client, repository, child, store, log, progress=progress)
-    client.put_manifest(repository, str(index.digest), index.index_bytes, index.media_type)
-    log(f"index {index.digest.short}: {texts(index.platforms)}")
 
 
 def _manifest_object(data: bytes, name: str) -> dict[str, object]:

@@ -43,6 +43,7 @@ __all__ = [
     "fetch_argument",
     "in_engine",
     "is_explicit",
+    "name_index",
     "publish",
     "publish_index",
     "read_index",
@@ -132,6 +133,28 @@ def platform_manifest(ref: str, pinned: Digest, platform: Platform) -> Digest:
     return found.child(platform).digest if found is not None else pinned
 
 
+def name_index(index: ImageIndex, target: Target, *, tag: str | None) -> str:
+    """The index itself, its children already at `target` (a registry or an OCI layout): its manifest by
+    digest, then `tag` (the target's own tag wins) last. A signed build calls it twice: untagged before
+    the index's provenance is attached, tagged after."""
+    if target.in_registry:
+        ref = Reference.parse(target.location)
+        chosen = ref.tag or tag
+        with RegistryClient(ref.registry) as client:
+            for reference in (str(index.digest), *([chosen] if chosen else [])):
+                client.put_manifest(ref.repository, reference, index.index_bytes, index.media_type)
+        where = f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "")
+        return f"{where}@{index.digest}"
+    if target.is_layout:
+        chosen = target.tag or tag
+        layout.add_index(index, Path(target.location), tag=chosen)
+        return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
+    raise BackendError(
+        f"a {target.kind} holds no image index",
+        hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG])",
+    )
+
+
 def publish_index(
     index: ImageIndex,
     children: Mapping[Platform, Image],
@@ -150,12 +173,10 @@ def publish_index(
     ordered = [children[p] for p in index.platforms]
     if target.in_registry:
         ref = Reference.parse(target.location)
-        chosen = ref.tag or tag
         with RegistryClient(ref.registry) as client:
-            registry.write_index(client, ref.repository, index, ordered, store, log, progress=progress)
-            if chosen:
-                client.put_manifest(ref.repository, chosen, index.index_bytes, index.media_type)
-        return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
+            for child in ordered:
+                registry.write_image(client, ref.repository, child, store, log, progress=progress)
+        return name_index(index, target, tag=tag)
     if target.is_layout:
         chosen = target.tag or tag
         layout.write_index(index, ordered, Path(target.location), store, tag=chosen)

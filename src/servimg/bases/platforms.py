@@ -48,11 +48,9 @@ def build_platforms(
         emulation.require(platform, f"building the {name} base")
     children: dict[Platform, Image] = {}
     built: dict[str, object] = {}
-    suite = ""
     engine_wanted = targets is None or any(Target.parse(t).in_engine for t in targets)
-    for platform in platforms:
-        recipe = pinned_recipe(name, platform)
-        suite = recipe.suite
+    recipes = {platform: pinned_recipe(name, platform) for platform in platforms}
+    for platform, recipe in recipes.items():
         log(f"{name} base for {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
         image = base_image(recipe, store, log, workdir)
         children[platform] = image
@@ -66,8 +64,9 @@ def build_platforms(
             "published": published,
         }
     index = ImageIndex.of(children)
-    tag = index_tag(suite, index)
-    cached = store.layout.bases(pinned_recipe(name, platforms[0]).kind.name) / f"index-{index.digest.hex}"
+    first = recipes[platforms[0]]  # every platform's recipe is of one kind and suite
+    tag = index_tag(first.suite, index)
+    cached = store.layout.bases(first.kind.name) / f"index-{index.digest.hex}"
     layout.write_index(
         index, [children[p] for p in index.platforms], cached, store, tag=tag, store_owned=True
     )

@@ -127,17 +127,7 @@ class Lock(canonical.Canonical):
 
     @classmethod
     def load(cls, path: Path) -> Lock:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise LockError(
-                f"no lock at {path}", hint=f"run `servimg lock {lock_to_definition(path)}` first"
-            ) from None
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise LockError(f"{path}: not valid JSON: {exc}", hint="regenerate with `servimg lock`") from None
-        lock = cls.from_json(data, str(path))
+        lock = cls.from_json(read_lock_json(path), str(path))
         if lock.lock_version != LOCK_VERSION:
             raise LockError(
                 f"{path}: lock version {lock.lock_version} is not {LOCK_VERSION}",
@@ -226,6 +216,21 @@ _lock = fields.record(
     },
     unknown=_UNKNOWN,
 )
+
+
+def read_lock_json(path: Path) -> object:
+    """A lock file's JSON (one platform's `Lock`, or `builder.platformlock.PlatformLocks`), or LockError
+    saying what to run."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise LockError(
+            f"no lock at {path}", hint=f"run `servimg lock {lock_to_definition(path)}` first"
+        ) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise LockError(f"{path}: not valid JSON: {exc}", hint="regenerate with `servimg lock`") from None
 
 
 def lock_path_for(definition: Path) -> Path:

@@ -10,13 +10,12 @@ platform's lock. `servimg build` re-resolves every platform and refuses a drift 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servimg import __version__
-from servimg.builder.lock import LOCK_VERSION, Lock, PackageLock, drift, lock_to_definition
+from servimg.builder.lock import LOCK_VERSION, Lock, PackageLock, drift, lock_to_definition, read_lock_json
 from servimg.core import canonical, fields
 from servimg.core.atomic import atomic_write
 from servimg.core.errors import LockError, ServimgError
@@ -71,13 +70,13 @@ class PlatformLocks(canonical.Canonical):
 
     @classmethod
     def load(cls, path: Path) -> PlatformLocks:
-        data = _read(path)
-        if not isinstance(data, dict) or "platforms" not in data:
+        found = load_any(path)
+        if not isinstance(found, PlatformLocks):
             raise LockError(
                 f"{path} is a single-platform lock, but the definition lists base.platforms",
                 hint=f"run `servimg lock {lock_to_definition(path)}`",
             )
-        return cls.from_json(data, str(path))
+        return found
 
     def pretty_bytes(self) -> bytes:
         return canonical.dumps_pretty(self.to_json())
@@ -85,19 +84,6 @@ class PlatformLocks(canonical.Canonical):
     def write(self, path: Path) -> None:
         """Atomically replace `path` (a failed write never leaves a truncated lock)."""
         atomic_write(path, self.pretty_bytes(), 0o644)
-
-
-def _read(path: Path) -> object:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LockError(
-            f"no lock at {path}", hint=f"run `servimg lock {lock_to_definition(path)}` first"
-        ) from None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise LockError(f"{path}: not valid JSON: {exc}", hint="regenerate with `servimg lock`") from None
 
 
 def _platform_key(value: object, path: str, problems: list[str]) -> str:
@@ -128,6 +114,14 @@ _platform_locks = fields.record(
     },
     unknown=_UNKNOWN,
 )
+
+
+def load_any(path: Path) -> Lock | PlatformLocks:
+    """The lock file at `path`, read once: a multi-platform lock (its `platforms` key) or one platform's."""
+    data = read_lock_json(path)
+    if isinstance(data, dict) and "platforms" in data:
+        return PlatformLocks.from_json(data, str(path))
+    return Lock.from_json(data, str(path))
 
 
 def check_drift(locked: PlatformLocks, actual: PlatformLocks, definition_path: Path) -> None:

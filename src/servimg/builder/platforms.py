@@ -13,7 +13,7 @@ interpreter wrote for the same sources (`compare_bytecode`) and reports what dif
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from servimg.backends.target import Target
 from servimg.builder import emulation, naming
 from servimg.builder.definition import ImageDefinition
 from servimg.builder.lock import lock_path_for
-from servimg.builder.pipeline import assemble, default_target, resolve
+from servimg.builder.pipeline import Resolution, assemble, default_target, resolve
 from servimg.builder.platformlock import PlatformLocks, check_drift
 from servimg.builder.seams import DEFAULT, IndexSink, PlatformImage, Seams, verify_or_refuse
 from servimg.core.digest import Digest, sha256_hex
@@ -114,20 +114,25 @@ def resolve_platforms(
     log: Log,
     runner: str = "auto",
     seams: Seams = DEFAULT,
-) -> PlatformLocks:
-    """Every platform resolved as its own single-platform definition; one lock over them all."""
+) -> dict[Platform, Resolution]:
+    """Every platform resolved as its own single-platform definition (each with its lock)."""
     for platform in definition.platforms:  # every emulator checked before the first platform starts
         emulation.require(platform, f"resolving {definition.name}")
-    locks = {}
+    resolutions = {}
     for platform in definition.platforms:
         log(f"{definition.name}: {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
         try:
-            resolution = resolve(
+            resolutions[platform] = resolve(
                 definition_path, store, log, runner, seams, definition=definition.for_platform(platform)
             )
         except ServimgError as exc:
             raise exc.context(f"platform {platform}") from None
-        locks[str(platform)] = resolution.lock
+    return resolutions
+
+
+def locks_of(definition: ImageDefinition, resolutions: Mapping[Platform, Resolution]) -> PlatformLocks:
+    """One lock over every platform's."""
+    locks = {str(platform): resolution.lock for platform, resolution in resolutions.items()}
     return PlatformLocks(definition.name, definition.digest.hex, locks)
 
 
@@ -140,7 +145,7 @@ def lock_platforms(
     seams: Seams = DEFAULT,
 ) -> tuple[PlatformLocks, bool]:
     """Resolve every platform and write the lock; (lock, changed?). Nothing is written if any fails."""
-    locked = resolve_platforms(definition, definition_path, store, log, runner, seams)
+    locked = locks_of(definition, resolve_platforms(definition, definition_path, store, log, runner, seams))
     path = lock_path_for(definition_path)
     previous = path.read_bytes() if path.exists() else None
     locked.write(path)
@@ -180,13 +185,13 @@ def build_platforms(
         )
     sink.check(target)
     locked = PlatformLocks.load(lock_path_for(definition_path))
-    actual = resolve_platforms(definition, definition_path, store, log, runner, seams)
-    check_drift(locked, actual, definition_path)
+    resolutions = resolve_platforms(definition, definition_path, store, log, runner, seams)
+    check_drift(locked, locks_of(definition, resolutions), definition_path)
     chosen_tag = tag or naming.derive_tag(definition, locked)
     naming.refuse_tag_of_another_lock(definition, locked, [tag, target.tag, naming.registry_tag(target)])
     children = tuple(
-        _build_one(definition, definition_path, platform, locked, store, log, runner, seams, verify)
-        for platform in definition.platforms
+        _build_one(platform, resolution, locked, store, log, seams, verify)
+        for platform, resolution in resolutions.items()
     )
     comparison = compare_bytecode(children, store)
     log(f"bytecode: {comparison.summary()}")
@@ -199,21 +204,16 @@ def build_platforms(
 
 
 def _build_one(
-    definition: ImageDefinition,
-    definition_path: Path,
     platform: Platform,
+    resolution: Resolution,
     locked: PlatformLocks,
     store: BlobStore,
     log: Log,
-    runner: str,
     seams: Seams,
     verify: bool,
 ) -> PlatformImage:
-    """One platform: resolved again (its drift was checked), assembled, verified under its emulation."""
+    """One platform as resolved (its drift checked): assembled, verified under its emulation."""
     try:
-        resolution = resolve(
-            definition_path, store, log, runner, seams, definition=definition.for_platform(platform)
-        )
         image, _ = assemble(resolution, locked.of(platform), store, log, child_labels(locked, platform))
         report = None
         if verify:

@@ -28,19 +28,21 @@ def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
 
         def run(path: Path = path) -> Outcome:
             definition = ImageDefinition.load(path)
+            more: dict[str, object] = {}
             if definition.multi_platform:
                 many, changed = platforms.lock_platforms(
                     definition, path, ctx.store, ctx.log, p.runner, ctx.seams
                 )
-                fields: dict[str, object] = {
-                    "lock": str(lock_path_for(path)),
-                    "lock_digest": str(many.digest),
-                    "changed": changed,
-                    "platforms": sorted(many.platforms),
-                }
-                return Outcome(str(path), fields)
-            locked, changed = pipeline.lock(path, ctx.store, ctx.log, p.runner, ctx.seams)
-            fields = {"lock": str(lock_path_for(path)), "lock_digest": str(locked.digest), "changed": changed}
+                digest, more = many.digest, {"platforms": sorted(many.platforms)}
+            else:
+                locked, changed = pipeline.lock(path, ctx.store, ctx.log, p.runner, ctx.seams)
+                digest = locked.digest
+            fields = {
+                "lock": str(lock_path_for(path)),
+                "lock_digest": str(digest),
+                "changed": changed,
+                **more,
+            }
             return Outcome(str(path), fields)
 
         yield attempt(str(path), run)

@@ -31,6 +31,7 @@ class ImageIndex:
     index_bytes: bytes
     entries: tuple[IndexEntry, ...] = field(compare=False)
     media_type: str = OCI_INDEX
+    annotations: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(
@@ -53,7 +54,7 @@ class ImageIndex:
         doc: dict[str, object] = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
         if annotations:
             doc["annotations"] = dict(sorted(annotations.items()))
-        return cls(canonical.dumps(doc), tuple(entries))
+        return cls(canonical.dumps(doc), tuple(entries), OCI_INDEX, dict(annotations or {}))
 
     @classmethod
     def parse(cls, data: bytes, where: str = "index") -> ImageIndex:
@@ -88,9 +89,13 @@ class ImageIndex:
             entries.append(IndexEntry(Platform(plat.get("os", "linux"), plat["architecture"]), descriptor))
         seen = [e.platform for e in entries]
         problems += [f"{where}: {p} listed twice" for p in sorted(set(seen)) if seen.count(p) > 1]
+        found = doc.get("annotations")
+        if found is not None and not isinstance(found, dict):
+            problems.append(f"{where}.annotations: not an object")
         if problems:
             raise ImageError(f"malformed image index ({where})", problems=problems)
-        return cls(bytes(data), tuple(entries), media)
+        annotations = {str(k): str(v) for k, v in (found or {}).items()}
+        return cls(bytes(data), tuple(entries), media, annotations)
 
     @property
     def digest(self) -> Digest:

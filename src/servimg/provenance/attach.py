@@ -443,16 +443,15 @@ class AttestingSink:
         progress: Progress = NULL,
     ) -> str:
         """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
-        its own provenance naming the children, and the tag last."""
+        its own provenance naming the children, and the tag last (each written once)."""
         untagged = _untagged(target)
-        images = {c.platform: c.image for c in children}
         for child in children:
             if child.report is None:
                 raise BuildError("a signed build publishes only verified images", hint="build with verify")
             self.publish_verified(
                 Verified(child.image, child.report), untagged, store, log, progress=progress
             )
-        transport.publish_index(index, images, untagged, store, log, tag=None)
+        transport.name_index(index, untagged, tag=None)
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
         name = index_name(children, store, log)
         builder = provenance.builder_id(self.builder)
@@ -463,7 +462,7 @@ class AttestingSink:
                 place, index.descriptor, name, log
             )
         self.attached.extend(published)
-        return transport.publish_index(index, images, target, store, log, tag=tag, progress=progress)
+        return transport.name_index(index, target, tag=tag)
 
 
 def _untagged(target: Target) -> Target:

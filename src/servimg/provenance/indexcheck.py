@@ -14,12 +14,11 @@ exactly these children. A child replaced by an image of another lock FAILs, in a
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 
 from servimg.backends import transport
 from servimg.backends.target import Target
-from servimg.builder.platformlock import PlatformLocks
+from servimg.builder.platformlock import PlatformLocks, load_any
 from servimg.builder.platforms import INDEX_LOCK, PLATFORM_LABEL, PLATFORMS_LOCK_LABEL
 from servimg.builder.seams import PlatformImage
 from servimg.core.digest import Digest
@@ -43,11 +42,10 @@ def index_statement(
     index: ImageIndex, children: Sequence[PlatformImage], name: str, invocation: Invocation, builder: str
 ) -> bytes:
     """The index's provenance statement: subject the index digest; every child by platform and digest."""
-    annotations = index_annotations(index)
     predicate = attest.provenance(
         external_parameters={
             "platforms": [str(c.platform) for c in children],
-            "lock": annotations.get(INDEX_LOCK, ""),
+            "lock": index.annotations.get(INDEX_LOCK, ""),
         },
         resolved_dependencies=[
             {
@@ -65,12 +63,6 @@ def index_statement(
         build_type=INDEX_BUILD_TYPE,
     )
     return attest.statement([(name, index.digest)], attest.PROVENANCE_V1, predicate)
-
-
-def index_annotations(index: ImageIndex) -> dict[str, str]:
-    doc = json.loads(index.index_bytes)
-    found = doc.get("annotations") if isinstance(doc, dict) else None
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def child_ref(ref: str, digest: Digest) -> str:
@@ -96,7 +88,7 @@ def check_index(
     only: Platform | None = None,
 ) -> CheckReport:
     """Every platform checked as an image (`only`: that one), then the bindings into this index."""
-    lock = index_annotations(index).get(INDEX_LOCK)
+    lock = index.annotations.get(INDEX_LOCK)
     findings: list[Finding] = []
     # `--lock` with a multi-platform lock file: each child against its platform's part, the index
     # against the whole (a single-platform lock file is each child's as for one image).
@@ -148,9 +140,8 @@ def _binding_row(
 
 
 def _platform_locks(policy: Policy) -> PlatformLocks | None:
-    if policy.lock is None or "platforms" not in json.loads(policy.lock.read_bytes()):
-        return None
-    return PlatformLocks.load(policy.lock)
+    found = load_any(policy.lock) if policy.lock is not None else None
+    return found if isinstance(found, PlatformLocks) else None
 
 
 def _lock_file_row(locked: PlatformLocks, lock: str | None) -> Finding:
