@@ -54,8 +54,8 @@ def parse(doc: dict[str, Any]) -> LadderDefinition:
 
 def test_the_shipped_ladders_load_with_their_pinned_probes() -> None:
     loaded = load(CPU_LADDER)
-    assert loaded.definition.control.id == "control"
-    assert loaded.definition.noise_floor is not None
+    assert loaded.definition.control().id == "control"
+    assert loaded.definition.noise_floor() is not None
     assert len(loaded.probes.prompts) == 9
     gpu = LadderDefinition.parse((REPO / "verify" / "ladders" / "gpu-hybrid-lmcache.yaml").read_bytes())
     assert {a.role for a in gpu.arms} == {"control", "noise_floor", "cold", "warm", "restart"}

@@ -165,21 +165,168 @@ def self_check(model_dir, recipe, vocab_words):
     return accuracy
 
 
+# ------------------------------------------------------------------------------------------ hybrids
+#
+# The hybrid ladder's models (recipe "kind"): a gated-delta-net hybrid (Qwen3Next: linear_attention layers
+# beside full attention; vLLM refuses one without a MoE layer) and a Mamba2 hybrid (NemotronH). Weights are
+# HF's own initialisation under a fixed torch seed (deterministic on CPU for one torch: the cache key names
+# the image), with a larger initializer_range than HF's 0.02 so that a token's logits depend strongly on
+# the recurrent state. They emit no meaningful text: a wrong recurrent state shows as a token or logprob
+# difference from the control, which the hybrid ladder compares bit-exactly (the CPU noise floor is 0).
+
+
+def hybrid_config(recipe):
+    common = dict(
+        vocab_size=recipe["vocab_size"],
+        hidden_size=recipe["hidden_size"],
+        intermediate_size=recipe["intermediate_size"],
+        num_attention_heads=recipe["hidden_size"] // 64,
+        num_key_value_heads=recipe["hidden_size"] // 64,
+        head_dim=64,
+        max_position_embeddings=recipe["max_position_embeddings"],
+        initializer_range=recipe["initializer_range"],
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if recipe["kind"] == "gdn-hybrid":
+        from transformers import Qwen3NextConfig
+
+        layers = recipe["layers"]
+        return Qwen3NextConfig(
+            **common,
+            num_hidden_layers=len(layers),
+            layer_types=list(layers),
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            # one MoE layer (the last); the others are dense MLPs
+            decoder_sparse_step=1,
+            mlp_only_layers=list(range(len(layers) - 1)),
+            num_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=recipe["intermediate_size"],
+            shared_expert_intermediate_size=recipe["intermediate_size"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            torch_dtype="bfloat16",
+        )
+    if recipe["kind"] == "mamba2-hybrid":
+        from transformers import NemotronHConfig
+
+        pattern = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+        return NemotronHConfig(
+            **common,
+            hybrid_override_pattern="".join(pattern[t] for t in recipe["layers"]),
+            mamba_num_heads=4,
+            mamba_head_dim=32,
+            ssm_state_size=32,
+            n_groups=1,
+            conv_kernel=4,
+            chunk_size=128,
+            mlp_hidden_act="relu2",
+            torch_dtype="bfloat16",
+        )
+    raise SystemExit(f"unknown tiny model kind {recipe['kind']!r}")
+
+
+def recurrent_dependence(model, recipe):
+    """How far the last position's logits move when only the first tokens change and every full
+    attention layer's output is cut: what only the recurrent state carries across positions."""
+    import numpy as np
+    import torch
+
+    cut = {
+        name: param.detach().clone()
+        for name, param in model.named_parameters()
+        if name.endswith("o_proj.weight") and not name.startswith("lm_head")
+    }
+    rng = np.random.default_rng(recipe["seed"] + 1)
+    seq = (rng.choice(recipe["vocab_size"] - len(SPECIALS), size=300) + len(SPECIALS)).tolist()
+    other = list(seq)
+    other[1:11] = (rng.choice(recipe["vocab_size"] - len(SPECIALS), size=10) + len(SPECIALS)).tolist()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in cut:
+                param.zero_()
+        a = model(torch.tensor([[1, *seq]])).logits[0, -1].float()
+        b = model(torch.tensor([[1, *other]])).logits[0, -1].float()
+        for name, param in model.named_parameters():
+            if name in cut:
+                param.copy_(cut[name])
+        full = model(torch.tensor([[1, *seq]])).logits[0].float()
+    if not torch.isfinite(full).all():
+        raise SystemExit("the hybrid model's logits are not finite")
+    return float((a - b).abs().max())
+
+
+def write_hybrid(recipe, out):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = hybrid_config(recipe)
+    torch.manual_seed(recipe["seed"])
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model.eval()
+    # Slow decay: HF's A (up to 16 for GDN, 1..heads for Mamba2) forgets a token within a few steps, so a
+    # wrong state at a block edge would move nothing hundreds of tokens later. A in [a_min, a_max] keeps
+    # what came before the edge in the state until the answer.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log"):
+                a = torch.linspace(recipe["a_min"], recipe["a_max"], param.numel(), dtype=torch.float64)
+                param.copy_(a.log().reshape(param.shape))
+    moved = recurrent_dependence(model, recipe)
+    print(f"self-check: recurrent state moves the last logits by {moved:.4g} (cut attention)")
+    if moved < recipe["min_recurrent_dependence"]:
+        raise SystemExit(
+            f"the recurrent layers carry too little: the last logits moved {moved:.4g} "
+            f"< {recipe['min_recurrent_dependence']} when only early tokens changed"
+        )
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    return moved
+
+
 def main():
     recipe = json.loads(sys.argv[1])
     out = sys.argv[2]
-    import numpy as np
     import torch
-    from safetensors.numpy import save_file
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
     torch.set_num_threads(1)
+    if recipe.get("kind") == "set":  # several models, each in its own subdirectory
+        check = {}
+        for key, member in sorted(recipe["members"].items()):
+            os.makedirs(os.path.join(out, key))
+            check[key] = write_model(member, os.path.join(out, key))
+        check = {"members": check}
+    else:
+        check = write_model(recipe, out)
+    with open(os.path.join(out, "servimg-model.json"), "w") as fh:
+        json.dump({"recipe": recipe, **check}, fh, sort_keys=True, indent=1)
+
+
+def write_model(recipe, out):
+    """The tokenizer, config and weights of one model in `out`; returns its self-check's numbers."""
+    from transformers import PreTrainedTokenizerFast
+
     vocab_words = words(recipe["vocab_size"] - len(SPECIALS))
     tok = train_tokenizer(vocab_words)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", sep_token="<sep>"
     )
     fast.save_pretrained(out)
+    if recipe.get("kind", "copy") == "copy":
+        return {"self_check_accuracy": write_copy(recipe, out, vocab_words)}
+    return {"self_check_recurrent_dependence": write_hybrid(recipe, out)}
+
+
+def write_copy(recipe, out, vocab_words):
+    import numpy as np
+    from safetensors.numpy import save_file
+    from transformers import LlamaConfig
+
     config = LlamaConfig(
         vocab_size=recipe["vocab_size"],
         hidden_size=recipe["hidden_size"],
@@ -199,9 +346,7 @@ def main():
     config.save_pretrained(out)
     tensors = {k: v.astype(np.float32) for k, v in sorted(weights(recipe, recipe["vocab_size"]).items())}
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    accuracy = self_check(out, recipe, vocab_words)
-    with open(os.path.join(out, "servimg-model.json"), "w") as fh:
-        json.dump({"recipe": recipe, "self_check_accuracy": accuracy}, fh, sort_keys=True, indent=1)
+    return self_check(out, recipe, vocab_words)
 
 
 if __name__ == "__main__":

@@ -74,15 +74,16 @@ class ProbeRef:
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     served_name: str
-    # `tiny-copy`: when no host directory is given for the mount, servimg generates its tiny copy model
-    # inside the image under test (servimg.ladder.tinymodel) and mounts that.
-    generate: Literal["tiny-copy"] | None = None
+    # When no host directory is given for the `model_dir` mount, servimg generates this inside the image
+    # under test (servimg.ladder.tinymodel) and mounts that: `tiny-copy`, its tiny copy model, or
+    # `tiny-hybrids`, a directory holding a GDN hybrid (gdn/) and a Mamba2 hybrid (mamba2/).
+    generate: Literal["tiny-copy", "tiny-hybrids"] | None = None
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ModelSpec:
         f = r.shape(value, path, problems, "served_name, generate")
         served_name = f.take("served_name", r.text(min_length=1))
-        generate = f.take("generate", r.optional(r.choice("tiny-copy")), None)
+        generate = f.take("generate", r.optional(r.choice("tiny-copy", "tiny-hybrids")), None)
         return f.made(cls(served_name=served_name, generate=generate))  # type: ignore[arg-type]
 
 
@@ -181,6 +182,9 @@ class ArmSpec:
     # loaded one the image overlays is NOT_EXERCISED (modules it does not overlay leave no record and are
     # not expected). None: every overlay module in the image's witness spec.
     witness_modules: tuple[str, ...] | None = None
+    # The model family the arm serves (a ladder over several models, e.g. a GDN and a Mamba2 hybrid):
+    # each family has its own control and noise floor, and an arm is compared with its family's only.
+    model_family: str = ""
 
     @property
     def reuses(self) -> str | None:
@@ -205,6 +209,7 @@ class ArmSpec:
                 pre_steps=f.take("pre_steps", r.items(r.choice("reset_prefix_cache")), ()),  # type: ignore[arg-type]
                 exercise=f.take("exercise", r.items(Gate.read), ()),
                 witness_modules=f.take("witness_modules", r.optional(modules), None),
+                model_family=f.take("model_family", r.IDENT, ""),
             )
         )
 
@@ -339,12 +344,17 @@ class LadderDefinition:
         return arm
 
     @property
-    def control(self) -> ArmSpec:
-        return next(a for a in self.arms if a.role == "control")
+    def model_families(self) -> tuple[str, ...]:
+        """The arms' model families in declared order ("" for a ladder of one model)."""
+        return tuple(dict.fromkeys(a.model_family for a in self.arms))
 
-    @property
-    def noise_floor(self) -> ArmSpec | None:
-        return next((a for a in self.arms if a.role == "noise_floor"), None)
+    def control(self, model_family: str = "") -> ArmSpec:
+        return next(a for a in self.arms if a.role == "control" and a.model_family == model_family)
+
+    def noise_floor(self, model_family: str = "") -> ArmSpec | None:
+        return next(
+            (a for a in self.arms if a.role == "noise_floor" and a.model_family == model_family), None
+        )
 
     @classmethod
     def parse(cls, text: str | bytes, *, origin: str = "<ladder>") -> LadderDefinition:
@@ -391,16 +401,22 @@ def _cross_problems(f: r.Fields) -> list[str]:
     raw_arms = f.raw("arms")
     listed = list(raw_arms) if isinstance(raw_arms, list | tuple | set | frozenset) else []
     arms: list[tuple[int, ArmSpec]] = []
-    roles: list[str | None] = []  # as written where the arm itself does not validate (None: unreadable)
+    # (family, role) as written where the arm itself does not validate (role None: unreadable)
+    roles: list[tuple[str, str | None]] = []
     for i, raw in enumerate(listed):
         arm = r.read(ArmSpec.read, raw, "", [])
         if arm is not None:
             arms.append((i, arm))
         role = raw.get("role") if isinstance(raw, Mapping) else None
-        roles.append(arm.role if arm is not None else role if role in _ROLES else None)
+        family = raw.get("model_family", "") if isinstance(raw, Mapping) else ""
+        roles.append(
+            (arm.model_family, arm.role)
+            if arm is not None
+            else (str(family), role if role in _ROLES else None)
+        )
     raw_caches = f.raw("caches")
     caches = set(r.strings_in(list(raw_caches))) if isinstance(raw_caches, Mapping) else set()
-    problems = role_problems(roles) + arm_problems(arms, caches) if listed else []
+    problems = family_problems(roles) + arm_problems(arms, caches) if listed else []
     server = f.raw("server")
     texts: list[str] = []
     if isinstance(server, Mapping):
@@ -414,6 +430,19 @@ def _cross_problems(f: r.Fields) -> list[str]:
     raw_vars = f.raw("vars")
     declared = set(r.strings_in(list(raw_vars))) if isinstance(raw_vars, Mapping) else set()
     return problems + [r.problem("vars", p) for p in _undeclared(texts, declared)]
+
+
+def family_problems(roles: Sequence[tuple[str, str | None]]) -> list[str]:
+    """`role_problems` for each model family's arms ((family, role) per arm), named by family when the
+    ladder has several."""
+    families = list(dict.fromkeys(family for family, _ in roles))
+    problems = []
+    for family in families:
+        found = role_problems([role for f, role in roles if f == family])
+        if len(families) > 1:
+            found = [p.replace("arms:", f"arms (model_family {family or '(none)'}):", 1) for p in found]
+        problems += found
+    return problems
 
 
 def role_problems(roles: Sequence[str | None]) -> list[str]:

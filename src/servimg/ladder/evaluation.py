@@ -425,13 +425,25 @@ class Verdict:
     deviations: tuple[str, ...]
 
 
-def noise_floor(ladder: LadderDefinition, outcomes: Mapping[str, ArmOutcome]) -> NoiseFloor:
-    arm = ladder.noise_floor
-    control = outcomes.get(ladder.control.id)
+def noise_floor(
+    ladder: LadderDefinition, outcomes: Mapping[str, ArmOutcome], model_family: str = ""
+) -> NoiseFloor:
+    """The model family's noise floor arm against its control (a ladder of one model: family "")."""
+    arm = ladder.noise_floor(model_family)
+    control = outcomes.get(ladder.control(model_family).id)
     if arm is None or arm.id not in outcomes or control is None or outcomes[arm.id].error:
         return NoiseFloor(False, 0, 0.0)
     c = compare(outcomes[arm.id], control)
     return NoiseFloor(True, c.divergent, c.max_logprob_delta)
+
+
+def widest(floors: Sequence[NoiseFloor]) -> NoiseFloor:
+    """The receipt's one noise floor over several families: measured only if every family's was."""
+    return NoiseFloor(
+        all(f.measured for f in floors),
+        max((f.divergent for f in floors), default=0),
+        max((f.max_logprob_delta for f in floors), default=0.0),
+    )
 
 
 def judge_arm(
@@ -513,12 +525,14 @@ def evaluate(
     PASS. NOT_EXERCISED is never PASS; an arm that never ran is a FAIL."""
     by_id = {o.arm_id: o for o in outcomes}
     devs = list(deviations)
-    noise = noise_floor(ladder, by_id)
-    if not noise.measured:
-        devs.append(
-            "no noise floor was measured: divergence and logprob limits are relative to exact equality"
-        )
-    control = by_id.get(ladder.control.id)
+    floors = {family: noise_floor(ladder, by_id, family) for family in ladder.model_families}
+    for family, floor in floors.items():
+        if not floor.measured:
+            whose = f" for model family {family}" if family else ""
+            devs.append(
+                f"no noise floor was measured{whose}: divergence and logprob limits are relative to "
+                "exact equality"
+            )
     arms = []
     reasons: list[str] = []
     for spec in ladder.arms:
@@ -526,8 +540,10 @@ def evaluate(
         if outcome is None:
             arms.append(ArmVerdict(spec.id, spec.role, FAIL, ("the arm did not run",), 0, (), None))
             continue
+        control = by_id.get(ladder.control(spec.model_family).id)
         usable = control if control is not None and not control.error else None
-        arms.append(judge_arm(ladder, outcome, usable, noise))
+        arms.append(judge_arm(ladder, outcome, usable, floors[spec.model_family]))
+    noise = widest(list(floors.values()))
     for arm in arms:
         reasons += [f"{arm.arm}: {r}" for r in arm.reasons]
     if not inputs_unchanged:

@@ -68,7 +68,7 @@ from servimg.ladder.server import (
     start_server,
     wait_healthy,
 )
-from servimg.ladder.tinymodel import TinyModelRecipe, ensure_model
+from servimg.ladder.tinymodel import GENERATED, ensure_model
 from servimg.oci.store import BlobStore
 
 BUNDLE_DIR = "/opt/servimg/ladder"
@@ -489,10 +489,11 @@ def _variables(loaded: LoadedLadder, config: RunConfig, log: Log) -> tuple[dict[
             f"unknown --var {', '.join(unknown)}", hint=f"the ladder declares {sorted(ladder.vars)}"
         )
     model_dir: Path | None = None
-    if ladder.model.generate == "tiny-copy" and "model_dir" in ladder.vars and "model_dir" not in variables:
+    generate = ladder.model.generate
+    if generate is not None and "model_dir" in ladder.vars and "model_dir" not in variables:
         if config.image is None:
             raise LadderRunError("the tiny model is generated inside the image: pass --var model_dir=DIR")
-        model_dir = ensure_model(TinyModelRecipe(), config.image, config.store or BlobStore(), log)
+        model_dir = ensure_model(GENERATED[generate], config.image, config.store or BlobStore(), log)
         variables["model_dir"] = str(model_dir)
     elif "model_dir" in variables:
         model_dir = Path(variables["model_dir"])

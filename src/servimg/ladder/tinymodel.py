@@ -1,4 +1,4 @@
-"""The tiny copy model the CPU ladder serves: generated locally, inside the image under test, cached by key.
+"""The tiny models the CPU ladders serve: generated locally, inside the image under test, cached by key.
 
 No model hub is reachable, so the model is made here (`_tinymodel_gen.py`, run by the image's own python
 with torch/transformers/tokenizers): a 2-layer Llama (head_dim 64, hidden 256) whose weights implement an
@@ -7,6 +7,11 @@ context, so a stale KV block shows as a WRONG ANSWER, not only as a logprob delt
 where"). Deterministic: fixed seed, no training loop; the cache key covers the recipe, the generator's
 source and the image it ran in (transformers writes the config). Tokenisation is a pure function of the
 recipe (`encode`), so probe sets are generated on the host (scripts/make-cpu-probes.py).
+
+The hybrid ladder (verify/ladders/cpu-hybrid.yaml) serves `tiny-hybrids`: one directory holding a
+gated-delta-net hybrid (`gdn/`, Qwen3Next) and a Mamba2 hybrid (`mamba2/`, NemotronH), random weights
+under a fixed seed and the same trained tokenizer, each self-checked to carry context in its recurrent
+state. A wrong recurrent state shows as a token or logprob difference from the control (bit-exact on CPU).
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import dataclasses
 import json
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol
 
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
@@ -55,14 +61,89 @@ class TinyModelRecipe:
         """What token ids mean: the vocabulary (a pure function of the recipe) and the special tokens."""
         return sha256_hex(canonical.dumps({"specials": list(SPECIALS), "words": vocabulary(self)}))
 
+    @property
+    def name(self) -> str:
+        return "tiny-copy"
+
     def cache_key(self, image_config_digest: str) -> str:
-        doc = {
-            "format": TINY_FORMAT,
-            "recipe": self.as_json(),
-            "generator": sha256_hex(GENERATOR.read_bytes()),
-            "image": image_config_digest,
-        }
-        return sha256_hex(canonical.dumps(doc))
+        return _cache_key(self.as_json(), image_config_digest)
+
+
+def _cache_key(recipe: Mapping[str, object], image_config_digest: str) -> str:
+    """Everything the files are a function of: the recipe, the generator's source, the image it ran in."""
+    doc = {
+        "format": TINY_FORMAT,
+        "recipe": dict(recipe),
+        "generator": sha256_hex(GENERATOR.read_bytes()),
+        "image": image_config_digest,
+    }
+    return sha256_hex(canonical.dumps(doc))
+
+
+LayerType = Literal["linear_attention", "full_attention", "mlp"]
+
+
+@dataclass(frozen=True)
+class HybridModelRecipe:
+    """A tiny hybrid: `linear_attention` layers are the recurrent ones (gated delta net for
+    `gdn-hybrid`, Mamba2 for `mamba2-hybrid`). Same vocabulary as the copy model, so the probes' token
+    ids mean the same words; head_dim 64 (the CPU attention kernel refuses 16)."""
+
+    kind: Literal["gdn-hybrid", "mamba2-hybrid"]
+    layers: tuple[LayerType, ...]
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    max_position_embeddings: int = 2048
+    # HF's 0.02 leaves the logits nearly flat; 0.1 makes them depend on the recurrent state visibly.
+    initializer_range: float = 0.1
+    # The recurrent layers' decay rates A (per head, evenly spaced): a memory of 1/(A·dt) tokens, long
+    # enough that a state restored at a block edge still shapes the answer hundreds of tokens later.
+    a_min: float = 0.001
+    a_max: float = 0.01
+    # Self-check: with every attention output cut, changing the first 10 of 300 tokens must move the last
+    # position's logits by at least this much (what only the recurrent state carries).
+    min_recurrent_dependence: float = 1e-3
+    seed: int = 20261204
+
+    def as_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "layers": list(self.layers)}
+
+
+GDN_HYBRID = HybridModelRecipe(
+    "gdn-hybrid", ("linear_attention", "full_attention", "linear_attention", "full_attention")
+)
+MAMBA2_HYBRID = HybridModelRecipe(
+    "mamba2-hybrid", ("linear_attention", "full_attention", "linear_attention", "mlp")
+)
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    """Several tiny models generated together, each in a subdirectory named by its key."""
+
+    name: str
+    members: tuple[tuple[str, HybridModelRecipe], ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {"kind": "set", "members": {key: recipe.as_json() for key, recipe in self.members}}
+
+    def cache_key(self, image_config_digest: str) -> str:
+        return _cache_key(self.as_json(), image_config_digest)
+
+
+class Recipe(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def as_json(self) -> dict[str, object]: ...
+
+    def cache_key(self, image_config_digest: str) -> str: ...
+
+
+TINY_HYBRIDS = ModelSet("tiny-hybrids", (("gdn", GDN_HYBRID), ("mamba2", MAMBA2_HYBRID)))
+# What a ladder's `model.generate` names (ladder.definition.ModelSpec).
+GENERATED: dict[str, Recipe] = {"tiny-copy": TinyModelRecipe(), "tiny-hybrids": TINY_HYBRIDS}
 
 
 def vocabulary(recipe: TinyModelRecipe) -> list[str]:
@@ -85,7 +166,7 @@ def decode(recipe: TinyModelRecipe, token_ids: Sequence[int]) -> str:
 
 
 def ensure_model(
-    recipe: TinyModelRecipe,
+    recipe: Recipe,
     image: str,
     store: BlobStore,
     log: Log,
@@ -98,7 +179,7 @@ def ensure_model(
     except BackendError as exc:
         raise ModelError(exc.message, hint=exc.hint) from exc
     key = recipe.cache_key(config_digest)
-    final = store.layout.models / f"tiny-copy-{key[:16]}"
+    final = store.layout.models / f"{recipe.name}-{key[:16]}"
     if (final / "servimg-model.json").is_file():
         log(f"tiny model: cached at {final}")
         return final
@@ -108,7 +189,7 @@ def ensure_model(
     out.mkdir()
     scripts.mkdir()
     shutil.copyfile(GENERATOR, scripts / "gen.py")
-    log(f"tiny model: generating in {image} (key {key[:12]})")
+    log(f"tiny model: generating {recipe.name} in {image} (key {key[:12]})")
     spec = ContainerSpec(
         config_digest,
         ["/opt/venv/bin/python", "/gen/gen.py", json.dumps(recipe.as_json(), sort_keys=True), "/out"],
@@ -130,8 +211,8 @@ def ensure_model(
         for line in exited.stdout.splitlines():
             if line.startswith("self-check"):
                 log(f"tiny model: {line}")
-        for path in out.iterdir():
-            path.chmod(0o644)  # readable by a server that does not run as root
+        for path in out.rglob("*"):  # readable by a server that does not run as root
+            path.chmod(0o755 if path.is_dir() else 0o644)
         out.chmod(0o755)
         try:
             out.rename(final)
