@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The main job, end to end on the embedded default (README): build the demo base from its pins, lock-check
-# and build the demo image (one vLLM and one LMCache overlay), verify it, run its bundled CPU smoke ladder
-# on real vLLM (witness on: the serving processes must have run both overlays; two arms go through LMCache),
-# push it signed to the local registry with the ladder's receipt attached, pull it back with docker, and
-# check the pulled tag against the policy (`--require-ladder cpu-smoke`). Ends with what was proven, one
-# line per claim with the command that proves it again.
+# and build the demo image (two vLLM overlays — a real fix, Mamba2 prefix caching on CPU, and a safety
+# gate — and one LMCache overlay), verify it, run its bundled CPU smoke ladder on real vLLM (witness on:
+# the serving processes must have run the overlays; two arms go through LMCache) and the hybrid ladder
+# (a GDN and a Mamba2 hybrid: the fix's arms), push it signed to the local registry with both receipts
+# attached, pull it back with docker, and check the pulled tag against the policy (`--require-ladder
+# cpu-smoke --require-ladder cpu-hybrid`). Ends with what was proven, one line per claim with the command
+# that proves it again.
 #
 # Environment: SERVIMG_CACHE (blob cache, default ~/.cache/servimg), DEMO_OUT (default out/demo-job: keys,
 # OCI layout, receipt, reports), REGISTRY (default 127.0.0.1:5000, started by scripts/setup.sh).
@@ -17,7 +19,7 @@ OUT=${DEMO_OUT:-out/demo-job}
 REPO="$REGISTRY/servimg/vllm"
 mkdir -p "$OUT"
 started=$SECONDS
-step() { printf '\n== [%s/8] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - started))"; }
+step() { printf '\n== [%s/9] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - started))"; }
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 last_json() { grep '^{' | tail -n 1; }
 
@@ -52,7 +54,11 @@ servimg push "docker-daemon:$image" "$REPO:$tag" --key "$OUT/keys/servimg.key" -
 step 5 "CPU smoke ladder on real vLLM (7 arms, 2 through LMCache; witness on), receipt signed and attached"
 servimg ladder "$image" --out "$OUT/ladder" --attach "$REPO" --key "$OUT/keys/servimg.key"
 
-step 6 "docker pull $REPO:$tag: the engine gets exactly the image servimg built"
+step 6 "hybrid ladder on real vLLM (GDN and Mamba2 hybrids, 10 arms; the Mamba2 arms run the vLLM fix), receipt signed and attached"
+servimg ladder "$image" --ladder verify/ladders/cpu-hybrid.yaml --out "$OUT/hybrid-ladder" --attach "$REPO" \
+  --key "$OUT/keys/servimg.key"
+
+step 7 "docker pull $REPO:$tag: the engine gets exactly the image servimg built"
 docker pull -q "$REPO:$tag" >/dev/null
 pulled=$(docker image inspect -f '{{.Id}}' "$REPO:$tag")
 printf '{"ref": "%s", "image_id": "%s"}\n' "$REPO:$tag" "$pulled" >"$OUT/pull.json"
@@ -62,11 +68,12 @@ if [ "$pulled" != "$config" ]; then
 fi
 echo "OK: pulled $REPO:$tag as $pulled"
 
-step 7 "check the pulled tag: signatures, provenance, lock, verify result, ladder cpu-smoke PASS on this digest"
-servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" --require-ladder cpu-smoke
-servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" --require-ladder cpu-smoke --json --quiet \
+step 8 "check the pulled tag: signatures, provenance, lock, verify result, ladders cpu-smoke and cpu-hybrid PASS on this digest"
+ladders=(--require-ladder cpu-smoke --require-ladder cpu-hybrid)
+servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${ladders[@]}"
+servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${ladders[@]}" --json --quiet \
   | last_json >"$OUT/check.json"
 
-step 8 "what was proven"
+step 9 "what was proven"
 python3 scripts/demo_claims.py --out "$OUT" --ref "$REPO:$tag" --image "$image" --digest "$digest"
 echo "demo: done in $((SECONDS - started))s"

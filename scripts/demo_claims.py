@@ -31,10 +31,10 @@ def overlay_modules(lock: dict[str, Any]) -> dict[str, set[str]]:
     }
 
 
-def witnessed(receipt: dict[str, Any], modules: set[str]) -> dict[str, list[int]]:
+def witnessed(receipts: list[dict[str, Any]], modules: set[str]) -> dict[str, list[int]]:
     """arm id → pids of serving processes whose witness shows the patched code of one of `modules` ran."""
     found: dict[str, list[int]] = {}
-    for arm in receipt["arms"]:
+    for arm in (arm for receipt in receipts for arm in receipt["arms"]):
         pids = sorted(
             {
                 r["pid"]
@@ -52,6 +52,7 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
     lock = _load(REPO / "images" / "demo.lock.json")
     base_pin = _load(REPO / "verify" / "bases" / "demo.lock.json")
     receipt = _load(out / "ladder" / "receipt.json")
+    hybrid = _load(out / "hybrid-ladder" / "receipt.json")
     verify = _load(out / "verify.json")
     check = _load(out / "check.json")
     arms = {a["id"]: a for a in receipt["arms"]}
@@ -74,13 +75,13 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
     ]
     pulled = _load(out / "pull.json")["image_id"]
     for overlay, modules in sorted(overlay_modules(lock).items()):
-        seen = witnessed(receipt, modules)
+        seen = witnessed([receipt, hybrid], modules)
         where = ", ".join(f"{arm} (pid {'/'.join(map(str, pids))})" for arm, pids in seen.items())
         result.append(
             (
                 bool(seen),
                 f"overlay {overlay} ran in serving processes: {where or 'NO ARM'}",
-                f"servimg ladder {image}   # receipt: arms[].witness.records",
+                f"servimg ladder {image} [--ladder verify/ladders/cpu-hybrid.yaml]   # arms[].witness.records",
             )
         )
     hits = (arms.get("lmcache-warm") or {}).get("metrics_delta", {}).get("external_prefix_cache_hits")
@@ -96,6 +97,7 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
             f"{receipt['sha256'][:16]}…)",
             f"servimg ladder {image} --out {out}/ladder",
         ),
+        hybrid_claim(hybrid, digest, image, out),
         (
             pulled == _load(out / "build.json")["config_digest"],
             f"docker pull {ref} gives exactly the image servimg built ({pulled})",
@@ -103,12 +105,39 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
         ),
         (
             check.get("status") == "OK",
-            f"the pulled tag {ref} passes the policy: signed provenance, lock, verify result and a signed "
-            "cpu-smoke PASS for this digest",
-            f"servimg check {ref} --key {out}/keys/servimg.pub --require-ladder cpu-smoke",
+            f"the pulled tag {ref} passes the policy: signed provenance, lock, verify result and signed "
+            "cpu-smoke and cpu-hybrid PASSes for this digest",
+            f"servimg check {ref} --key {out}/keys/servimg.pub --require-ladder cpu-smoke "
+            "--require-ladder cpu-hybrid",
         ),
     ]
     return result
+
+
+def hybrid_claim(hybrid: dict[str, Any], digest: str, image: str, out: Path) -> tuple[bool, str, str]:
+    """The hybrid ladder: verdict on this digest, prefix-cache hits per cached arm, and the serving
+    processes of the Mamba2 arms whose witness found every sentinel of the fix in the code they ran."""
+    arms = {a["id"]: a for a in hybrid["arms"]}
+    cached = [a for a in hybrid["arms"] if a["role"] in ("cold", "warm", "restart")]
+    hits = ", ".join(f"{a['id']} {a['metrics_delta'].get('prefix_cache_hits', 0):g}" for a in cached)
+    sentinels = sorted(
+        {
+            s
+            for arm in arms.values()
+            if arm["id"].startswith("mamba2-")
+            for r in (arm.get("witness") or {}).get("records", [])
+            if r["patched_code_ran"]
+            for s in r.get("sentinels_ran", [])
+        }
+    )
+    holds = hybrid.get("verdict") == "PASS" and hybrid["image"]["digest"] == digest and bool(sentinels)
+    return (
+        holds,
+        f"the hybrid ladder passed on {hybrid['image']['digest']} ({len(arms)} arms, every answer bit-identical "
+        f"to its family's control; prefix-cache hit tokens: {hits}; the Mamba2 serving processes ran "
+        f"{', '.join(sentinels) or 'NO SENTINEL'}; receipt sha256 {hybrid['sha256'][:16]}…)",
+        f"servimg ladder {image} --ladder verify/ladders/cpu-hybrid.yaml --out {out}/hybrid-ladder",
+    )
 
 
 def main() -> int:

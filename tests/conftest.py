@@ -128,7 +128,16 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 # -- the CPU vLLM ladder (tests/test_ladder_cpu.py, tests/test_ladder_slurm.py): built and run once a session
 
 CPU_LADDER = "verify/ladders/cpu-smoke.yaml"
+HYBRID_LADDER = "verify/ladders/cpu-hybrid.yaml"
 PLANTED = REPO / "tests" / "fixtures" / "ladder" / "planted-prefix-overreport.patch"
+# The hybrid ladder's planted defects (tests/test_ladder_hybrid.py): TEST-ONLY overlays on vLLM's KV cache
+# manager, each with what it does.
+PLANTED_HYBRID = {
+    "planted-attention-hit-stands": "TEST ONLY: the full-attention group's hit stands for the whole "
+    "hybrid model (before vllm-project/vllm#48425)",
+    "planted-state-from-wrong-block": "TEST ONLY: the recurrent state is restored from the block before "
+    "the hit's",
+}
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +151,8 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
     shutil.copytree(REPO / "verify" / "ladders", root / "verify" / "ladders")
     shutil.copytree(REPO / "verify" / "probes", root / "verify" / "probes")
     (root / "overlays" / "vllm").mkdir(parents=True)
-    shutil.copyfile(PLANTED, root / "overlays" / "vllm" / PLANTED.name)
+    for patch in (PLANTED, *(PLANTED.parent / f"{name}.patch" for name in PLANTED_HYBRID)):
+        shutil.copyfile(patch, root / "overlays" / "vllm" / patch.name)
     (root / "images").mkdir()
     base = {"ref": f"oci:{demo_base['layout']}:bookworm", "digest": demo_base["digest"]}
     common = {
@@ -162,7 +172,21 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
     }
     # The planted image also carries the witness (`witness: true`): its ladder collects, from every server,
     # which scheduler code the serving processes loaded.
-    for name, extra in (("cpu-clean", {}), ("cpu-planted", {"overlays": [planted], "witness": True})):
+    images: list[tuple[str, dict[str, object]]] = [
+        ("cpu-clean", {}),
+        ("cpu-planted", {"overlays": [planted], "witness": True}),
+    ]
+    for name, description in PLANTED_HYBRID.items():
+        patch = root / "overlays" / "vllm" / f"{name}.patch"
+        overlay = {
+            "id": name,
+            "package": "vllm",
+            "patch": f"overlays/vllm/{patch.name}",
+            "sha256": sha256_hex(patch.read_bytes()),
+            "description": description,
+        }
+        images.append((name, {"overlays": [overlay], "witness": True, "ladder": HYBRID_LADDER}))
+    for name, extra in images:
         doc = {"name": name, **common, **extra}
         (root / "images" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return root

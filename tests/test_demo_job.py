@@ -36,8 +36,8 @@ def test_the_job_ends_with_the_check_passing_and_every_claim_proven(job: dict[st
     check = json.loads((job["out"] / "check.json").read_text())
     assert check["status"] == "OK"
     claims = [line for line in stdout.splitlines() if line.startswith(("PROVEN", "NOT PROVEN"))]
-    assert len(claims) == 9 and all(c.startswith("PROVEN: ") for c in claims), claims
-    assert sum(" again: servimg " in line or "again: docker" in line for line in stdout.splitlines()) == 9
+    assert len(claims) == 11 and all(c.startswith("PROVEN: ") for c in claims), claims
+    assert sum(" again: servimg " in line or "again: docker" in line for line in stdout.splitlines()) == 11
 
 
 def test_the_ladder_passes_on_the_demo_image_with_every_arm_exercised(job: dict[str, Any]) -> None:
@@ -72,10 +72,48 @@ def test_every_demo_overlay_ran_in_a_serving_process(job: dict[str, Any]) -> Non
     """The witness (the image is built with `witness: true`) of each arm's serving processes shows the
     patched scheduler ran everywhere and the patched LMCache connector wherever the connector is on."""
     lock = Lock.load(REPO / "images" / "demo.lock.json")
-    assert [o.id for o in lock.overlays] == ["vllm-computed-tokens-gate", "lmcache-aligned-lookup-gate"]
+    assert [o.id for o in lock.overlays] == [
+        "vllm-cpu-mamba2-prefix-caching",
+        "vllm-computed-tokens-gate",
+        "lmcache-aligned-lookup-gate",
+    ]
     for arm in job["receipt"]["arms"]:
         witness = arm["witness"]
         assert witness["records"] and not witness["problems"], arm["id"]
         modules = {r["module"] for r in witness["records"]}
         assert SCHEDULER in modules, arm["id"]
         assert (CONNECTOR in modules) == arm["id"].startswith("lmcache-"), (arm["id"], modules)
+
+
+HYBRID_ARMS = [f"{m}-{a}" for m in ("gdn", "mamba2") for a in ("control", "noise", "cold", "warm", "restart")]
+FIX_MODULES = {
+    "vllm.model_executor.layers.mamba.ops.cpu.mamba_ssm": "_servimg_chunk_states_cpu",
+    "vllm.model_executor.layers.mamba.ops.ssd_checkpoint": "_servimg_store_prefill_checkpoint_cpu",
+}
+
+
+def test_the_hybrid_ladder_passes_bit_exactly_with_the_fix_in_the_serving_processes(
+    job: dict[str, Any],
+) -> None:
+    """Both hybrid families, every cached arm hit the prefix cache and answered exactly as its family's
+    control; the Mamba2 arms' serving processes ran the fix (both sentinels in the executed code)."""
+    doc = json.loads((job["out"] / "hybrid-ladder" / "receipt.json").read_text())
+    build = json.loads((job["out"] / "build.json").read_text())
+    assert doc["verdict"] == "PASS", doc["verdict_reasons"]
+    assert doc["image"]["digest"] == build["digest"]
+    assert [a["id"] for a in doc["arms"]] == HYBRID_ARMS
+    assert doc["noise_floor"] == {"measured": True, "divergent": 0, "max_logprob_delta": 0.0}
+    for arm in doc["arms"]:
+        if arm["role"] in ("cold", "warm", "restart"):
+            assert arm["metrics_delta"]["prefix_cache_hits"] > 0, arm["id"]
+            assert arm["comparison"]["divergent"] == 0 and arm["comparison"]["max_logprob_delta"] == 0
+        if arm["id"].startswith("mamba2-") and arm["role"] != "control" and arm["role"] != "noise_floor":
+            ran = {
+                r["module"]: set(r["sentinels_ran"])
+                for r in arm["witness"]["records"]
+                if r["patched_code_ran"]
+            }
+            for module, sentinel in FIX_MODULES.items():
+                assert sentinel in ran.get(module, set()), (arm["id"], ran)
+    check = json.loads((job["out"] / "check.json").read_text())
+    assert check["status"] == "OK"

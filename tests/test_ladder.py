@@ -578,3 +578,73 @@ def test_pre_registration_sees_an_input_changed_mid_run(tmp_path: Path) -> None:
     assert set(before.harness) >= harness
     ladder_path.write_text(ladder_path.read_text().replace("flip_margin: 0", "flip_margin: 9"))
     assert capture_inputs(loaded, {"model_dir": "/m"}, None).sha256 != before.sha256
+
+
+# ------------------------------------------------------------------------------------------ model families
+
+HYBRID_LADDER = load(REPO / "verify" / "ladders" / "cpu-hybrid.yaml")
+
+
+def hybrid_arm(arm_id: str, tokens: int = 7, lp: float = -1.0, hits: float = 256.0) -> ArmOutcome:
+    """An arm of the hybrid ladder answering every prompt with `tokens` (random models: no expectation)."""
+    ladder = HYBRID_LADDER.definition
+    out = []
+    for family, prompt in HYBRID_LADDER.probes.prompts:
+        ids = (tokens,) * 8
+        output = Output(" ".join(f"w{i}" for i in ids), ids, (lp,) * len(ids))
+        out.append(
+            RequestOutcome(prompt.id, family.id, output, judge(output, None, ladder.thresholds.detectors))
+        )
+    role = ladder.arm(arm_id).role
+    return ArmOutcome(arm_id, role, tuple(out), {"prefix_cache_hits": 0.0 if "control" in arm_id else hits})
+
+
+def hybrid_clean(gdn: int = 7, mamba2: int = 9) -> list[ArmOutcome]:
+    """Each family answers its own way (different models): only its own control is the reference."""
+    return [
+        hybrid_arm(a.id, tokens=gdn if a.model_family == "gdn" else mamba2)
+        for a in HYBRID_LADDER.definition.arms
+    ]
+
+
+def test_the_hybrid_ladder_judges_each_arm_against_its_model_familys_control() -> None:
+    ladder = HYBRID_LADDER.definition
+    assert ladder.model_families == ("gdn", "mamba2")
+    assert ladder.control("mamba2").id == "mamba2-control"
+    assert [p.expect for _, p in HYBRID_LADDER.probes.prompts] == [None] * 9
+    verdict = evaluate(ladder, hybrid_clean())
+    assert verdict.result == PASS, verdict.reasons
+    assert verdict.noise.measured and verdict.noise.divergent == 0
+
+
+def test_the_hybrid_ladder_is_bit_exact_a_logprob_moved_by_2e_05_fails() -> None:
+    """The size of the wrong state measured with checkpoint writes skipped on a random-weight model."""
+    outcomes = hybrid_clean()
+    index = [o.arm_id for o in outcomes].index("mamba2-warm")
+    outcomes[index] = hybrid_arm("mamba2-warm", tokens=9, lp=-1.0 + 2.2e-05)
+    verdict = evaluate(HYBRID_LADDER.definition, outcomes)
+    assert verdict.result == FAIL
+    assert [r for r in verdict.reasons if "logprob delta" in r] == [
+        "mamba2-warm: logprob delta 2.2e-05 > noise floor 0 + 0.0"
+    ]
+
+
+def test_a_failed_mamba2_engine_fails_its_arms_only() -> None:
+    outcomes = hybrid_clean()
+    index = [o.arm_id for o in outcomes].index("mamba2-cold")
+    outcomes[index] = ArmOutcome("mamba2-cold", "cold", (), {}, error="HTTP 500")
+    verdict = evaluate(HYBRID_LADDER.definition, outcomes)
+    failed = {a.arm for a in verdict.arms if a.result == FAIL}
+    assert verdict.result == FAIL and failed == {"mamba2-cold"}
+
+
+def test_each_model_family_needs_its_own_control_first() -> None:
+    doc = yaml.safe_load((REPO / "verify" / "ladders" / "cpu-hybrid.yaml").read_text())
+    doc["arms"] = [a for a in doc["arms"] if a["id"] != "mamba2-control"]
+    doc["arms"][1]["model_family"] = "mamba2"  # gdn-noise now comes before any mamba2 control
+    with pytest.raises(LadderError) as caught:
+        parse(doc)
+    assert caught.value.problems == [
+        "arms (model_family mamba2): exactly one arm must have role control (the reference every arm is "
+        "compared with)"
+    ]

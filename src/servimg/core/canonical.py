@@ -28,8 +28,9 @@ def dumps_pretty(value: Any) -> bytes:
 
 def plain(value: object, *, exclude_defaults: bool = False) -> object:
     """`value` as JSON-ready data: dataclasses as mappings (fields in declaration order; with
-    `exclude_defaults`, a field equal to its default left out), tuples and lists as lists, mappings as
-    dicts, a `Digest` as its text. A float field holding an integer (`value: float = 0`) is written as a
+    `exclude_defaults`, a field equal to its default left out; a field whose metadata says `omit_default`
+    always so, which lets a new field leave every existing value's bytes as they were), tuples and lists
+    as lists, mappings as dicts, a `Digest` as its text. A float field holding an integer (`value: float = 0`) is written as a
     float, as the schema library that once read these values wrote it (receipts and definitions keep
     their bytes)."""
     if isinstance(value, Digest):
@@ -38,7 +39,8 @@ def plain(value: object, *, exclude_defaults: bool = False) -> object:
         out: dict[str, object] = {}
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
-            if exclude_defaults and f.default is not dataclasses.MISSING and item == f.default:
+            omit = exclude_defaults or f.metadata.get("omit_default", False)
+            if omit and f.default is not dataclasses.MISSING and item == f.default:
                 continue
             is_float = (
                 f.type in ("float", "float | None") and isinstance(item, int) and not isinstance(item, bool)

@@ -161,6 +161,12 @@ class WitnessCollection:
                     "origin": r.get("origin"),
                     "pyc": jv.member(r, "bytecode", "pyc"),
                     "patched_code_ran": bool(r.get("patched_code_ran")),
+                    # the overlay's sentinels the hook found in the code object this process executed
+                    "sentinels_ran": sorted(
+                        str(x.get("name") or x.get("const"))
+                        for x in jv.objs(r.get("sentinels", []), "sentinels")
+                        if x.get("present")
+                    ),
                 }
                 for doc in self.documents
                 for r in jv.objs(doc.get("records", []), "records")

@@ -1,0 +1,95 @@
+"""Detection power of the hybrid ladder (verify/ladders/cpu-hybrid.yaml) on real vLLM for CPU.
+
+The demo base serves servimg's tiny GDN hybrid (Qwen3Next: gated delta net beside full attention,
+generated in the image) with prefix caching in vLLM's align mode, where a cache hit must restore the
+recurrent state at the 256-token block edge. Two TEST-ONLY overlays plant the seed's mechanism into vLLM's
+KV cache manager, and the ladder's GDN arms must FAIL on each while the control stays clean:
+
+- `planted-attention-hit-stands`: the full-attention group's local hit stands as the model-wide computed
+  prefix (vLLM's behaviour before vllm-project/vllm#48425). The probe family d0 sends 850 tokens cold (the
+  attention caches three blocks, the recurrent layers a state at 768 only) and then 600 of them + 150
+  others: attention holds 512 of it, the recurrent layers nothing, so the correct hit is 0.
+- `planted-state-from-wrong-block`: a hit restores the recurrent state of the block before the hit's
+  (the nested families' third prompt hits 512 and gets the state at 256).
+
+Each derived ladder has the GDN arms control, cold and warm, eager (the compile cache is not what these
+test; eager saves about a minute per server start): 2 server starts per planted image.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import HYBRID_LADDER, build_image
+from servimg.cli import main
+
+pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.root]
+
+HITS = [{"metric": "prefix_cache_hits", "op": ">", "value": 0}]
+GDN = ["--model", "/models/gdn"]
+
+
+def gdn_ladder(repo: Path, name: str) -> Path:
+    """The hybrid ladder with its GDN control, cold and warm arms only (same probes and thresholds)."""
+    doc = yaml.safe_load((repo / HYBRID_LADDER).read_text())
+    doc["name"] = name
+    doc["server"]["args"] = [*doc["server"]["args"], "--enforce-eager"]
+    doc["arms"] = [
+        {"id": "gdn-control", "model_family": "gdn", "role": "control",
+         "args": [*GDN, "--no-enable-prefix-caching"]},
+        {"id": "gdn-cold", "model_family": "gdn", "role": "cold",
+         "args": [*GDN, "--enable-prefix-caching"], "exercise": HITS},
+        {"id": "gdn-warm", "model_family": "gdn", "role": "warm", "server": "reuse:gdn-cold",
+         "exercise": HITS},
+    ]  # fmt: skip
+    path = repo / "verify" / "ladders" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_ladder(image: Any, ladder: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    code = main(
+        ["ladder", str(image.image.config_digest), "--ladder", str(ladder), "--out", str(out), "--json"]
+    )
+    capsys.readouterr()
+    doc: dict[str, Any] = json.loads((out / "receipt.json").read_text())
+    assert (code == 0) == (doc["verdict"] == "PASS")
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("planted", "diverging"),
+    [
+        # the prompt only the planted hit can reach wrongly: d0-p1 (attention 512, recurrent state none)
+        ("planted-attention-hit-stands", "d0-p1"),
+        # the first hit past one block: the third nested prompt (state at 512 taken from 256)
+        ("planted-state-from-wrong-block", "n0-p2"),
+    ],
+)
+def test_a_planted_hybrid_defect_fails_the_cached_gdn_arms_with_the_control_clean(
+    planted: str,
+    diverging: str,
+    cpu_ladder_repo: Path,
+    store: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    image = build_image(cpu_ladder_repo, planted, store)
+    doc = run_ladder(image, gdn_ladder(cpu_ladder_repo, f"{planted}-check"), tmp_path / planted, capsys)
+    assert doc["verdict"] == "FAIL", doc["verdict_reasons"]
+    arms = {a["id"]: a for a in doc["arms"]}
+    control = arms["gdn-control"]
+    assert control["verdict"] == "PASS" and control["corrupted"] == 0
+    cold = arms["gdn-cold"]
+    assert cold["verdict"] == "FAIL", cold["reasons"]
+    assert all(g["ok"] for g in cold["gates"]), "the cold arm was exercised (prefix-cache hits)"
+    rows = {r["prompt_id"]: r for r in cold["comparison"]["requests"]}
+    assert rows[diverging]["divergent"] or rows[diverging]["max_logprob_delta"] > 0, rows[diverging]
+    # the serving process ran the planted manager: the witness saw it load the patched module
+    modules = {r["module"] for r in cold["witness"]["records"] if r["patched_code_ran"]}
+    assert modules, cold["witness"]
