@@ -81,7 +81,7 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
             (
                 bool(seen),
                 f"overlay {overlay} ran in serving processes: {where or 'NO ARM'}",
-                f"servimg ladder {image} [--ladder verify/ladders/cpu-hybrid.yaml]   # arms[].witness.records",
+                f"servimg ladder {image} [--ladder verify/ladders/cpu-hybrid.yaml]   # witness records",
             )
         )
     hits = (arms.get("lmcache-warm") or {}).get("metrics_delta", {}).get("external_prefix_cache_hits")
@@ -133,9 +133,9 @@ def hybrid_claim(hybrid: dict[str, Any], digest: str, image: str, out: Path) -> 
     holds = hybrid.get("verdict") == "PASS" and hybrid["image"]["digest"] == digest and bool(sentinels)
     return (
         holds,
-        f"the hybrid ladder passed on {hybrid['image']['digest']} ({len(arms)} arms, every answer bit-identical "
-        f"to its family's control; prefix-cache hit tokens: {hits}; the Mamba2 serving processes ran "
-        f"{', '.join(sentinels) or 'NO SENTINEL'}; receipt sha256 {hybrid['sha256'][:16]}…)",
+        f"the hybrid ladder passed on {hybrid['image']['digest']} ({len(arms)} arms, every answer "
+        f"bit-identical to its family's control; prefix-cache hit tokens: {hits}; the Mamba2 serving "
+        f"processes ran {', '.join(sentinels) or 'NO SENTINEL'}; receipt sha256 {hybrid['sha256'][:16]}…)",
         f"servimg ladder {image} --ladder verify/ladders/cpu-hybrid.yaml --out {out}/hybrid-ladder",
     )
 

@@ -37,7 +37,8 @@ def test_edit_change_save_build_verify(
     edited = run(
         "overlay", "edit", str(definition), "vllm", "--dir", str(tree), "--with-stack", capsys=capsys
     )
-    assert edited["status"] == "OK" and edited["stack"] == "vllm-computed-tokens-gate", edited
+    stack = "vllm-cpu-mamba2-prefix-caching, vllm-computed-tokens-gate"
+    assert edited["status"] == "OK" and edited["stack"] == stack, edited
     source = (tree / SCHEDULER).read_text()
     assert "_servimg_check_computed_tokens" in source, "the stack's overlay is in the edited tree"
     assert DEF_LINE in source

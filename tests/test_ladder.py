@@ -34,7 +34,7 @@ from servimg.ladder.evaluation import (
     out_of_script_fraction,
     parse_prometheus,
 )
-from servimg.ladder.probeset import ProbeSet, probe_problems
+from servimg.ladder.probeset import ProbeSet, probe_problems, send_keys
 
 CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"
 
@@ -640,11 +640,35 @@ def test_a_failed_mamba2_engine_fails_its_arms_only() -> None:
 
 def test_each_model_family_needs_its_own_control_first() -> None:
     doc = yaml.safe_load((REPO / "verify" / "ladders" / "cpu-hybrid.yaml").read_text())
-    doc["arms"] = [a for a in doc["arms"] if a["id"] != "mamba2-control"]
-    doc["arms"][1]["model_family"] = "mamba2"  # gdn-noise now comes before any mamba2 control
+    doc["arms"] = [a for a in doc["arms"] if a["id"] != "mamba2-control"]  # gdn's control is no reference
     with pytest.raises(LadderError) as caught:
         parse(doc)
-    assert caught.value.problems == [
+    assert list(caught.value.problems) == [
         "arms (model_family mamba2): exactly one arm must have role control (the reference every arm is "
         "compared with)"
     ]
+
+
+def test_an_arm_sends_its_own_prompt_order_and_repeats_keep_their_own_facts(tmp_path: Path) -> None:
+    loaded = load(REPO / "verify" / "ladders" / "cpu-lmcache.yaml")
+    interleaved = loaded.definition.arm("lmcache-interleaved")
+    sent = [prompt.id for _, prompt in loaded.prompts_for(interleaved)]
+    assert sent[:3] == ["f0-p2", "f0-p0", "f0-p2"] and len(sent) == 9
+    assert [p.id for _, p in loaded.prompts_for(loaded.definition.control())] == [p.id for _, p in PROMPTS]
+    assert send_keys(sent[:3]) == ["f0-p2", "f0-p0", "f0-p2@2"]
+    # an arm naming a prompt the probe set lacks is refused at load, with the arm named
+    doc = yaml.safe_load((REPO / "verify" / "ladders" / "cpu-lmcache.yaml").read_text())
+    doc["arms"][3]["prompts"] = ["f0-p2", "f9-p9"]
+    doc["probes"]["path"] = str(REPO / "verify" / "probes" / "cpu-copy.json")
+    path = tmp_path / "ladder.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(LadderError) as caught:
+        load(path)
+    assert list(caught.value.problems) == ["arm lmcache-interleaved: prompts f9-p9 are not in the probe set"]
+
+
+def test_a_ladder_of_one_model_keeps_its_canonical_bytes() -> None:
+    """model_family and prompts are left out of an arm's canonical form when unset."""
+    spec = canonical.plain(LADDER.definition.arm("cold"))
+    assert isinstance(spec, dict) and "model_family" not in spec and "prompts" not in spec
+    assert canonical.plain(HYBRID_LADDER.definition.arm("gdn-cold"))["model_family"] == "gdn"  # type: ignore[index]

@@ -127,7 +127,7 @@ def test_provenance_pins_every_input_and_validates(facts: ImageFacts, image: Ima
     build = p["buildDefinition"]
     assert build["externalParameters"] == facts.definition
     roles = [provenance.role_of(d) for d in build["resolvedDependencies"]]
-    assert roles.count("patch") == len(facts.lock.overlays) == 2
+    assert roles.count("patch") == len(facts.lock.overlays) == 3
     assert roles.count("dist") == len(facts.lock.packages)
     assert {"base-manifest", "base-config", "probe", "probe-spec"} <= set(roles)
     assert provenance.provenance_byproducts(p) == facts.changes
@@ -279,7 +279,7 @@ def test_clean_evidence_passes(facts: ImageFacts, image: Image, key: dsse.Signin
 # Signed by a trusted key and about this image, but wrong: the verdict FAILs with its reason.
 JUDGED = [
     ("builder", "builder https://evil.invalid/b is not trusted"),
-    ("patch", "overlay vllm-computed-tokens-gate: provenance sha256:"),
+    ("patch", "overlay vllm-cpu-mamba2-prefix-caching: provenance sha256:"),
     ("byproducts", "/planted.pyc is in the provenance, not in the image's manifest"),
     ("verify-failed", "verify FAILED: SOURCE_SHA m1"),
 ]

@@ -588,7 +588,11 @@ def test_show_and_diff(
     code, out = run_cli("show", clean["ref"], "--key", str(keyring["pub"]), "--remote", capsys=capsys)
     assert code == 0
     assert out["source"] == "signed provenance (verified)"
-    assert {o["id"] for o in out["overlays"]} == {"vllm-computed-tokens-gate", "lmcache-aligned-lookup-gate"}
+    assert {o["id"] for o in out["overlays"]} == {
+        "vllm-cpu-mamba2-prefix-caching",
+        "vllm-computed-tokens-gate",
+        "lmcache-aligned-lookup-gate",
+    }
     assert any("absent in base" in s for o in out["overlays"] for s in o["sentinels"])
     assert {r["what"] for r in out["results"]} >= {"verify"}
     assert main(["show", clean["ref"], "--remote", "--markdown", "--quiet"]) == 0

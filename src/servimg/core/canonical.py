@@ -30,9 +30,9 @@ def plain(value: object, *, exclude_defaults: bool = False) -> object:
     """`value` as JSON-ready data: dataclasses as mappings (fields in declaration order; with
     `exclude_defaults`, a field equal to its default left out; a field whose metadata says `omit_default`
     always so, which lets a new field leave every existing value's bytes as they were), tuples and lists
-    as lists, mappings as dicts, a `Digest` as its text. A float field holding an integer (`value: float = 0`) is written as a
-    float, as the schema library that once read these values wrote it (receipts and definitions keep
-    their bytes)."""
+    as lists, mappings as dicts, a `Digest` as its text. A float field holding an integer (`value: float =
+    0`) is written as a float, as the schema library that once read these values wrote it (receipts and
+    definitions keep their bytes)."""
     if isinstance(value, Digest):
         return str(value)  # a digest is written as `sha256:<hex>`, not as the dataclass it is
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -22,7 +22,7 @@ from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import LadderError, ServimgError
 from servimg.core.strictyaml import StrictLoader
 from servimg.ladder import readers as r
-from servimg.ladder.probeset import ProbeSet, probe_problems
+from servimg.ladder.probeset import Family, ProbeSet, Prompt, probe_problems
 
 CACHED_ROLES = ("cold", "warm", "restart")
 _VAR = re.compile(r"\$\{([a-z_][a-z0-9_]*)\}")
@@ -184,7 +184,11 @@ class ArmSpec:
     witness_modules: tuple[str, ...] | None = None
     # The model family the arm serves (a ladder over several models, e.g. a GDN and a Mamba2 hybrid):
     # each family has its own control and noise floor, and an arm is compared with its family's only.
-    model_family: str = ""
+    # Left out of the canonical form when unset, so a ladder of one model keeps its bytes.
+    model_family: str = field(default="", metadata={"omit_default": True})
+    # The probe ids this arm sends, in this order (one may repeat): e.g. a long prompt, then a short one
+    # hitting part of its stored prefix, then the long one again. Unset: every prompt in probe-set order.
+    prompts: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
 
     @property
     def reuses(self) -> str | None:
@@ -210,6 +214,7 @@ class ArmSpec:
                 exercise=f.take("exercise", r.items(Gate.read), ()),
                 witness_modules=f.take("witness_modules", r.optional(modules), None),
                 model_family=f.take("model_family", r.IDENT, ""),
+                prompts=f.take("prompts", r.items(r.IDENT, min_length=1), ()),
             )
         )
 
@@ -542,6 +547,13 @@ class LoadedLadder:
     @property
     def probes_sha256(self) -> str:
         return sha256_hex(self.probes_bytes)
+
+    def prompts_for(self, arm: ArmSpec) -> tuple[tuple[Family, Prompt], ...]:
+        """What `arm` sends, in order: its own `prompts` (checked at load), else the whole probe set."""
+        if not arm.prompts:
+            return self.probes.prompts
+        by_id = {prompt.id: (family, prompt) for family, prompt in self.probes.prompts}
+        return tuple(by_id[prompt_id] for prompt_id in arm.prompts)
 
 
 def load(path: Path, *, root: Path | None = None) -> LoadedLadder:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -127,6 +128,16 @@ class ProbeSet:
         return probes
 
 
+def send_keys(prompt_ids: Sequence[str]) -> list[str]:
+    """A key per request of an arm that may send a prompt more than once: `<id>`, then `<id>@2` …"""
+    seen: dict[str, int] = {}
+    keys = []
+    for prompt_id in prompt_ids:
+        seen[prompt_id] = seen.get(prompt_id, 0) + 1
+        keys.append(prompt_id if seen[prompt_id] == 1 else f"{prompt_id}@{seen[prompt_id]}")
+    return keys
+
+
 def common_prefix(a: tuple[object, ...], b: tuple[object, ...]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -158,6 +169,11 @@ def probe_problems(ladder: LadderDefinition, probes: ProbeSet) -> list[str]:
             )
         if max(len(s) for s in seqs) <= block:
             problems.append(f"family {family.id}: no prompt is longer than one block ({block} tokens)")
+    known = {prompt.id for _, prompt in probes.prompts}
+    for arm in ladder.arms:
+        unknown = [p for p in arm.prompts if p not in known]
+        if unknown:
+            problems.append(f"arm {arm.id}: prompts {', '.join(unknown)} are not in the probe set")
     for family, prompt in probes.prompts:
         if frozen and not prompt.token_ids:
             problems.append(f"{family.id}/{prompt.id}: no token_ids (the ladder's probe_tokens is frozen)")

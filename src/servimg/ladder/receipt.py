@@ -37,6 +37,7 @@ from servimg.ladder.evaluation import (
     ladder_verdict,
 )
 from servimg.ladder.prereg import Inputs, now
+from servimg.ladder.probeset import send_keys
 
 
 class ReceiptError(ServimgError):
@@ -449,6 +450,7 @@ def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, object]:
     """One arm of the receipt: its verdict and reasons, gates, comparison, requests and facts."""
     facts = dict(record.facts)
     request_facts = jv.obj(facts.pop("request_facts", {}), "request_facts")
+    requests = record.outcome.requests
     return {
         "id": record.spec.id,
         "role": record.spec.role,
@@ -464,7 +466,8 @@ def _arm_json(record: ArmRecord, v: ArmVerdict) -> dict[str, object]:
         ],
         "comparison": _comparison_json(v.comparison) if v.comparison is not None else None,
         "requests": [
-            _request_json(r, jv.obj(request_facts.get(r.prompt_id, {}))) for r in record.outcome.requests
+            _request_json(r, jv.obj(request_facts.get(key, {})))
+            for r, key in zip(requests, send_keys([r.prompt_id for r in requests]), strict=True)
         ],
         **facts,
     }

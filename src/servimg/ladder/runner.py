@@ -56,6 +56,7 @@ from servimg.ladder.evaluation import (
     parse_prometheus,
 )
 from servimg.ladder.prereg import Inputs, capture_inputs, now
+from servimg.ladder.probeset import send_keys
 from servimg.ladder.receipt import ArmRecord, Placement, Receipt, build_receipt
 from servimg.ladder.server import (
     RunConfig,
@@ -220,8 +221,9 @@ def _prompt_consistency(records: Sequence[ArmRecord]) -> list[str]:
     seen: dict[str, tuple[str, str]] = {}
     out = []
     for record in records:
-        for prompt_id, facts in jv.obj(record.facts.get("request_facts") or {}).items():
-            facts = jv.obj(facts, f"request_facts.{prompt_id}")
+        for key, facts in jv.obj(record.facts.get("request_facts") or {}).items():
+            facts = jv.obj(facts, f"request_facts.{key}")
+            prompt_id = key.partition("@")[0]
             digest = str(facts.get("prompt_token_ids_sha256"))
             first = seen.setdefault(prompt_id, (record.spec.id, digest))
             if first[1] != digest:
@@ -377,8 +379,9 @@ def _send_prompts(
         return adapter.snapshot(parse_prometheus(vllm.metrics_text(server.url)), metric_names)
 
     probing.before = snapshot()
-    prompts = loaded.probes.prompts
-    for number, (family, prompt) in enumerate(prompts, 1):
+    prompts = loaded.prompts_for(arm)
+    keys = send_keys([prompt.id for _, prompt in prompts])
+    for number, ((family, prompt), key) in enumerate(zip(prompts, keys, strict=True), 1):
         m0 = snapshot()
         t0 = time.monotonic()
         output, req_error = None, None
@@ -393,12 +396,14 @@ def _send_prompts(
         per = {k: v for k, v in delta(m0, snapshot()).items() if v}
         judgement = judge(output, prompt.expect, ladder.thresholds.detectors, req_error)
         probing.requests.append(RequestOutcome(prompt.id, family.id, output, judgement, req_error))
-        sent = output.prompt_token_ids if output is not None and output.prompt_token_ids else prompt.token_ids
-        fact_map(facts, "request_facts")[prompt.id] = {
+        tokens = (
+            output.prompt_token_ids if output is not None and output.prompt_token_ids else prompt.token_ids
+        )
+        fact_map(facts, "request_facts")[key] = {
             "seconds": round(seconds, 4),
             "metrics_delta": per,
-            "prompt_tokens": len(sent),
-            "prompt_token_ids_sha256": sha256_hex(json.dumps(list(sent)).encode()),
+            "prompt_tokens": len(tokens),
+            "prompt_token_ids_sha256": sha256_hex(json.dumps(list(tokens)).encode()),
         }
         status = "ok" if judgement.ok else "CORRUPTED " + "; ".join(judgement.reasons)[:120]
         hits = per.get("prefix_cache_hits")
