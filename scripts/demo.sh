@@ -51,7 +51,7 @@ step 4 "push to $REPO:$tag, signed (provenance + verify result), tag last"
 [ -f "$OUT/keys/servimg.key" ] || servimg key generate --out "$OUT/keys" --quiet >/dev/null
 servimg push "docker-daemon:$image" "$REPO:$tag" --key "$OUT/keys/servimg.key" --report "$OUT/verify.json"
 
-step 5 "CPU smoke ladder on real vLLM (7 arms, 2 through LMCache; witness on), receipt signed and attached"
+step 5 "CPU smoke ladder on real vLLM (9 arms, 4 through LMCache; witness on), receipt signed and attached"
 servimg ladder "$image" --out "$OUT/ladder" --attach "$REPO" --key "$OUT/keys/servimg.key"
 
 step 6 "hybrid ladder on real vLLM (GDN and Mamba2 hybrids, 10 arms; the Mamba2 arms run the vLLM fix), receipt signed and attached"

@@ -23,7 +23,17 @@ pytestmark = [pytest.mark.demo, pytest.mark.vllm, pytest.mark.docker, pytest.mar
 
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 CONNECTOR = "lmcache.integration.vllm.lmcache_mp_connector"
-ARMS = ["control", "noise", "cold", "warm", "restart", "lmcache-cold", "lmcache-warm"]
+ARMS = [
+    "control",
+    "noise",
+    "cold",
+    "warm",
+    "restart",
+    "lmcache-cold",
+    "lmcache-warm",
+    "lmcache-restart",
+    "lmcache-interleaved",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +76,24 @@ def test_lmcache_serves_the_warm_arm_through_the_patched_connector(job: dict[str
     for arm in ("lmcache-cold", "lmcache-warm"):
         modules = {r["module"] for r in arms[arm]["witness"]["records"] if r["patched_code_ran"]}
         assert {SCHEDULER, CONNECTOR} <= modules, (arm, modules)
+
+
+def test_lmcache_serves_a_restart_from_disk_and_a_partial_hit_between_store_and_reuse(
+    job: dict[str, Any],
+) -> None:
+    """A new vLLM + LMCache server over the retained L2 directory gets prefixes back from disk (vLLM's own
+    cache is new); with vLLM's prefix cache off, a short prompt hits part of a stored prefix and the long
+    one then all of it, from LMCache only. Every answer equals the control's (the ladder PASSed)."""
+    arms = {a["id"]: a for a in job["receipt"]["arms"]}
+    restart = arms["lmcache-restart"]
+    assert restart["caches"]["lmcache_l2"]["mode"] == "retain-from:lmcache-cold"
+    assert restart["metrics_delta"]["external_prefix_cache_hits"] > 0
+    interleaved = arms["lmcache-interleaved"]
+    assert interleaved["metrics_delta"]["prefix_cache_hits"] == 0
+    sent = [r["prompt_id"] for r in interleaved["requests"]]
+    assert sent[:3] == ["f0-p2", "f0-p0", "f0-p2"]
+    hits = [r.get("metrics_delta", {}).get("external_prefix_cache_hits", 0) for r in interleaved["requests"]]
+    assert hits[1] > 0 and hits[2] > hits[1], hits  # part of the stored prefix, then all of it
 
 
 def test_every_demo_overlay_ran_in_a_serving_process(job: dict[str, Any]) -> None:

@@ -351,7 +351,18 @@ def clean() -> list[ArmOutcome]:
     return [
         arm("control", hits=0.0),
         arm("noise", hits=0.0),
-        *(arm(a) for a in ("cold", "warm", "restart", "lmcache-cold", "lmcache-warm")),
+        *(
+            arm(a)
+            for a in (
+                "cold",
+                "warm",
+                "restart",
+                "lmcache-cold",
+                "lmcache-warm",
+                "lmcache-restart",
+                "lmcache-interleaved",
+            )
+        ),
     ]
 
 
@@ -650,15 +661,15 @@ def test_each_model_family_needs_its_own_control_first() -> None:
 
 
 def test_an_arm_sends_its_own_prompt_order_and_repeats_keep_their_own_facts(tmp_path: Path) -> None:
-    loaded = load(REPO / "verify" / "ladders" / "cpu-lmcache.yaml")
+    loaded = LADDER
     interleaved = loaded.definition.arm("lmcache-interleaved")
     sent = [prompt.id for _, prompt in loaded.prompts_for(interleaved)]
     assert sent[:3] == ["f0-p2", "f0-p0", "f0-p2"] and len(sent) == 9
     assert [p.id for _, p in loaded.prompts_for(loaded.definition.control())] == [p.id for _, p in PROMPTS]
     assert send_keys(sent[:3]) == ["f0-p2", "f0-p0", "f0-p2@2"]
     # an arm naming a prompt the probe set lacks is refused at load, with the arm named
-    doc = yaml.safe_load((REPO / "verify" / "ladders" / "cpu-lmcache.yaml").read_text())
-    doc["arms"][3]["prompts"] = ["f0-p2", "f9-p9"]
+    doc = cpu_doc()
+    doc["arms"][8]["prompts"] = ["f0-p2", "f9-p9"]
     doc["probes"]["path"] = str(REPO / "verify" / "probes" / "cpu-copy.json")
     path = tmp_path / "ladder.yaml"
     path.write_text(yaml.safe_dump(doc))

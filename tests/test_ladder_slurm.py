@@ -44,9 +44,10 @@ def test_chains_follow_server_reuse_and_retained_caches() -> None:
         ("control",),
         ("noise",),
         ("cold", "warm", "restart"),
-        ("lmcache-cold", "lmcache-warm"),
+        ("lmcache-cold", "lmcache-warm", "lmcache-restart"),
+        ("lmcache-interleaved",),
     ]
-    assert [c.index for c in plan] == [0, 1, 2, 3]
+    assert [c.index for c in plan] == [0, 1, 2, 3, 4]
     toy = chains(load(TOY / "toy.yaml").definition)
     assert [c.arms for c in toy] == [("control",), ("noise",), ("cold", "warm")]
 
@@ -340,7 +341,7 @@ def test_ctrl_c_cancels_the_submitted_jobs(toy_image: str, tmp_path: Path) -> No
 def test_the_demo_images_cpu_ladder_through_slurm_agrees_with_the_main_jobs_local_run(
     demo_job: dict[str, Any], slurm_cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The whole CPU smoke ladder bundled in the demo image (7 arms, 4 chains, two of them through
+    """The whole CPU smoke ladder bundled in the demo image (9 arms, 5 chains, two of them through
     LMCache), through Slurm with the image pulled by digest from the registry the main job pushed it to,
     against the main job's own local run of the same ladder (scripts/demo.sh, step 5): same verdict,
     same receipt apart from placement, timing and how the image was named."""
@@ -353,7 +354,7 @@ def test_the_demo_images_cpu_ladder_through_slurm_agrees_with_the_main_jobs_loca
     slurm_s = time.monotonic() - started
     on_slurm, local = receipt.load(tmp_path / "slurm" / "receipt.json"), demo_job["receipt"]
     local_s = local["timing"]["run_wall_s"]
-    print(f"cpu-smoke (7 arms) on the demo image: local {local_s:.1f}s (main job), slurm {slurm_s:.1f}s")
+    print(f"cpu-smoke (9 arms) on the demo image: local {local_s:.1f}s (main job), slurm {slurm_s:.1f}s")
     assert code == 0 and on_slurm["verdict"] == local["verdict"] == "PASS", on_slurm["verdict_reasons"]
     assert result["placement"] == on_slurm["placement"] and local["placement"]["scheduler"] == "local"
     # The nodes name the image by digest in the registry, the main job by its tag in the engine: both
@@ -366,7 +367,8 @@ def test_the_demo_images_cpu_ladder_through_slurm_agrees_with_the_main_jobs_loca
         ["control"],
         ["noise"],
         ["cold", "warm", "restart"],
-        ["lmcache-cold", "lmcache-warm"],
+        ["lmcache-cold", "lmcache-warm", "lmcache-restart"],
+        ["lmcache-interleaved"],
     ]
     assert all(j["state"] == "COMPLETED" for j in jobs), jobs
     spans = [(j["started_at"], j["finished_at"]) for j in jobs]

@@ -142,7 +142,7 @@ def test_the_probe_spec_is_typed_and_its_json_is_the_one_images_carry() -> None:
     locked = Lock.load(REPO / "images" / "demo.lock.json")
     carried = build_probe_spec(locked, definition, layer=True)
     assert sha256_hex(canonical.dumps(carried.to_json())) == (
-        "434b58a8e15e27d7f11979c25fe1d8e5c33626748eb71180e8adb8f9e8802ca9"
+        "669f0b55ff177ebeafdc7cf22226dc1dce9eee926d702754c1793022e3c94fd9"
     )
     assert ProbeSpec.from_json(carried.to_json()) == carried
     plain = build_probe_spec(locked, definition)
