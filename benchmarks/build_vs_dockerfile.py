@@ -7,28 +7,23 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
 
 - paired: N rounds, each round one Dockerfile build, one `servimg build --to oci:DIR` (a fresh layout)
   and one `servimg build --to docker` (the image removed from the engine first, so the thin load really
-  happens), each of the two once served by the resident server (what `servimg` does once a server runs:
-  servimg.resident) and once in-process (SERVIMG_SERVER=0: a command with no server, e.g. the first of
-  a session), the order rotated round by round; verification included. Medians, the median of the
-  per-round ratios, and how many distinct outputs each side produced.
+  happens), each in the process that runs it (as every servimg command runs), the whole probe included;
+  with `--before DIR`, also `servimg build --to docker` of another checkout's code (DIR/src, in-process:
+  `SERVIMG_SERVER=0` for a checkout that still had a resident server), the order rotated round by round.
+  Medians, the median of the per-round ratios, and how many distinct outputs each side produced.
 - scaling: the same overlays on the base (1×) and on the base with 2× and 4× its files (extra unrelated
   layers of small files under /opt/filler*, one per file of the base, site-packages/dist-info renamed so
   the packages stay unique); all three written as OCI layouts, `--to oci:DIR`, after one warm-up build
-  per base (its indexes, warm root and base verdict), rounds interleaved.
+  per base (its indexes and warm root), rounds interleaved.
 - changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
-- warm: the same definition built again with everything cached (indexes, warm root, the compiled
-  bytecode and the verdict: servimg.builder.resultcache; the whole build: servimg.builder.actioncache),
-  into the same layout (the sink writes nothing new); interleaved with `servimg --help` (the CLI's
-  start in-process), a served `servimg build --help` (a served command's floor) and a bare `python -c
-  pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that does all its work, as
-  `--no-cache` does; it switches the action cache off too).
-
-servimg runs as users run it, `python -m servimg` (the console script's client), with a resident server
-of its own (a private SERVIMG_SERVER_DIR), started before the sections and stopped after them.
+- warm: the same definition built again with its compiled bytecode cached (servimg.builder.resultcache),
+  into the same layout (the sink writes nothing new), interleaved with `servimg --help` (the CLI's start)
+  and a bare `python -c pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that does all its
+  work, as `--no-cache` does).
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):
     .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--sections paired,scaling,changed,warm]
-        [--json out.json]
+        [--before OTHER_CHECKOUT] [--json out.json]
 """
 
 from __future__ import annotations
@@ -65,21 +60,17 @@ from servimg.oci.store import BlobStore  # noqa: E402
 BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark removes its images
 DOCKER = ["docker"]
 SERVIMG = [sys.executable, "-m", "servimg"]
-# Every section but `warm` measures a build that does all its work: the result caches (compiled
-# bytecode, the verdict of an image that passed before; servimg.builder.resultcache) are switched off, as
-# `docker build --no-cache` reuses nothing. `warm` measures exactly what they save.
+# Every section but `warm` measures a build that does all its work: the compile cache
+# (servimg.builder.resultcache) is switched off, as `docker build --no-cache` reuses nothing. `warm`
+# measures what it saves.
 WARM_ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-WARM_ENV.pop("SERVIMG_SERVER", None)
 ENV = dict(WARM_ENV, SERVIMG_NO_RESULT_CACHE="1")
-IN_PROCESS_ENV = dict(ENV, SERVIMG_SERVER="0")  # no resident server: the command's own start and imports
 
 
-def private_servers(where: Path) -> None:
-    """The benchmark's resident servers live in a directory of its own (started explicitly, stopped at
-    the end), whatever servers the machine runs."""
-    where.mkdir(mode=0o700)
-    for env in (WARM_ENV, ENV, IN_PROCESS_ENV):
-        env["SERVIMG_SERVER_DIR"] = str(where)
+def before_env(checkout: Path) -> dict[str, str]:
+    """Another checkout's code, run in-process (`SERVIMG_SERVER=0`: a checkout from before issue 39 would
+    otherwise hand the command to a resident server), its result caches off like ENV's."""
+    return dict(ENV, PYTHONPATH=str(checkout / "src"), SERVIMG_SERVER="0")
 
 
 def sh(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -223,18 +214,10 @@ def remove_bench_images() -> None:
         subprocess.run([*DOCKER, "rmi", "-f", image_id], capture_output=True)
 
 
-def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
+def paired(demo: Path, tmp: Path, runs: int, before: Path | None = None) -> dict[str, Any]:
     (tmp / "ctx").mkdir()
     context, _ = dockerfile_context(demo, tmp / "ctx")
     env = dict(ENV, DOCKER_BUILDKIT="0")
-    sides: dict[str, list[float]] = {
-        "dockerfile": [],
-        "oci": [],
-        "docker": [],
-        "oci_in_process": [],
-        "docker_in_process": [],
-    }
-    outputs: dict[str, list[str]] = {k: [] for k in sides}
 
     def dockerfile(i: int) -> str:
         tag = f"servimg-bench13/dockerfile:{i}"
@@ -247,20 +230,14 @@ def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
     def to_docker(i: int) -> str:
         return str(servimg("build", str(demo), "--to", "docker")["digest"])
 
-    def oci_in_process(i: int) -> str:
-        out = f"oci:{tmp / f'layout-in-process-{i}'}"
-        return str(servimg("build", str(demo), "--to", out, env=IN_PROCESS_ENV)["digest"])
-
-    def docker_in_process(i: int) -> str:
-        return str(servimg("build", str(demo), "--to", "docker", env=IN_PROCESS_ENV)["digest"])
-
-    steps = {
-        "dockerfile": dockerfile,
-        "oci": to_oci,
-        "docker": to_docker,
-        "oci_in_process": oci_in_process,
-        "docker_in_process": docker_in_process,
-    }
+    steps: dict[str, Callable[[int], str]] = {"dockerfile": dockerfile, "oci": to_oci, "docker": to_docker}
+    if before is not None:
+        old = before_env(before)
+        steps["docker_before"] = lambda i: str(
+            servimg("build", str(demo), "--to", "docker", env=old)["digest"]
+        )
+    sides: dict[str, list[float]] = {name: [] for name in steps}
+    outputs: dict[str, list[str]] = {name: [] for name in steps}
     order = list(steps)
     for i in range(runs):
         for name in order[i % len(order) :] + order[: i % len(order)]:
@@ -281,14 +258,14 @@ def paired(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
         }
         for name, times in sides.items()
     }
-    for sink in ("oci", "docker", "oci_in_process", "docker_in_process"):
+    for sink in (name for name in steps if name != "dockerfile"):
         ratios = [s / d for s, d in zip(sides[sink], sides["dockerfile"], strict=True)]
         result[f"paired_ratio_{sink}"] = statistics.median(ratios)
     return result
 
 
 def repeat(definition: Path, out: Path, runs: int) -> dict[str, Any]:
-    servimg("build", str(definition), "--to", f"oci:{out / 'warmup'}")  # indexes, warm root, base verdict
+    servimg("build", str(definition), "--to", f"oci:{out / 'warmup'}")  # indexes, warm root
     times = [
         timed(lambda i=i: servimg("build", str(definition), "--to", f"oci:{out / str(i)}"))[0]
         for i in range(runs)
@@ -358,20 +335,18 @@ def warm(demo: Path, tmp: Path, runs: int) -> dict[str, Any]:
     """The same definition again and again into the same layout: the sink has nothing new to write."""
     out = f"oci:{tmp / 'warm'}"
     first = servimg("build", str(demo), "--to", out, env=WARM_ENV)["digest"]
-    times, digests, floor, served, python = [], set(), [], [], []
+    times, digests, floor, python = [], set(), [], []
     for _ in range(runs):  # interleaved, so that load drifting over the section hits each alike
         took, built = timed(lambda: servimg("build", str(demo), "--to", out, env=WARM_ENV))
         times.append(took)
         digests.add(built["digest"])
         floor.append(timed(lambda: sh(*SERVIMG, "--help"))[0])
-        served.append(timed(lambda: sh(*SERVIMG, "build", "--help"))[0])
         python.append(timed(lambda: sh(sys.executable, "-c", "pass"))[0])
     return {
         "median_s": statistics.median(times),
         "times_s": [round(t, 3) for t in times],
         "same_digest": digests == {first},
         "cli_start_median_s": statistics.median(floor),
-        "served_help_median_s": statistics.median(served),
         "python_start_median_s": statistics.median(python),
         "load_average": os.getloadavg(),
     }
@@ -382,15 +357,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sections", default="paired,scaling,changed,warm")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--before", type=Path, help="paired: also build with this checkout's code")
     args = parser.parse_args()
     wanted = args.sections.split(",")
     result: dict[str, Any] = {"runs": args.runs}
     with tempfile.TemporaryDirectory(prefix="servimg-bench13-") as tmp:
         root = Path(tmp)
-        private_servers(root / "servers")
         demo = checkout(root / "repo")
         servimg("lock", str(demo))
-        result["server"] = servimg("server", "start", env=WARM_ENV)
         result["base"] = {
             "ref": ImageDefinition.load(demo).base.ref,
             "digest": str(ImageDefinition.load(demo).base.digest),
@@ -398,9 +372,11 @@ def main() -> int:
         sections = {"paired": paired, "scaling": scaling, "changed": changed, "warm": warm}
         for name in wanted:
             (root / name).mkdir()
-            result[name] = sections[name](demo, root / name, args.runs)
+            if name == "paired":
+                result[name] = paired(demo, root / name, args.runs, args.before)
+            else:
+                result[name] = sections[name](demo, root / name, args.runs)
             print(json.dumps({name: result[name]}), file=sys.stderr)
-        servimg("server", "stop", env=WARM_ENV)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop what scripts/setup.sh started, and nothing else: the private Slurm cluster (scripts/slurm.sh stop),
 # the docker-registry and dockerd it started (by the pid files it wrote under /var/lib/servimg; a daemon
-# the host ran before setup is not ours and keeps running), and this user's resident servimg servers.
+# the host ran before setup is not ours and keeps running).
 # Installed packages, the registry's storage, the blob cache and .venv stay (`--purge-state` also removes
 # /var/lib/servimg and /var/log/servimg).
 set -uo pipefail
@@ -20,7 +20,6 @@ stop_pid() {  # name, pid file
   rm -f "$2"
 }
 
-[ -x .venv/bin/servimg ] && .venv/bin/servimg server stop --quiet >/dev/null 2>&1
 [ -f "$STATE/slurm/slurm.conf" ] && bash scripts/slurm.sh stop
 stop_pid docker-registry "$STATE/registry.pid"
 stop_pid dockerd "$STATE/dockerd.pid"

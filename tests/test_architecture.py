@@ -1,13 +1,13 @@
-"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private
-name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
+"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private name
+of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
 Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the four concerns
-(`ladder`, then `builder`, `provenance`, `bases`) < `commands` / `render` < `cli`; `resident` (the console
-script's client and the resident server) imports only `core` and itself, and names the CLI by string. A
-module imports only from its own layer or lower ones, at module level and inside functions alike: a
-function-level import is still a dependency, only a later one. Among the concerns, `ladder` is the
-lowest (it runs and judges an image it is given); `builder` may use `ladder` (it bundles and locks the
-ladder, and ships the witness hook); `provenance` may use `builder` and `ladder`; `bases` may use `builder`.
+(`ladder`, then `builder`, `provenance`, `bases`) < `commands` / `render` < `cli`. The CLI runs in the
+process the user started: there is no resident server (issue 39). A module imports only from its own layer
+or lower ones, at module level and inside functions alike: a function-level import is still a dependency,
+only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an image it is given);
+`builder` may use `ladder` (it bundles and locks the ladder, and ships the witness hook); `provenance` may
+use `builder` and `ladder`; `bases` may use `builder`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from servimg import __version__ as servimg_version
 from servimg import cli
 from servimg.commands import build as command_build
 from servimg.commands import session
-from servimg.resident import client, server
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -40,9 +39,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "builder": _BELOW_CONCERNS | {"ladder", "builder"},
     "provenance": _BELOW_CONCERNS | {"builder", "ladder", "provenance"},
     "bases": _BELOW_CONCERNS | {"builder", "bases"},
-    "resident": {"core", "resident"},
-    "commands": _BELOW_CONCERNS | _CONCERNS | {"commands", "resident"},
-    "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli", "resident"},
+    "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},
+    "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli"},
 }
 # Top-level modules (not in a subpackage) and the layer each belongs to.
 TOP_LEVEL = {
@@ -50,7 +48,7 @@ TOP_LEVEL = {
     "servimg.commands": "commands",
     "servimg.render": "commands",
     "servimg.cli": "cli",
-    "servimg.__main__": "cli",  # `python -m servimg`: the console script's client, nothing else
+    "servimg.__main__": "cli",  # `python -m servimg`: the CLI, nothing else
 }
 
 # Every lazy import of a servimg module in src/, by (importer, imported), with what forces it (the import
@@ -416,14 +414,9 @@ def test_every_command_function_is_named_in_the_commands_layer() -> None:
     so they are held to the same rule here: each names a function of a module of the commands layer
     (which may import every concern)."""
     named = [c.run.function for c in cli.COMMANDS]
-    named += [c.run.replay for c in cli.COMMANDS if c.run.replay is not None]
     named += [f"{cli.SESSION}:execute", f"{command_build.SIGNED_BUILD}:build_one"]
     named += [f"{session.CONTEXT}:outcomes"]
-    named += [f"{client.CLI}:main", f"{server.CLI}:main", f"{server.CLI}:preload"]
     for function in named:
-        if function.partition(":")[0] == "servimg.cli":  # the resident client and server name the CLI
-            assert callable(cli.load(function)), function
-            continue
         module = function.partition(":")[0]
         assert module.startswith("servimg.commands.") and layer_of(module) == "commands", function
         assert module in modules() and callable(cli.load(function)), function
@@ -454,37 +447,16 @@ def test_a_build_reads_its_definition_lock_and_ladder_without_a_schema_library()
     assert _heavy(loaded) == ["yaml"]
 
 
-def test_a_replayed_build_loads_nothing_a_build_needs() -> None:
-    """The session and the action cache's replay (servimg.commands.replay) answer a warm rebuild before
-    the command's module is loaded: they import no pipeline, no seams, no third-party package."""
-    loaded = _loaded_after("import servimg.cli, servimg.commands.session, servimg.commands.replay")
-    heavy = (
-        "servimg.builder.pipeline",
-        "servimg.builder.seams",
-        "servimg.builder.definition",
-        "servimg.oci.store",
-    )
-    assert [m for m in loaded if m.startswith(heavy)] == []
-    assert _heavy(loaded) == []
-
-
-def test_the_console_script_starts_on_the_standard_library_alone() -> None:
-    """`servimg` is the resident client (servimg.resident.client): everything it imports is a served
-    command's whole start-up, so none of the standard library's slow imports (typing, json, socket,
-    subprocess, dataclasses, pathlib: ≈5–10 ms each) and no servimg module but its own."""
-    loaded = _loaded_after("import servimg.resident.client")
-    servimg = sorted(m for m in loaded if m.split(".")[0] == "servimg")
-    assert servimg == [
-        "servimg",
-        "servimg.resident",
-        "servimg.resident.client",
-        "servimg.resident.identity",
-        "servimg.resident.wire",
-    ]
-    slow = ("typing", "json", "socket", "subprocess", "dataclasses", "pathlib", "argparse")
-    assert [m for m in loaded if m in slow] == []
+def test_the_cli_runs_in_the_process_the_user_started() -> None:
+    """No resident server (issue 39): the console script is the CLI's main, no module forks a server or
+    talks to one, and `servimg server` is not a command."""
     project = (ROOT / "pyproject.toml").read_text()
-    assert 'servimg = "servimg.resident.client:main"' in project
+    assert 'servimg = "servimg.cli:main"' in project
+    assert not (PACKAGE / "resident").exists()
+    assert not [c.name for c in cli.COMMANDS if c.name[0] == "server"]
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        assert "SERVIMG_SERVER" not in text and "servimg.resident" not in text, path
 
 
 def test_python_dash_m_servimg_is_the_cli() -> None:

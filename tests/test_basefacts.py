@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import fakebase as fb
-from servimg.builder import basefacts, resultstore, splitverify
-from servimg.core.digest import Digest
-from servimg.oci.filesystem import LayeredFS
+from servimg.builder import basefacts, resultstore
 
 
 class Counter:
@@ -82,20 +79,3 @@ def test_no_result_cache_keeps_base_facts_but_bypassed_does_not(
     with resultstore.bypassed():  # servimg check --rebuild: everything again
         basefacts.remembered(tmp_path, "f", {}, derive, code=CODE)
     assert derive.calls == 2
-
-
-def test_record_traces_read_back_equal_the_derived_ones(tmp_path: Path) -> None:
-    """A row through a symlink keeps its whole trace; the others resolve to themselves."""
-    layer = tmp_path / "layer.tar"
-    alias = fb.S("usr/lib/python3/alias", fb.SITE.rpartition("/")[2])  # relative: alias -> dist-packages
-    layer.write_bytes(fb.tar([*fb.package_members(), alias]))
-    fs = LayeredFS([layer])
-    rows = [["../alias/tinypkg/mod.py", "", ""], ["tinypkg/mod.py", "", ""]]
-    site = "/" + fb.SITE
-    base = splitverify.BaseChain((Digest.of_bytes(layer.read_bytes()),), tmp_path / "cache")
-    derived = splitverify.row_traces(rows, site, fs, base)
-    assert derived[0] == fs.resolution_path("usr/lib/python3/alias/tinypkg/mod.py")
-    assert len(derived[0]) > 1
-    assert derived[1] == [f"{fb.SITE}/tinypkg/mod.py"]
-    assert splitverify.row_traces(rows, site, fs, base) == derived
-    assert len(list((tmp_path / "cache" / "results").rglob("*.json"))) == 1

@@ -23,15 +23,15 @@ DAY = 86400.0
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return fb.cli_env(SERVIMG_SERVER="0", **extra)
+    return fb.cli_env(**extra)
 
 
 def _popen(*args: str, **env: str) -> subprocess.Popen[str]:
-    return fb.cli_popen(*args, SERVIMG_SERVER="0", **env)
+    return fb.cli_popen(*args, **env)
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return fb.cli_run(*args, SERVIMG_SERVER="0", **env)
+    return fb.cli_run(*args, **env)
 
 
 def _last_json(text: str) -> dict[str, object]:

@@ -102,13 +102,13 @@ def test_a_blob_written_in_place_is_found_named_and_mended(
         assert out["status"] == "FAIL", out
         assert str(digest) in out["message"] and "does not match its digest" in out["message"], out
 
-    # The next build into that layout (the action cache on: it sees the blob changed) mends it, and says so.
+    # The next build into that layout mends it, and says so.
     mended = json_of(world, "build", str(world["definition"]), "--to", f"oci:{first}", capsys=capsys)
     assert mended["status"] == "OK", mended
     assert f"mended 1 corrupt blob(s): {digest}" in mended["destination"], mended
     assert rehash(corrupt)[0] == digest
 
-    # Mended, a build replays from the action cache again with no mention of mending.
+    # Mended, the next build there has nothing to mend.
     again = json_of(world, "build", str(world["definition"]), "--to", f"oci:{first}", capsys=capsys)
     assert "mended" not in again["destination"], again
 

@@ -16,11 +16,8 @@ from hypothesis import strategies as st
 
 import fakebase as fb
 from fakebase import D, F, H, M, S
-from servimg.builder import splitverify
-from servimg.builder.splitverify import ResolutionTrace
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
-from servimg.inimage import probe
 from servimg.oci import fsindex
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.layerindex import IndexCache, LayerIndex
@@ -90,78 +87,6 @@ def test_cached_view_equals_the_merge_of_the_tars(
         return
     assert _state(LayeredFS.cached(chain, tmp / "cache")) == direct, "cold: built from the tars"
     assert _state(LayeredFS.cached(chain, tmp / "cache")) == direct, "warm: read from the chain's table"
-
-
-def _walked(fs: LayeredFS, path: str) -> list[str] | str:
-    try:
-        return fs.resolution_path(path)
-    except LayerError:
-        return "refused"  # a link loop: refused (the message names the part where the loop was met)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(layers=st.lists(st.lists(_member(), max_size=8), min_size=1, max_size=3))
-def test_the_record_tracer_walks_every_path_as_resolve_does(
-    tmp_path_factory: pytest.TempPathFactory, layers: list[list[M]]
-) -> None:
-    """Split verification picks the RECORD rows a layer can change by each row's resolution path,
-    traced per directory from its parent's (ResolutionTrace): the same list `resolution_path` walks,
-    for every path of the stack, one below each, and paths through links (or the same refusal)."""
-    tmp = tmp_path_factory.mktemp("chain")
-    chain = _chain(tmp, layers)
-    try:
-        fs = LayeredFS.cached(chain, tmp / "cache")
-    except LayerError:
-        return
-    paths = {n.path for n in fs.walk("") if n.path}
-    paths |= {f"{p}/x" for p in paths} | {"a/b/x", "b/x/pkg", "pkg/a/b"}
-    trace = ResolutionTrace(fs)
-    for path in sorted(paths):
-        try:
-            traced: list[str] | str = trace(path)
-        except LayerError:
-            traced = "refused"
-        assert traced == _walked(fs, path), path
-
-
-@given(path=_path, touched=st.frozensets(_path, max_size=6))
-def test_a_path_is_touched_when_it_or_a_directory_above_it_is(path: str, touched: frozenset[str]) -> None:
-    """The RECORD row check (a prefix test) says what walking the path's components says."""
-    parts = path.split("/")
-    by_components = any("/".join(parts[: i + 1]) in touched for i in range(len(parts)))
-    assert splitverify._affected(path, touched) == by_components
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    files=st.sets(
-        st.lists(
-            st.sampled_from(["a", "a.b", "a_b", "B", "b", "__pycache__", "b\udcff"]), min_size=1, max_size=3
-        ).map("/".join),
-        max_size=12,
-    ),
-    data=st.data(),
-)
-def test_merged_unchecked_pycs_are_in_the_order_of_the_probes_walk(
-    tmp_path_factory: pytest.TempPathFactory, files: set[str], data: st.DataObject
-) -> None:
-    """Split UNCHECKED_PYC lists the base's pycs and the layer's in one order: `os.walk`'s, as the
-    probe's step 7 walks the package root, then each pycache-prefix mirror."""
-    tmp = tmp_path_factory.mktemp("walk")
-    roots = [str(tmp / "pkg"), str(tmp / "mirror" / "pkg")]
-    made = []
-    for rel in sorted(files, key=len):
-        where = data.draw(st.sampled_from(roots))
-        path = Path(where, rel)
-        if any(p.is_file() for p in path.parents) or path.is_dir():
-            continue  # a file where a directory is needed, or the reverse
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
-        made.append(str(path))
-    walked = list(probe._walk_files(roots))
-    assert sorted(walked) == sorted(made)
-    shuffled = data.draw(st.permutations(walked))
-    assert sorted(shuffled, key=lambda p: splitverify._walk_order(p, roots)) == walked
 
 
 def test_a_warm_chain_reads_no_tar_header(tmp_path: Path) -> None:

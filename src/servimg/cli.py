@@ -15,7 +15,6 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from servimg import __version__
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
     from servimg.builder.seams import Seams
     from servimg.commands.context import Context
     from servimg.commands.outcome import Outcome
-    from servimg.core.progress import Log
 
 # What runs a parsed command (the reporter, the context, the exit status): loaded once parsing is done.
 SESSION = "servimg.commands.session"
@@ -44,8 +42,6 @@ class Bound:
 
     params: Callable[[argparse.Namespace], object]
     function: str  # "servimg.commands.MODULE:FUNCTION"
-    # "servimg.commands.MODULE:FUNCTION" answering from the action cache, or None (the command runs).
-    replay: str | None = None
     # The command holds its cache while it runs (servimg.core.cachehold), so no prune removes what it
     # uses; False only for the commands that inspect or prune the cache themselves.
     holds_cache: bool = True
@@ -53,12 +49,6 @@ class Bound:
     def __call__(self, args: argparse.Namespace, ctx: Context) -> Iterator[Outcome]:
         given = self.params(args)
         return cast("Iterator[Outcome]", load(self.function)(given, ctx))
-
-    def replayed(self, args: argparse.Namespace, cache: Path | None, log: Log) -> list[Outcome] | None:
-        """The outcomes the action cache replays for these arguments; None: the command must run."""
-        if self.replay is None:
-            return None
-        return cast("list[Outcome] | None", load(self.replay)(self.params(args), cache, log))
 
 
 @dataclass(frozen=True)
@@ -97,7 +87,6 @@ COMMANDS: tuple[Command, ...] = (
                 a.platform,
             ),
             "servimg.commands.build:build",
-            replay="servimg.commands.replay:build",
         ),
     ),
     Command(
@@ -199,19 +188,6 @@ COMMANDS: tuple[Command, ...] = (
             "servimg.commands.keys:key_generate",
         ),
     ),
-    *(
-        Command(
-            ("server", action),
-            what,
-            flags.server_flags,
-            Bound(flags.server(action), "servimg.commands.server:server"),
-        )
-        for action, what in (
-            ("start", "start the resident server for this environment (a command then costs no start-up)"),
-            ("status", "this user's resident servers: pid, commands served, running"),
-            ("stop", "stop this user's resident servers (each after its running commands)"),
-        )
-    ),
     Command(
         ("push",),
         "push an image with its signed provenance and verify result",
@@ -265,7 +241,6 @@ GROUPS = {
     "witness": "serving-process witness records (images built with witness: true)",
     "key": "signing keys",
     "policy": "the deploy side's policy files (containers policy.json, Kyverno, policy-controller)",
-    "server": "the resident server that runs servimg commands without a start-up (SERVIMG_SERVER=0: off)",
     "overlay": "author an overlay from an edited copy of an installed package (like patch-package)",
     "cache": "the local cache (~/.cache/servimg, SERVIMG_CACHE): its health, size and pruning",
 }
@@ -273,8 +248,7 @@ GROUPS = {
 
 @functools.cache
 def parser() -> argparse.ArgumentParser:
-    """The whole command line, built once per process (parsing does not change it; ≈20 ms of a served
-    command's run otherwise)."""
+    """The whole command line, built once per process (parsing does not change it)."""
     top = argparse.ArgumentParser(prog="servimg", description=__doc__)
     top.add_argument("--version", action="version", version=f"servimg {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
@@ -292,24 +266,6 @@ def parser() -> argparse.ArgumentParser:
         flags.common(p)
         p.set_defaults(run=command.run)
     return top
-
-
-def preload() -> None:
-    """What a resident server (servimg.resident.server) does once, before it forks a worker per command:
-    import the session, the context and every command's module (the third-party packages behind
-    `core.lazy` stay unimported until a command asks for them, as in any process), build the parser, and
-    run each command module's `warm()` (what every run of it computes the same way in this process)."""
-    session = importlib.import_module(SESSION)
-    modules = {importlib.import_module(session.CONTEXT)}
-    for command in COMMANDS:
-        for function in (command.run.function, command.run.replay):
-            if function is not None:
-                modules.add(importlib.import_module(function.partition(":")[0]))
-    parser()
-    for module in sorted(modules, key=lambda m: m.__name__):
-        warm = getattr(module, "warm", None)
-        if callable(warm):
-            warm()
 
 
 def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> int:

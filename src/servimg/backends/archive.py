@@ -12,7 +12,7 @@ import json
 import os
 import tarfile
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
@@ -188,12 +188,6 @@ class ArchiveBackend:
 
     def check_reachable(self, target: Target) -> None:
         return None
-
-    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
-        return None  # every write rewrites the whole file: nothing to keep
-
-    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
-        return False  # only reading the whole archive again could tell
 
     def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
         raise ReferrersError(

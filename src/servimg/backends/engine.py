@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from servimg.backends import enginesocket, holding
+from servimg.backends import enginesocket
 from servimg.backends.archive import read_archive, write_archive
 from servimg.backends.enginesocket import Answer, socket_image_id
 from servimg.backends.referrers import Referrers, ReferrersError
@@ -316,12 +316,6 @@ class EngineBackend:
         answer = enginesocket.request("GET", "/_ping")
         if answer is None or answer.status != 200:
             client()  # the SDK's way, with its error when no engine answers
-
-    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
-        return {}  # the engine names an image by its config digest: the name is the evidence
-
-    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
-        return holding.engine_holds(target, digest, evidence)
 
     def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
         raise ReferrersError(

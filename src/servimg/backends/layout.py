@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servimg.backends import holding
 from servimg.backends.referrers import (
     Artifact,
     Referrers,
@@ -453,16 +452,6 @@ class LayoutBackend:
 
     def check_reachable(self, target: Target) -> None:
         return None
-
-    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
-        """Each blob of `image` (config, layers) with the stat fingerprint it has now, just written and
-        hashed by `write_layout`."""
-        named = [(image.config_digest, len(image.config_bytes))]
-        named += [(d.digest, d.size) for d in image.layer_descriptors]
-        return holding.blob_evidence(Path(target.location), named)
-
-    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
-        return holding.layout_holds(target, digest, evidence)
 
     def referrers(self, target: Target) -> AbstractContextManager[Referrers]:
         return contextlib.nullcontext(LayoutReferrers(Path(target.location)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,7 +21,7 @@ from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core.digest import Digest
-from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.errors import RegistryError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Advance, CountingReader, Log, Progress
 from servimg.core.reference import Reference
@@ -219,19 +219,6 @@ class RegistryBackend:
     def check_reachable(self, target: Target) -> None:
         with RegistryClient(Reference.parse(target.location).registry) as client:
             client.ping()
-
-    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
-        return None  # the tag can move at any time, and asking needs the network
-
-    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
-        """Whether the registry names the manifest `digest` by the target's tag (one HEAD request)."""
-        ref = Reference.parse(target.location)
-        try:
-            with RegistryClient(ref.registry) as client:
-                head = client.head_manifest(ref.repository, str(ref.reference))
-        except ServimgError:
-            return False
-        return head is not None and head[0] == digest
 
     @contextlib.contextmanager
     def referrers(self, target: Target) -> Iterator[Referrers]:

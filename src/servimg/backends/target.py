@@ -7,7 +7,6 @@ from kind to backend. This module sits below every backend, so each can name the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
 from servimg.core.progress import NULL, Log, Progress
 
-if TYPE_CHECKING:  # annotations only: `Target` is read on the action cache's replay path (backends.holding)
+if TYPE_CHECKING:  # annotations only
     from servimg.backends.referrers import Referrers
     from servimg.core.platform import Platform
     from servimg.oci.image import Image
@@ -152,17 +151,6 @@ class Backend(Protocol):
 
     def check_reachable(self, target: Target) -> None:
         """Fail before any work when `target` cannot possibly accept an image."""
-        ...
-
-    def evidence(self, target: Target, image: Image) -> dict[str, object] | None:
-        """Right after `write`: what `holds` needs later to tell, without reading the image again, that
-        `target` still has `image` as it was written (canonical JSON, kept by the action cache). None where
-        no cheap answer exists: an archive is rewritten by every write, a registry's tag needs the network."""
-        ...
-
-    def holds(self, target: Target, digest: Digest, evidence: Mapping[str, object]) -> bool:
-        """Whether `target` still holds the image `digest` names here (a layout's manifest, the engine's
-        image ID) as `evidence` recorded it. False, never an error, when anything does not check out."""
         ...
 
     def referrers(self, target: Target) -> AbstractContextManager[Referrers]:

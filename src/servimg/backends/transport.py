@@ -38,7 +38,6 @@ __all__ = [
     "Target",
     "backend",
     "check_reachable",
-    "evidence",
     "fetch",
     "fetch_argument",
     "in_engine",
@@ -203,11 +202,6 @@ def publish_index(
 def publish(image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]) -> str:
     """Write `image` to `target` (its name last); returns a human description of where it went."""
     return backend(target).write(image, target, store, log, options)
-
-
-def evidence(target: Target, image: Image) -> dict[str, object] | None:
-    """What tells later that `target` still holds `image` as just written (`Backend.evidence`)."""
-    return backend(target).evidence(target, image)
 
 
 def referrers(target: Target) -> AbstractContextManager[Referrers]:

@@ -2,17 +2,16 @@
 
 A build asks the base some questions whose answers depend on nothing but the base's bytes and the code
 that asks: which optimisation levels its pycs carry (`bytecode.base_opt_levels`), whether a sentinel is
-already in its code (`verify.base_sentinel_verdicts`), how each RECORD row's path resolves through its
-symlinks (`splitverify`). Answering them costs ≈0.1 s of a cold demo build (issue 13, round 6) and the
-answer cannot change while the base does not, so like the interpreter's facts and the base verdict it is
-computed once per base:
+already in its code (`verify.base_sentinel_verdicts`). Answering them costs time on every build and the
+answer cannot change while the base does not, so like the interpreter's facts it is computed once per
+base:
 
 - the key names the base by content (the ordered diffIDs, or the sha256 of the file asked about), holds
   every other input, and the sha256 of each module whose code derives the answer, so an edited
   derivation is another key, never a stale answer;
 - a build that must do all its work (SERVIMG_NO_RESULT_CACHE, the benchmark's analogue of
   `docker build --no-cache`) still reads these: `--no-cache` re-runs the build's own steps, not its
-  base's pull, and the base verdict is read the same way;
+  base's pull;
 - entries are resultstore's (the key document and the value's sha256, written atomically): a damaged or
   foreign entry reads as none and the fact is derived again. A fact that cannot be kept is still the
   answer: the build goes on.

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from servimg.backends import engine, transport
+from servimg.backends import engine
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import actioncache, basefacts, naming, resultcache, verify
+from servimg.builder import basefacts, naming, resultcache, verify
 from servimg.builder.basescan import find_package, interpreter_lock
 from servimg.builder.bytecode import (
     CompileJob,
@@ -112,11 +112,6 @@ class BuildResult:
     destination: str
     changed_files: int
     layer: Descriptor
-    # Where it went and what it was built from, for the action cache (`published`); not in the OK line.
-    target: Target | None = None
-    published_tag: str | None = None
-    base_ref: str | None = None
-    base_config: Digest | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -128,43 +123,6 @@ class BuildResult:
             "changed_files": self.changed_files,
             "layer": self.layer.to_json(),
         }
-
-    def published(self) -> actioncache.Published | None:
-        """What the action cache checks before it replays this build (servimg.builder.actioncache): the
-        destination, an engine base, and the OK line a rerun prints. None when this build is not
-        replayable: another sink kind (an archive is rewritten by every build; a registry's tag needs
-        the network), or a registry base."""
-        target, tag, base = self.target, self.published_tag, self.base_ref
-        if target is None or tag is None or base is None or Target.parse(base).in_registry:
-            return None
-        source = Target.parse(base)
-        engine_base = None
-        if source.in_engine and self.base_config is not None:
-            engine_base = (source.location, str(self.base_config))
-        # A layout's index (where its tags are) or an archive: recorded even inside the cache root.
-        base_files: tuple[Path, ...] = ()
-        if source.is_layout or source.is_archive:
-            where = Path(source.location)
-            base_files = (where / "index.json",) if source.is_layout else (where,)
-        image = self.image
-        if target.is_layout:
-            named, digest, fields = Target.layout(target.location, tag), image.digest, self.as_dict()
-        elif target.in_engine:
-            # A rerun finds the image there already: it only tags it ("present").
-            named, digest = Target.engine_image(tag), image.config_digest
-            fields = {
-                **self.as_dict(),
-                "destination": engine.destination(tag, image.config_digest, "present"),
-            }
-        else:
-            return None
-        evidence = transport.evidence(named, image)
-        if evidence is None:
-            return None
-        layout = Path(target.location) if target.is_layout else None
-        return actioncache.Published(
-            fields, actioncache.sink(named, digest, evidence), layout, engine_base, base_files
-        )
 
 
 # -- resolve --------------------------------------------------------------------------------------
@@ -476,19 +434,7 @@ def build(
         destination = sink.publish_verified(Verified(image, report), target, store, log, **options)
     else:
         destination = sink.publish(image, target, store, log, **options)
-    published_tag = target.tag if target.is_layout and target.tag else full_tag
-    return BuildResult(
-        image,
-        chosen_tag,
-        locked.digest,
-        destination,
-        len(resolution.changes),
-        layer,
-        target,
-        published_tag,
-        resolution.definition.base.ref,
-        resolution.base.config_digest,
-    )
+    return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
 
 
 def _verified(

@@ -1,23 +1,18 @@
-"""The two results a rebuild of an unchanged definition would otherwise compute again: the compiled
-bytecode of the overlay layer and the verification verdict of the built image.
+"""The one result a rebuild of an unchanged definition would otherwise compute again: the compiled
+bytecode of the overlay layer.
 
-Both are pure functions of their inputs, so each is cached under the sha256 of a canonical document of
-EVERY input that can change it (the key), in `<cache>/results/<kind>/v1/sha256/<key>.json`:
+It is a pure function of its inputs, so it is cached under the sha256 of a canonical document of EVERY
+input that can change it (the key), in `<cache>/results/compiled/v1/sha256/<key>.json`: the base chain
+(ordered diffIDs: the interpreter and the stdlib it compiles with), the interpreter's path and the facts
+the lock pins (version, magic, cache tag), the runner, the compile step itself (sha256 of
+servimg/inimage/compile.py and its interpreter flags), and each source (its path in the image, the sha256
+of its bytes, its optimisation levels).
 
-- compiled: the base chain (ordered diffIDs: the interpreter and the stdlib it compiles with), the
-  interpreter's path and the facts the lock pins (version, magic, cache tag), the runner, the compile
-  step itself (sha256 of servimg/inimage/compile.py and its interpreter flags), and each source (its
-  path in the image, the sha256 of its bytes, its optimisation levels).
-- verdict: the image digest (its config and every layer: the probe, its spec and everything judged),
-  the sha256 of the probe and of the spec the image carries (named apart, so a verdict can be traced to
-  them), the base config digest the report is compared against, and the sha256 of the servimg code that
-  runs the probe and merges its answers (servimg/builder/verify.py, splitverify.py, warmroot.py).
-
-An entry (servimg.builder.resultstore) holds its full key document and the sha256 of its value; on
-read both are checked (and each pyc's own sha256), so a corrupt, truncated or foreign entry (another
-key's file under this name) is ignored and the result computed and written again. Entries are written
-atomically (temp + rename): a reader sees a whole entry or none. Only a passing verdict is cached: a
-failure is always run again.
+An entry (servimg.builder.resultstore) holds its full key document and the sha256 of its value; on read
+both are checked (and each pyc's own sha256), so a corrupt, truncated or foreign entry (another key's
+file under this name) is ignored and the bytecode compiled and written again. Entries are written
+atomically (temp + rename): a reader sees a whole entry or none. No verdict is cached: every build runs
+the whole probe (builder.seams.ProbeVerifier).
 """
 
 from __future__ import annotations
@@ -38,10 +33,6 @@ from servimg.builder.resultstore import write as write
 from servimg.core.digest import Digest, sha256_hex
 
 COMPILED = "compiled"
-VERDICT = "verdict"
-_BUILD_DIR = Path(__file__).resolve().parent
-# The servimg code a verdict depends on besides the image: the probe runner and the split merge.
-VERIFIER_SOURCES = ("verify.py", "splitverify.py", "warmroot.py")
 
 
 # -- compiled bytecode -------------------------------------------------------------------------------
@@ -98,23 +89,6 @@ def read_compiled(value: Any, jobs: Sequence[CompileJob]) -> Compiled | None:
         return None
     wanted = {(j.image_path, opt) for j in jobs for opt in j.opt_levels}
     return (facts, pycs) if set(pycs) == wanted else None
-
-
-# -- verdicts ----------------------------------------------------------------------------------------
-def verifier_sha256() -> str:
-    return sha256_hex(
-        b"".join(sha256_hex((_BUILD_DIR / name).read_bytes()).encode() for name in VERIFIER_SOURCES)
-    )
-
-
-def verdict_key(image: Digest, probe: bytes, spec: bytes, base_config: Digest | None) -> dict[str, object]:
-    return {
-        "image": str(image),
-        "probe_sha256": sha256_hex(probe),
-        "spec_sha256": sha256_hex(spec),
-        "base_config": str(base_config) if base_config is not None else None,
-        "verifier_sha256": verifier_sha256(),
-    }
 
 
 def compile_cached(

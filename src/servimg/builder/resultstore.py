@@ -1,6 +1,6 @@
-"""Where servimg keeps the results it may reuse, every kind of them (servimg.builder.resultcache: compiled
-bytecode and verdicts; servimg.builder.actioncache: whole builds; servimg.builder.basefacts: facts of a
-base; the interpreter's facts and the base's RECORD verdict): `<cache>/results/<kind>/v1/sha256/<key>.json`
+"""Where servimg keeps the results it may reuse, every kind of them, each under a key that names every
+input (servimg.builder.resultcache: compiled bytecode; servimg.builder.basefacts: facts of a base; the
+interpreter's facts): `<cache>/results/<kind>/v1/sha256/<key>.json`
 (core.cachelayout), one file per key, named by the sha256 of the key's canonical JSON. Standard library
 and servimg.core only.
 

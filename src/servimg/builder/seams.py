@@ -15,7 +15,6 @@ the Nix builder); never by patching a module's private names.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,20 +23,13 @@ from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
 from servimg.backends import engine, transport
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import resultcache, warmroot
+from servimg.builder import warmroot
 from servimg.builder.bytecode import ChrootRunner, DockerRunner, Runner
-from servimg.builder.splitverify import WarmRootUnavailable, verify_split
-from servimg.builder.verify import (
-    PROBE_IN_IMAGE,
-    SPEC_IN_IMAGE,
-    VerifyFailed,
-    VerifyReport,
-    verify_image_value,
-)
+from servimg.builder.verify import VerifyFailed, VerifyReport, verify_image_value
 from servimg.builder.warmroot import WarmRoot, WarmRunner
-from servimg.core import canonical
+from servimg.builder.warmverify import WarmRootUnavailable, verify_in_warm_root
 from servimg.core.digest import Digest
-from servimg.core.errors import BuildError, ServimgError
+from servimg.core.errors import BuildError
 from servimg.core.platform import Platform
 from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.filesystem import LayeredFS
@@ -114,10 +106,10 @@ class DefaultRunners:
 
 
 class ProbeRoute(StrEnum):
-    """How the probe runs over a built image: SPLIT in the warm root (the base's verdict cached, the rest
-    over base + new layer), or the whole probe in a CONTAINER of the image, or in a CHROOT of its files."""
+    """Where the whole probe runs over a built image: in the WARM root (the base's tree + the image's
+    layer, `builder.warmverify`), in a CONTAINER of the image, or in a CHROOT of its extracted files."""
 
-    SPLIT = "split"
+    WARM = "warm"
     CONTAINER = "container"
     CHROOT = "chroot"
 
@@ -126,7 +118,7 @@ def probe_route() -> ProbeRoute:
     """The one rule for where this host probes a built image: the warm root where overlays mount, else a
     container where an engine runs, else a chroot."""
     if warmroot.available():
-        return ProbeRoute.SPLIT
+        return ProbeRoute.WARM
     return ProbeRoute.CONTAINER if engine.engine_available() else ProbeRoute.CHROOT
 
 
@@ -181,54 +173,22 @@ def verify_or_refuse(
 
 @dataclass(frozen=True)
 class ProbeVerifier:
-    """The in-image probe. Where this host can mount overlays: split (`builder.splitverify`: the base's
-    RECORD verdict cached, the rest run over base + new layer in the warm root, no engine involved);
-    otherwise the whole probe as `servimg verify` runs it (in a container when an engine runs, else in
-    a chroot of the extracted image)."""
+    """The whole in-image probe, run now over the image's own filesystem (no verdict is cached or
+    merged): in the warm root where this host can mount overlays, else as `servimg verify` runs it, in a
+    container when an engine runs, else in a chroot of the extracted image."""
 
     def report(self, image: Image, store: BlobStore, log: Log, **how: Unpack[VerifyHow]) -> VerifyReport:
-        """The verdict, from the cache when this very image (digest, probe, spec) passed it before with this
-        servimg's verifier (`builder.resultcache`); else run, and cached when it passes."""
-        base_config, probe = how.get("base_config"), how.get("probe")
-        key = verdict_key(image, store, base_config)
-        if key is not None:
-            cached = resultcache.read(store.root, resultcache.VERDICT, key)
-            if cached is not None:
-                with contextlib.suppress(ServimgError):
-                    report = VerifyReport.from_json(cached)
-                    if report.ok and canonical.dumps(report.as_dict()) == canonical.dumps(cached):
-                        log(f"verify: {image.digest} passed this verifier before (cached verdict)")
-                        return report
-        report = self._run(image, store, log, base_config, probe or probe_route())
-        if key is not None and report.ok:
-            resultcache.write(store.root, resultcache.VERDICT, key, report.as_dict())
-        return report
-
-    def _run(
-        self, image: Image, store: BlobStore, log: Log, base_config: Digest | None, route: ProbeRoute
-    ) -> VerifyReport:
-        if route is ProbeRoute.SPLIT:
+        route = how.get("probe") or probe_route()
+        if route is ProbeRoute.WARM:
             try:
-                return verify_split(image, store, log)
+                return verify_in_warm_root(image, store, log)
             except WarmRootUnavailable as exc:
-                log(f"{exc.message}; running the whole probe instead")
+                log(f"{exc.message}; running the probe in a container or a chroot instead")
                 route = ProbeRoute.CONTAINER if engine.engine_available() else ProbeRoute.CHROOT
         in_container = route is ProbeRoute.CONTAINER
-        return verify_image_value(image, store, log, base_config=base_config, in_container=in_container)
-
-
-def verdict_key(image: Image, store: BlobStore, base_config: Digest | None) -> dict[str, object] | None:
-    """The verdict cache's key for a built image (base + one servimg layer), read from that layer's probe
-    and spec; None for an image that has no such layer (it is verified, never cached)."""
-    if not image.layers:
-        return None
-    top = image.layers[-1]
-    try:
-        fs = LayeredFS([store.uncompressed(top.descriptor.digest, top.diff_id)])
-        probe, spec = fs.read(PROBE_IN_IMAGE.lstrip("/")), fs.read(SPEC_IN_IMAGE.lstrip("/"))
-    except (ServimgError, OSError, KeyError):
-        return None
-    return resultcache.verdict_key(image.digest, probe, spec, base_config)
+        return verify_image_value(
+            image, store, log, base_config=how.get("base_config"), in_container=in_container
+        )
 
 
 class Sink(Protocol):

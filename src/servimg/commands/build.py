@@ -9,10 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
-from servimg.builder import actioncache, pipeline, platforms
+from servimg.builder import pipeline, platforms
 from servimg.builder.definition import ImageDefinition
 from servimg.builder.lock import lock_path_for
-from servimg.builder.seams import Seams
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
@@ -63,10 +62,8 @@ def signed_build() -> BuildOne:
 
 
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
-    """Build it; with the default seams, also record the build in the action cache (what it read, where
-    it went), so that the same command run again is replayed (servimg.commands.replay). A definition
-    with `base.platforms` builds every platform and an index over them (not replayed: its sinks are a
-    registry or a layout's index)."""
+    """Build it, every step in this run. A definition with `base.platforms` builds every platform and an
+    index over them."""
     definition = ImageDefinition.load(path)
     if definition.multi_platform:
         many = platforms.build_platforms(
@@ -87,22 +84,14 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
             f"--platform {p.platform}: {path} builds {definition.base.platform} only",
             hint="leave --platform out, or list platforms under base.platforms (docs/platforms.md)",
         )
-    with actioncache.recording() as reads:
-        built = pipeline.build(
-            path,
-            ctx.store,
-            ctx.log,
-            to=p.to,
-            runner=p.runner,
-            tag=p.tag,
-            progress=ctx.progress,
-            seams=ctx.seams,
-        )
-    published = built.published()
-    if published is not None and ctx.seams == Seams():  # a caller's seams (a fake base …) are not replayed
-        actioncache.remember(ctx.store.root, action_of(path, p), reads, published)
+    built = pipeline.build(
+        path,
+        ctx.store,
+        ctx.log,
+        to=p.to,
+        runner=p.runner,
+        tag=p.tag,
+        progress=ctx.progress,
+        seams=ctx.seams,
+    )
     return Outcome(str(path), built.as_dict())
-
-
-def action_of(path: Path, p: params.Build) -> actioncache.Action:
-    return actioncache.Action(path, p.to, p.runner, p.tag)

@@ -335,19 +335,6 @@ def prune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
 
 
-def server_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=30.0,
-        help="seconds to wait for the server to answer (start) or end (stop)",
-    )
-
-
-def server(action: str) -> Callable[[argparse.Namespace], params.Server]:
-    return lambda a: params.Server(action, a.wait)
-
-
 def push_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", help=IMAGE_HELP)
     p.add_argument("dest", help="HOST[:PORT]/REPO[:TAG] or oci:DIR[:TAG]")

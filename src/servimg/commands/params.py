@@ -279,9 +279,3 @@ class CachePrune:
     everything: bool = False  # --all: remove every entry
     wait: float = 0.0  # seconds to wait for running commands to release the cache
     dry_run: bool = False  # say what would go; remove nothing
-
-
-@dataclass(frozen=True)
-class Server:
-    action: str  # start | status | stop
-    wait: float = 30.0  # start: seconds to wait for it to answer; stop: for it to end

@@ -1,11 +1,6 @@
 """One run of one command, as `servimg.cli.main` starts it once the arguments are parsed: the reporter,
-the outcomes rendered, the exit status (1 when any target failed, 130 on Ctrl-C).
-
-A command whose table entry names a replay (`servimg build`: `servimg.commands.replay`) is first asked
-of the action cache: when the very same run already produced its result and the destination still holds
-it, the outcomes are replayed without importing what the command needs. Only with the default seams and
-no `--base-from` (an embedding caller's seams, a fake base or another base location, is never
-replayed). Anything else, or any miss, runs the command (`servimg.commands.context`, loaded then)."""
+the outcomes rendered, the exit status (1 when any target failed, 130 on Ctrl-C). Every outcome is
+computed by this run: nothing is replayed from an earlier one (issue 39)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -29,8 +24,6 @@ if TYPE_CHECKING:
 
 # The context (seams, store) and the run of a command: loaded only when the command really runs.
 CONTEXT = "servimg.commands.context"
-
-Replay = Callable[[argparse.Namespace, Path | None, Log], list[Outcome] | None]
 
 
 def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
@@ -77,10 +70,5 @@ def _keep_to_cap(root: Path, log: Log) -> None:
 
 
 def _outcomes(args: argparse.Namespace, seams: Seams | None, reporter: Reporter) -> Iterable[Outcome]:
-    replay = cast("Replay | None", getattr(args.run, "replayed", None))
-    if replay is not None and seams is None and not getattr(args, "base_from", None):
-        replayed = replay(args, args.cache, reporter.log)
-        if replayed is not None:
-            return replayed
     run = importlib.import_module(CONTEXT).outcomes
     return cast("Iterable[Outcome]", run(args, seams, reporter))

@@ -115,10 +115,6 @@ class ModelError(ServimgError):
     """The tiny model servimg builds for the CPU ladder could not be built or used."""
 
 
-class ResidentError(ServimgError):
-    """A resident server (`servimg server …`) could not be started, reached or stopped."""
-
-
 class WitnessError(ServimgError):
     """A serving process ran code that is not the patched code, or its witness records are unusable."""
 
