@@ -21,8 +21,6 @@ from pathlib import Path
 
 from servimg import __version__ as servimg_version
 from servimg import cli
-from servimg.commands import build as command_build
-from servimg.commands import session
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -394,32 +392,31 @@ def _heavy(modules: list[str]) -> list[str]:
     return sorted({m.split(".")[0] for m in modules if m.split(".")[0] in HEAVY})
 
 
-def test_the_parser_imports_only_the_standard_library_and_the_parameters() -> None:
-    """`servimg --help`, `--version` and every parse: cli.py names each command's function as a string
-    (loaded by importlib as the command runs), so nothing behind a command is imported to parse it."""
+def test_parsing_imports_no_command_and_no_concern_behind_one() -> None:
+    """`servimg --help`, `--version` and every parse: the CLI imports the session (reporter, context,
+    exit status) statically, and names each command's function as a string in its one table, loaded as
+    that command runs; so parsing imports no command module, no provenance, ladder runner, base builder
+    or build pipeline, and no third-party package but yaml (what reads a definition)."""
     loaded = _loaded_after("import servimg.cli; servimg.cli.parser().parse_args(['build', 'x.yaml'])")
-    servimg = sorted(m for m in loaded if m.split(".")[0] == "servimg")
-    assert servimg == [
-        "servimg",
-        "servimg.cli",
-        "servimg.commands",
-        "servimg.commands.flags",
-        "servimg.commands.params",
-    ]
-    assert _heavy(loaded) == []
+    commands = {c.run.function.partition(":")[0] for c in cli.COMMANDS}
+    commands |= {c.run.signed.partition(":")[0] for c in cli.COMMANDS if c.run.signed}
+    assert sorted(commands & set(loaded)) == []
+    behind = ("servimg.provenance", "servimg.ladder.runner", "servimg.bases", "servimg.builder.pipeline")
+    assert [m for m in loaded if m.startswith(behind)] == []
+    assert _heavy(loaded) == ["yaml"]
 
 
-def test_every_command_function_is_named_in_the_commands_layer() -> None:
-    """The dotted names (the table's, the session's, the signed build's) bypass the import graph above,
-    so they are held to the same rule here: each names a function of a module of the commands layer
-    (which may import every concern)."""
-    named = [c.run.function for c in cli.COMMANDS]
-    named += [f"{cli.SESSION}:execute", f"{command_build.SIGNED_BUILD}:build_one"]
-    named += [f"{session.CONTEXT}:outcomes"]
-    for function in named:
-        module = function.partition(":")[0]
-        assert module.startswith("servimg.commands.") and layer_of(module) == "commands", function
-        assert module in modules() and callable(cli.load(function)), function
+def test_the_only_string_imports_are_the_cli_table() -> None:
+    """Static imports everywhere (readers and tools follow cli → command): `importlib` loads servimg code
+    only in the CLI's command table (cli.load); core.lazy defers two third-party packages by attribute."""
+    users = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "import_module(" in path.read_text() and not path.is_relative_to(PACKAGE / "inimage")
+    )
+    assert users == ["cli.py", "core/lazy.py"]
+    lazy = (PACKAGE / "core" / "lazy.py").read_text()
+    assert "servimg." not in lazy.split('"""')[-1], "core.lazy defers third-party modules only"
 
 
 def test_a_command_loads_only_what_it_needs() -> None:

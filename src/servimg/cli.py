@@ -1,11 +1,12 @@
 """The `servimg` command line. No logic of its own: parse, call the library, report OK/FAIL."""
 
 # A table (`COMMANDS`) of subcommands, each naming its library function as a dotted string that is
-# loaded (importlib) only when that command runs: `servimg --help` and the parser import the standard
-# library and `servimg.commands.params` only, and `servimg build` imports the build pipeline, not the
-# provenance stack or the ladder. tests/test_architecture.py checks both: what `import servimg.cli` loads,
-# and that every name in the table is a function of the commands layer taking the parameters its entry
-# builds. (The docstring above is `servimg --help`'s description.)
+# loaded (importlib) only when that command runs: the one place servimg imports its own code lazily,
+# because the commands' imports differ by a measured amount (`servimg build` imports the build pipeline
+# in ≈0.15 s, the provenance stack behind `check`/`push` takes ≈0.4 s: docs/benchmarks.md, "Issue 39").
+# Everything else is a static import: the session and its context come with the CLI. tests/
+# test_architecture.py checks what parsing loads, and that every name in the table is a function of the
+# commands layer taking the parameters its entry builds. (The docstring above is `servimg --help`'s.)
 
 from __future__ import annotations
 
@@ -18,15 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from servimg import __version__
-from servimg.commands import flags, params
+from servimg.commands import flags, params, session
 
 if TYPE_CHECKING:
     from servimg.builder.seams import Seams
     from servimg.commands.context import Context
     from servimg.commands.outcome import Outcome
 
-# What runs a parsed command (the reporter, the context, the exit status): loaded once parsing is done.
-SESSION = "servimg.commands.session"
 
 
 def load(function: str) -> Any:
@@ -42,13 +41,17 @@ class Bound:
 
     params: Callable[[argparse.Namespace], object]
     function: str  # "servimg.commands.MODULE:FUNCTION"
+    # The function instead when the parameters ask to sign (`build --sign`): the provenance stack, which
+    # a plain build never needs (≈0.2 s of imports), is loaded only then.
+    signed: str | None = None
     # The command holds its cache while it runs (servimg.core.cachehold), so no prune removes what it
     # uses; False only for the commands that inspect or prune the cache themselves.
     holds_cache: bool = True
 
     def __call__(self, args: argparse.Namespace, ctx: Context) -> Iterator[Outcome]:
         given = self.params(args)
-        return cast("Iterator[Outcome]", load(self.function)(given, ctx))
+        function = self.signed if self.signed and getattr(given, "sign", None) is not None else self.function
+        return cast("Iterator[Outcome]", load(function)(given, ctx))
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ COMMANDS: tuple[Command, ...] = (
                 a.platform,
             ),
             "servimg.commands.build:build",
+            signed="servimg.commands.signed:build",
         ),
     ),
     Command(
@@ -273,8 +277,7 @@ def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> in
     (servimg.commands.session): from the arguments (`--base-from`), or given by an embedding caller (the
     Nix builder, tests' fake base)."""
     args = parser().parse_args(argv)
-    execute = cast("Callable[[argparse.Namespace, Seams | None], int]", load(f"{SESSION}:execute"))
-    return execute(args, seams)
+    return session.execute(args, seams)
 
 
 if __name__ == "__main__":

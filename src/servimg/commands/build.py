@@ -1,13 +1,11 @@
 """`servimg lock` and `servimg build`: the build pipeline, nothing of provenance (a `--sign` build is
-`servimg.commands.signed`, loaded only then)."""
+`servimg.commands.signed`, which the CLI's table names for it)."""
 
 from __future__ import annotations
 
 import functools
-import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
 
 from servimg.builder import pipeline, platforms
 from servimg.builder.definition import ImageDefinition
@@ -17,9 +15,6 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import UsageError
 from servimg.core.platform import Platform
-
-# A signed build pushes with attestations (servimg.provenance): loaded only when --sign asks for it.
-SIGNED_BUILD = "servimg.commands.signed"
 
 
 def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
@@ -48,17 +43,9 @@ def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
 
 
 def build(p: params.Build, ctx: Context) -> Iterator[Outcome]:
-    """Build each definition as locked; with `sign`, also push it with its signed attestations."""
-    one = signed_build() if p.sign is not None else build_one
+    """Build each definition as locked (`--sign`: servimg.commands.signed.build)."""
     for path in p.definitions:
-        yield attempt(str(path), functools.partial(one, path, p, ctx))
-
-
-BuildOne = Callable[[Path, params.Build, Context], Outcome]
-
-
-def signed_build() -> BuildOne:
-    return cast(BuildOne, importlib.import_module(SIGNED_BUILD).build_one)
+        yield attempt(str(path), functools.partial(build_one, path, p, ctx))
 
 
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:

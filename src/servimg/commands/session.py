@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
+from servimg.commands import context
 from servimg.commands.outcome import Outcome
 from servimg.core import cachehold, cachelayout, cachestate
 from servimg.core.cachedir import default_cache_dir
@@ -22,8 +22,6 @@ from servimg.render import Reporter
 if TYPE_CHECKING:
     from servimg.builder.seams import Seams
 
-# The context (seams, store) and the run of a command: loaded only when the command really runs.
-CONTEXT = "servimg.commands.context"
 
 
 def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
@@ -70,5 +68,4 @@ def _keep_to_cap(root: Path, log: Log) -> None:
 
 
 def _outcomes(args: argparse.Namespace, seams: Seams | None, reporter: Reporter) -> Iterable[Outcome]:
-    run = importlib.import_module(CONTEXT).outcomes
-    return cast("Iterable[Outcome]", run(args, seams, reporter))
+    return context.outcomes(args, seams, reporter)

@@ -3,11 +3,13 @@ one way every command reads a private key."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 from servimg.commands import params
 from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome
+from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import UsageError
 from servimg.provenance import attach, cosign, gpgsign, keys
 from servimg.provenance.dsse import Signer
@@ -30,6 +32,12 @@ def gpg_plan(p: params.Publish) -> attach.GpgPlan | None:
     signer = gpgsign.GpgSigner(p.gpg_key)
     signer.fingerprint()
     return attach.GpgPlan(signer, gpgsign.Lookaside(p.lookaside) if p.lookaside is not None else None)
+
+
+def build(p: params.Build, ctx: Context) -> Iterator[Outcome]:
+    """`servimg build --sign KEY`: each definition built as locked and pushed with its attestations."""
+    for path in p.definitions:
+        yield attempt(str(path), functools.partial(build_one, path, p, ctx))
 
 
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
