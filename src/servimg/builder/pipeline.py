@@ -404,11 +404,14 @@ def build(
     verify: bool = True,
     progress: Progress = NULL,
     seams: Seams = DEFAULT,
+    definition: ImageDefinition | None = None,
 ) -> BuildResult:
+    """Build `definition_path` as locked (`definition`: the caller's read of it, so the file is read
+    once)."""
     target = Target.parse(to) if to else default_target(definition_path)
     seams.sink.check(target)
     locked = Lock.load(lock_path_for(definition_path))
-    resolution = resolve(definition_path, store, log, runner, seams)
+    resolution = resolve(definition_path, store, log, runner, seams, definition=definition)
     check_drift(locked, resolution.lock, definition_path)
     naming.refuse_tag_of_another_lock(
         resolution.definition, locked, [tag, target.tag, naming.registry_tag(target)]

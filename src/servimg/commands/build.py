@@ -80,5 +80,6 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
         tag=p.tag,
         progress=ctx.progress,
         seams=ctx.seams,
+        definition=definition,
     )
     return Outcome(str(path), built.as_dict())
