@@ -519,3 +519,14 @@ def test_only_the_backends_know_how_a_place_is_spelt() -> None:
             continue
         offenders += [f"{rel}:{n}" for n in _place_spellings(ast.parse(path.read_text()))]
     assert offenders == []
+
+
+CACHE_MODULES = ("servimg.builder.resultcache", "servimg.builder.resultstore", "servimg.builder.basefacts")
+
+
+def test_the_pipeline_imports_no_cache_module() -> None:
+    """The caches that stay (compiled bytecode, facts of a base) sit behind seams: the compiler seam
+    (`seams.CachedCompiler`) and the base scan (`basescan`); the pipeline that builds and proves an image
+    reaches them only through those (issue 39)."""
+    pipeline = sorted({e.imported for e in edges() if e.importer == "servimg.builder.pipeline"})
+    assert [m for m in pipeline if m in CACHE_MODULES] == [], pipeline

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from servimg.commands.outcome import Outcome
 
 
-
 def load(function: str) -> Any:
     """`package.module:function`, imported now."""
     module, _, name = function.partition(":")

@@ -8,24 +8,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from servimg.builder import basefacts, bytecode, resultstore
+from servimg.builder import basefacts, bytecode, resultstore, verify
 from servimg.builder.bytecode import (
     InterpreterFacts,
     Runner,
     base_opt_levels,
     compile_sources,
 )
-from servimg.builder.definition import (
-    ImageDefinition,
-)
+from servimg.builder.definition import ImageDefinition, Sentinel
 from servimg.builder.lock import (
     InterpreterLock,
     PackageLock,
 )
+from servimg.builder.verify import base_sentinel_verdicts_in_image
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import BuildError, DefinitionError
 from servimg.core.progress import Log
+from servimg.inimage import probe
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -191,3 +193,37 @@ def providers(fs: LayeredFS, import_name: str) -> list[tuple[str, str, str]]:
                 declared = re.search(rb"^Name: *(\S+)", metadata, re.MULTILINE)
                 found.append((declared.group(1).decode() if declared else name, version, "/" + site))
     return sorted(found)
+
+
+def sentinels_in_base(
+    store: BlobStore,
+    sources: Mapping[str, bytes],
+    wanted: Sequence[Sentinel],
+    runner: Runner,
+    interpreter: InterpreterLock,
+) -> dict[str, bool]:
+    """Whether the base's code already holds each sentinel, answered by the image's own interpreter
+    (`verify.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
+    sources' sha256 and that interpreter (servimg.builder.basefacts): a module's bytes, the sentinel and
+    the compiler decide it, and asking the image costs a run of it."""
+    if not wanted:
+        return {}
+    key = {
+        "interpreter": [interpreter.resolved, interpreter.version, interpreter.magic],
+        "sources": {module: sha256_hex(data) for module, data in sorted(sources.items())},
+        "sentinels": [dataclasses.asdict(s) for s in wanted],
+    }
+    return basefacts.remembered(
+        store.root,
+        "sentinels-in-base",
+        key,
+        lambda: base_sentinel_verdicts_in_image(runner, interpreter.path, sources, wanted),
+        code=(verify, probe),
+        decode=_verdict_map,
+    )
+
+
+def _verdict_map(value: Any) -> dict[str, bool]:
+    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+        raise TypeError("not a map of sentinel keys to booleans")
+    return {str(k): v for k, v in value.items()}

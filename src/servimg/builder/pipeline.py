@@ -7,37 +7,32 @@ written lock, then plans one deterministic overlay layer and publishes the image
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from servimg.backends import engine
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import basefacts, naming, resultcache, verify
-from servimg.builder.basescan import find_package, interpreter_lock
+from servimg.builder import naming
+from servimg.builder.basescan import find_package, interpreter_lock, sentinels_in_base
 from servimg.builder.bytecode import (
     CompileJob,
     InterpreterFacts,
     Runner,
-    compile_sources,
     pyc_path,
     stale_pycs,
 )
 from servimg.builder.definition import (
     ImageDefinition,
     OverlaySpec,
-    Sentinel,
     repo_root_for,
 )
 from servimg.builder.lock import (
     BaseLock,
     FileLock,
-    InterpreterLock,
     LadderLock,
     Lock,
     OverlayLock,
@@ -50,6 +45,8 @@ from servimg.builder.patch import Patch
 from servimg.builder.seams import (
     DEFAULT,
     BaseSource,
+    CachedCompiler,
+    Compiler,
     ProbeRoute,
     Seams,
     Staging,
@@ -60,7 +57,6 @@ from servimg.builder.seams import (
 )
 from servimg.builder.verify import (
     VerifyReport,
-    base_sentinel_verdicts_in_image,
     base_sources,
     probe_files,
     probe_spec,
@@ -69,7 +65,6 @@ from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
-from servimg.inimage import probe
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
@@ -102,6 +97,8 @@ class Resolution:
     ladder_files: Mapping[str, bytes] = field(default_factory=dict)
     # How the built image is probed: chosen with the runner, once, when the build resolves.
     probe: ProbeRoute | None = None
+    # How the overlay's sources become bytecode (seams.compiler: the compile cache behind it).
+    compiler: Compiler = field(default_factory=CachedCompiler)
 
 
 @dataclass(frozen=True)
@@ -174,7 +171,16 @@ def resolve(
     ladder_lock, ladder_files = _ladder(definition, definition_path)
     lock = replace(lock, ladder=ladder_lock)
     return Resolution(
-        definition, definition_path, base, fs, lock, changes, chosen, ladder_files, sandboxes.probe
+        definition,
+        definition_path,
+        base,
+        fs,
+        lock,
+        changes,
+        chosen,
+        ladder_files,
+        sandboxes.probe,
+        seams.compiler,
     )
 
 
@@ -218,7 +224,7 @@ def _with_base_verdicts(
     for spec, locked in zip(definition.overlays, lock.overlays, strict=True):
         wanted = [s for s in spec.sentinels if s.absent_in_base]
         sources = base_sources(lock, wanted, lambda p: fs.read_or_none(p.lstrip("/")))
-        verdicts = _sentinel_verdicts(store, sources, wanted, runner, lock.interpreter)
+        verdicts = sentinels_in_base(store, sources, wanted, runner, lock.interpreter)
         present = sorted(key for key, has in verdicts.items() if has)
         if present:
             raise DefinitionError(
@@ -228,40 +234,6 @@ def _with_base_verdicts(
             )
         overlays.append(replace(locked, sentinels_absent_in_base=tuple(sorted(verdicts))))
     return replace(lock, overlays=tuple(overlays))
-
-
-def _sentinel_verdicts(
-    store: BlobStore,
-    sources: Mapping[str, bytes],
-    wanted: Sequence[Sentinel],
-    runner: Runner,
-    interpreter: InterpreterLock,
-) -> dict[str, bool]:
-    """Whether the base's code already holds each sentinel, answered by the image's own interpreter
-    (`verify.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
-    sources' sha256 and that interpreter (servimg.builder.basefacts): a module's bytes, the sentinel and
-    the compiler decide it, and asking the image costs a run of it."""
-    if not wanted:
-        return {}
-    key = {
-        "interpreter": [interpreter.resolved, interpreter.version, interpreter.magic],
-        "sources": {module: sha256_hex(data) for module, data in sorted(sources.items())},
-        "sentinels": [dataclasses.asdict(s) for s in wanted],
-    }
-    return basefacts.remembered(
-        store.root,
-        "sentinels-in-base",
-        key,
-        lambda: base_sentinel_verdicts_in_image(runner, interpreter.path, sources, wanted),
-        code=(verify, probe),
-        decode=_verdict_map,
-    )
-
-
-def _verdict_map(value: Any) -> dict[str, bool]:
-    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
-        raise TypeError("not a map of sentinel keys to booleans")
-    return {str(k): v for k, v in value.items()}
 
 
 def _fetch_base(
@@ -546,14 +518,9 @@ def plan_layer(resolution: Resolution, locked: Lock, log: Log, cache_root: Path)
             f"compiling {len(jobs)} file(s) × {len(interp.opt_levels)} opt level(s) with {interp.path} "
             f"({resolution.runner.name} runner)"
         )
-        facts, pycs = resultcache.compile_cached(
-            cache_root,
-            resolution.base.diff_ids,
-            interp.path,
-            InterpreterFacts(interp.resolved, interp.version, interp.magic, interp.cache_tag),
-            resolution.runner.name,
-            jobs,
-            lambda: compile_sources(resolution.runner, interp.path, jobs),
+        pinned = InterpreterFacts(interp.resolved, interp.version, interp.magic, interp.cache_tag)
+        facts, pycs = resolution.compiler.compile(
+            cache_root, resolution.base.diff_ids, resolution.runner, interp.path, pinned, jobs
         )
         _check_interpreter(facts, locked)
         for (source, opt), data in sorted(pycs.items()):

@@ -6,6 +6,8 @@ the Nix builder); never by patching a module's private names.
   location that must hold the same pinned digest (`FromRef`: `servimg build --base-from oci:DIR`, as the
   Nix derivation does with the base assembled from fixed-output blobs).
 - `RunnerChoice`: which runner compiles with the image's own interpreter (docker, chroot, auto).
+- `Compiler`: how the overlay's sources become bytecode through that runner (`CachedCompiler`: the
+  compile cache, keyed by every input, in front of it), so the pipeline imports no cache module.
 - `Verifier`: the in-image probe run on every built image before anything is published.
 - `Sink`: where the image goes (the target the user named, or `StoreOnly`: the value stays in the blob
   store, for the signed build that pushes it itself with its attestations). A sink that is also
@@ -19,12 +21,20 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
 from servimg.backends import engine, transport
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import warmroot
-from servimg.builder.bytecode import ChrootRunner, DockerRunner, Runner
+from servimg.builder import resultcache, warmroot
+from servimg.builder.bytecode import (
+    ChrootRunner,
+    CompileJob,
+    DockerRunner,
+    InterpreterFacts,
+    Runner,
+    compile_sources,
+)
 from servimg.builder.verify import VerifyFailed, VerifyReport, verify_image_value
 from servimg.builder.warmroot import WarmRoot, WarmRunner
 from servimg.builder.warmverify import WarmRootUnavailable, verify_in_warm_root
@@ -103,6 +113,50 @@ class DefaultRunners:
         if name != "auto":
             raise BuildError(f"unknown runner {name!r}", hint="use auto, warm, docker or chroot")
         return ChrootRunner(fs)
+
+
+Compiled = tuple[InterpreterFacts, dict[tuple[str, int], bytes]]
+
+
+class Compiler(Protocol):
+    """The overlay's sources compiled by the image's interpreter through `runner`: its facts and the pyc
+    bytes per (source path, optimisation level)."""
+
+    def compile(
+        self,
+        cache_root: Path,
+        base_diff_ids: Sequence[Digest],
+        runner: Runner,
+        interpreter: str,
+        pinned: InterpreterFacts,
+        jobs: Sequence[CompileJob],
+    ) -> Compiled: ...
+
+
+@dataclass(frozen=True)
+class CachedCompiler:
+    """`bytecode.compile_sources`, from the compile cache when an entry for exactly these inputs (the base
+    chain, the interpreter and its pinned facts, the runner, the compile step, every source) checks out
+    (`builder.resultcache`)."""
+
+    def compile(
+        self,
+        cache_root: Path,
+        base_diff_ids: Sequence[Digest],
+        runner: Runner,
+        interpreter: str,
+        pinned: InterpreterFacts,
+        jobs: Sequence[CompileJob],
+    ) -> Compiled:
+        return resultcache.compile_cached(
+            cache_root,
+            base_diff_ids,
+            interpreter,
+            pinned,
+            runner.name,
+            jobs,
+            lambda: compile_sources(runner, interpreter, jobs),
+        )
 
 
 class ProbeRoute(StrEnum):
@@ -352,6 +406,7 @@ class Seams:
 
     base_source: BaseSource = field(default_factory=ByReference)
     runners: RunnerChoice = field(default_factory=DefaultRunners)
+    compiler: Compiler = field(default_factory=CachedCompiler)
     verifier: Verifier = field(default_factory=ProbeVerifier)
     sink: Sink = field(default_factory=TargetSink)
     # Every write into the build's blob cache (fetched blobs, decompressed diffs, the overlay layer) passes

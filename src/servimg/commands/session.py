@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from servimg.builder.seams import Seams
 
 
-
 def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
     """Run the parsed command (`args.run`): one OK/FAIL per outcome; 1 when any failed, 130 on Ctrl-C."""
     reporter = Reporter(quiet=args.quiet, as_json=args.json)
