@@ -137,6 +137,8 @@ PLANTED_HYBRID = {
     "hybrid model (before vllm-project/vllm#48425)",
     "planted-state-from-wrong-block": "TEST ONLY: the recurrent state is restored from the block before "
     "the hit's",
+    "planted-checkpoint-writes-skipped": "TEST ONLY: the demo's Mamba2 fix with its prefill checkpoint "
+    "writes skipped (the state a hit restores was never stored)",
 }
 
 

@@ -124,9 +124,9 @@ def test_image_python_loads_the_fresh_checked_hash_pyc(built: dict[str, Any]) ->
 def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     built: dict[str, Any], tmp_path: Path, runner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The extracting chroot runner and the warm one (overlay over the cached base tree, split
-    verification) give the docker runner's bytes: compiled and verified again (the result caches off:
-    an earlier build with this runner in the shared cache must not stand in for this one)."""
+    """The extracting chroot runner and the warm one (overlay over the cached base tree; the whole probe
+    there too) give the docker runner's bytes: compiled and verified again (the compile cache off: an
+    earlier build with this runner in the shared cache must not stand in for this one)."""
     monkeypatch.setenv("SERVIMG_NO_RESULT_CACHE", "1")
     root = tmp_path / "elsewhere" / "checkout"
     copy_checkout(root, ("overlays", "verify/ladders", "verify/probes"))

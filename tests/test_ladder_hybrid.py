@@ -1,9 +1,9 @@
 """Detection power of the hybrid ladder (verify/ladders/cpu-hybrid.yaml) on real vLLM for CPU.
 
-The demo base serves servimg's tiny GDN hybrid (Qwen3Next: gated delta net beside full attention,
-generated in the image) with prefix caching in vLLM's align mode, where a cache hit must restore the
-recurrent state at the 256-token block edge. Two TEST-ONLY overlays plant the seed's mechanism into vLLM's
-KV cache manager, and the ladder's GDN arms must FAIL on each while the control stays clean:
+The demo base serves servimg's tiny hybrids (generated in the image) with prefix caching in vLLM's align
+mode, where a cache hit must restore the recurrent state at the 256-token block edge. TEST-ONLY overlays
+plant defects, and the ladder's cached arms must FAIL on each while the control stays clean. Two plant the
+seed's mechanism into vLLM's KV cache manager, seen on the GDN hybrid (Qwen3Next):
 
 - `planted-attention-hit-stands`: the full-attention group's local hit stands as the model-wide computed
   prefix (vLLM's behaviour before vllm-project/vllm#48425). The probe family d0 sends 850 tokens cold (the
@@ -12,8 +12,12 @@ KV cache manager, and the ladder's GDN arms must FAIL on each while the control 
 - `planted-state-from-wrong-block`: a hit restores the recurrent state of the block before the hit's
   (the nested families' third prompt hits 512 and gets the state at 256).
 
-Each derived ladder has the GDN arms control, cold and warm, eager (the compile cache is not what these
-test; eager saves about a minute per server start): 2 server starts per planted image.
+and one is the demo's own Mamba2 fix with its prefill checkpoint writes skipped, seen on the Mamba2 hybrid
+(NemotronH): the state a hit restores was never stored. With a random-weight model that defect once moved
+the logprobs by only 2.2e-05 and no token: the ladder compares bit-exactly.
+
+Each derived ladder has one family's control, cold and warm arms, eager (the compile cache is not what
+these test; eager saves about a minute per server start): 2 server starts per planted image.
 """
 
 from __future__ import annotations
@@ -31,20 +35,21 @@ from servimg.cli import main
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.root]
 
 HITS = [{"metric": "prefix_cache_hits", "op": ">", "value": 0}]
-GDN = ["--model", "/models/gdn"]
 
 
-def gdn_ladder(repo: Path, name: str) -> Path:
-    """The hybrid ladder with its GDN control, cold and warm arms only (same probes and thresholds)."""
+def family_ladder(repo: Path, name: str, family: str) -> Path:
+    """The hybrid ladder with one model family's control, cold and warm arms only (same probes and
+    thresholds)."""
     doc = yaml.safe_load((repo / HYBRID_LADDER).read_text())
     doc["name"] = name
     doc["server"]["args"] = [*doc["server"]["args"], "--enforce-eager"]
+    model = ["--model", f"/models/{family}"]
     doc["arms"] = [
-        {"id": "gdn-control", "model_family": "gdn", "role": "control",
-         "args": [*GDN, "--no-enable-prefix-caching"]},
-        {"id": "gdn-cold", "model_family": "gdn", "role": "cold",
-         "args": [*GDN, "--enable-prefix-caching"], "exercise": HITS},
-        {"id": "gdn-warm", "model_family": "gdn", "role": "warm", "server": "reuse:gdn-cold",
+        {"id": f"{family}-control", "model_family": family, "role": "control",
+         "args": [*model, "--no-enable-prefix-caching"]},
+        {"id": f"{family}-cold", "model_family": family, "role": "cold",
+         "args": [*model, "--enable-prefix-caching"], "exercise": HITS},
+        {"id": f"{family}-warm", "model_family": family, "role": "warm", "server": f"reuse:{family}-cold",
          "exercise": HITS},
     ]  # fmt: skip
     path = repo / "verify" / "ladders" / f"{name}.yaml"
@@ -63,16 +68,19 @@ def run_ladder(image: Any, ladder: Path, out: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize(
-    ("planted", "diverging"),
+    ("planted", "family", "diverging"),
     [
         # the prompt only the planted hit can reach wrongly: d0-p1 (attention 512, recurrent state none)
-        ("planted-attention-hit-stands", "d0-p1"),
+        ("planted-attention-hit-stands", "gdn", "d0-p1"),
         # the first hit past one block: the third nested prompt (state at 512 taken from 256)
-        ("planted-state-from-wrong-block", "n0-p2"),
+        ("planted-state-from-wrong-block", "gdn", "n0-p2"),
+        # the first hit of all: the second nested prompt restores the state at 256, never written
+        ("planted-checkpoint-writes-skipped", "mamba2", "n0-p1"),
     ],
 )
-def test_a_planted_hybrid_defect_fails_the_cached_gdn_arms_with_the_control_clean(
+def test_a_planted_hybrid_defect_fails_the_cached_arms_with_the_control_clean(
     planted: str,
+    family: str,
     diverging: str,
     cpu_ladder_repo: Path,
     store: Any,
@@ -80,12 +88,13 @@ def test_a_planted_hybrid_defect_fails_the_cached_gdn_arms_with_the_control_clea
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     image = build_image(cpu_ladder_repo, planted, store)
-    doc = run_ladder(image, gdn_ladder(cpu_ladder_repo, f"{planted}-check"), tmp_path / planted, capsys)
+    ladder = family_ladder(cpu_ladder_repo, f"{planted}-check", family)
+    doc = run_ladder(image, ladder, tmp_path / planted, capsys)
     assert doc["verdict"] == "FAIL", doc["verdict_reasons"]
     arms = {a["id"]: a for a in doc["arms"]}
-    control = arms["gdn-control"]
+    control = arms[f"{family}-control"]
     assert control["verdict"] == "PASS" and control["corrupted"] == 0
-    cold = arms["gdn-cold"]
+    cold = arms[f"{family}-cold"]
     assert cold["verdict"] == "FAIL", cold["reasons"]
     assert all(g["ok"] for g in cold["gates"]), "the cold arm was exercised (prefix-cache hits)"
     rows = {r["prompt_id"]: r for r in cold["comparison"]["requests"]}

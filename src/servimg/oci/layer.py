@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from servimg.core.atomic import atomic_stream
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
+from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -194,7 +195,7 @@ def write_layer(
         else:
             write_tar(entries, blob, mtime=mtime)  # type: ignore[arg-type]
             diff_id = Digest("sha256", blob.sha.hexdigest())
-    media = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if compress else "")
+    media = OCI_LAYER_GZIP if compress else OCI_LAYER
     return LayerBlob(diff_id, Digest("sha256", blob.sha.hexdigest()), blob.count, media)
 
 

@@ -68,7 +68,15 @@ def artifact_type(kind: str) -> str:
     """OCI artifactType of an attestation: `application/vnd.in-toto.<kind>+dsse` (kind: KINDS values)."""
     if kind not in KINDS.values():
         raise AttestationError(f"unknown attestation kind {kind!r}", hint=f"one of {sorted(KINDS.values())}")
-    return f"application/vnd.in-toto.{kind}+dsse"
+    return f"{_ARTIFACT_PREFIX}{kind}{_ARTIFACT_SUFFIX}"
+
+
+_ARTIFACT_PREFIX, _ARTIFACT_SUFFIX = "application/vnd.in-toto.", "+dsse"
+
+
+def artifact_kind(artifact_type: str) -> str:
+    """The kind an attestation's artifactType names (`artifact_type`'s inverse; another type as it is)."""
+    return artifact_type.removeprefix(_ARTIFACT_PREFIX).removesuffix(_ARTIFACT_SUFFIX)
 
 
 def kind_of(predicate_type: str) -> str:

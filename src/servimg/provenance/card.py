@@ -241,7 +241,7 @@ def card(evidence: Evidence) -> Card:
         tuple(_results(bound)),
         tuple(
             Signature(
-                f.artifact_type.removeprefix("application/vnd.in-toto.").removesuffix("+dsse"),
+                attest.artifact_kind(f.artifact_type),
                 f.artifact,
                 _status(f),
                 f.keyids or f.hints,

@@ -120,7 +120,7 @@ def _judge(policy: Policy, ev: Evidence, f: Found) -> tuple[list[Finding], bool]
     is reported as a WARN row ("ignored: …") and not counted. Anyone who may push may attach, so such
     bytes must not be able to fail a properly signed tag; the policy's requirements alone decide whether
     what does verify is enough. `unsigned: forbid` makes an unsigned envelope a FAIL."""
-    kind = f.artifact_type.removeprefix("application/vnd.in-toto.").removesuffix("+dsse")
+    kind = attest.artifact_kind(f.artifact_type)
     what = f"attestation {kind} {f.short}"
     if f.problem is not None:
         return [_ignored(what, f.problem)], False

@@ -35,7 +35,7 @@ from servimg.core import canonical
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
-from servimg.oci.image import OCI_MANIFEST, Descriptor
+from servimg.oci.image import OCI_CONFIG, OCI_MANIFEST, Descriptor
 from servimg.provenance import dsse
 from servimg.provenance.attest import ENVELOPE_MEDIA_TYPE, PAYLOAD_TYPE
 
@@ -43,7 +43,6 @@ SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 PREDICATE_ANNOTATION = "predicateType"
 COSIGN_SIGNATURE_TYPE = "cosign container image signature"
-CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 BUNDLE_V03 = "application/vnd.dev.sigstore.bundle.v0.3+json"
 BUNDLE_CONTENT = "dev.sigstore.bundle.content"
 BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
@@ -155,7 +154,7 @@ def tag_manifest(layers: Sequence[TagLayer]) -> tuple[bytes, bytes]:
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": {
-            "mediaType": CONFIG_MEDIA_TYPE,
+            "mediaType": OCI_CONFIG,
             "digest": str(Digest.of_bytes(config)),
             "size": len(config),
         },
