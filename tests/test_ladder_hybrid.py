@@ -67,20 +67,24 @@ def run_ladder(image: Any, ladder: Path, out: Path, capsys: pytest.CaptureFixtur
     return doc
 
 
-@pytest.mark.parametrize(
-    ("planted", "family", "diverging"),
-    [
-        # the prompt only the planted hit can reach wrongly: d0-p1 (attention 512, recurrent state none)
-        ("planted-attention-hit-stands", "gdn", "d0-p1"),
-        # the first hit past one block: the third nested prompt (state at 512 taken from 256)
-        ("planted-state-from-wrong-block", "gdn", "n0-p2"),
-        # the first hit of all: the second nested prompt restores the state at 256, never written
-        ("planted-checkpoint-writes-skipped", "mamba2", "n0-p1"),
-    ],
-)
-def test_a_planted_hybrid_defect_fails_the_cached_arms_with_the_control_clean(
+# (overlay, model family, the cached arm and prompt where the defect shows). Measured 2026-12-04 (see
+# docs/ladder.md, "Detection power"): the first two plants were predicted to show on the cold arm; the
+# wrong-block plant did not (cold stayed bit-identical) and showed on the warm arm's diverging prompt,
+# whose 640-token hit lies on a 128-token hash block inside the 256-token block. Either way the ladder FAILs.
+PLANTS = [
+    # the prompt only the planted hit can reach wrongly: d0-p1 (attention 512, recurrent state none)
+    ("planted-attention-hit-stands", "gdn", "gdn-cold", "d0-p1"),
+    ("planted-state-from-wrong-block", "gdn", "gdn-warm", "d0-p1"),
+    # the first hit of all: the second nested prompt restores the state at 256, never written
+    ("planted-checkpoint-writes-skipped", "mamba2", "mamba2-cold", "n0-p1"),
+]
+
+
+@pytest.mark.parametrize(("planted", "family", "shows_on", "diverging"), PLANTS)
+def test_a_planted_hybrid_defect_fails_a_cached_arm_with_the_control_clean(
     planted: str,
     family: str,
+    shows_on: str,
     diverging: str,
     cpu_ladder_repo: Path,
     store: Any,
@@ -94,11 +98,11 @@ def test_a_planted_hybrid_defect_fails_the_cached_arms_with_the_control_clean(
     arms = {a["id"]: a for a in doc["arms"]}
     control = arms[f"{family}-control"]
     assert control["verdict"] == "PASS" and control["corrupted"] == 0
-    cold = arms[f"{family}-cold"]
-    assert cold["verdict"] == "FAIL", cold["reasons"]
-    assert all(g["ok"] for g in cold["gates"]), "the cold arm was exercised (prefix-cache hits)"
-    rows = {r["prompt_id"]: r for r in cold["comparison"]["requests"]}
+    arm = arms[shows_on]
+    assert arm["verdict"] == "FAIL", arm["reasons"]
+    assert all(g["ok"] for g in arm["gates"]), "the arm was exercised (prefix-cache hits)"
+    rows = {r["prompt_id"]: r for r in arm["comparison"]["requests"]}
     assert rows[diverging]["divergent"] or rows[diverging]["max_logprob_delta"] > 0, rows[diverging]
-    # the serving process ran the planted manager: the witness saw it load the patched module
-    modules = {r["module"] for r in cold["witness"]["records"] if r["patched_code_ran"]}
-    assert modules, cold["witness"]
+    # the serving process ran the planted code: the witness saw it load the patched module
+    modules = {r["module"] for r in arm["witness"]["records"] if r["patched_code_ran"]}
+    assert modules, arm["witness"]
