@@ -8,7 +8,8 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
 - paired: N rounds, each round one Dockerfile build, one `servimg build --to oci:DIR` (a fresh layout)
   and one `servimg build --to docker` (the image removed from the engine first, so the thin load really
   happens), each in the process that runs it (as every servimg command runs), the whole probe included;
-  with `--before DIR`, also `servimg build --to docker` of another checkout's code (DIR/src, in-process:
+  `--no-oci` leaves the layout side out (its 4.5 GB copy's writeback slows the side after it); with
+  `--before DIR`, also `servimg build --to docker` of another checkout's code (DIR/src, in-process:
   `SERVIMG_SERVER=0` for a checkout that still had a resident server), the order rotated round by round.
   Medians, the median of the per-round ratios, and how many distinct outputs each side produced.
 - scaling: the same overlays on the base (1×) and on the base with 2× and 4× its files (extra unrelated
@@ -23,7 +24,7 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
 
 Usage (after `bash scripts/setup.sh` and `servimg base demo`):
     .venv/bin/python benchmarks/build_vs_dockerfile.py --runs 5 [--sections paired,scaling,changed,warm]
-        [--before OTHER_CHECKOUT] [--json out.json]
+        [--before OTHER_CHECKOUT] [--no-oci] [--json out.json]
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def remove_bench_images() -> None:
         subprocess.run([*DOCKER, "rmi", "-f", image_id], capture_output=True)
 
 
-def paired(demo: Path, tmp: Path, runs: int, before: Path | None = None) -> dict[str, Any]:
+def paired(demo: Path, tmp: Path, runs: int, before: Path | None = None, oci: bool = True) -> dict[str, Any]:
     (tmp / "ctx").mkdir()
     context, _ = dockerfile_context(demo, tmp / "ctx")
     env = dict(ENV, DOCKER_BUILDKIT="0")
@@ -230,7 +231,9 @@ def paired(demo: Path, tmp: Path, runs: int, before: Path | None = None) -> dict
     def to_docker(i: int) -> str:
         return str(servimg("build", str(demo), "--to", "docker")["digest"])
 
-    steps: dict[str, Callable[[int], str]] = {"dockerfile": dockerfile, "oci": to_oci, "docker": to_docker}
+    steps: dict[str, Callable[[int], str]] = {"dockerfile": dockerfile, "docker": to_docker}
+    if oci:  # a fresh layout copies the 4.5 GB base: its writeback slows whatever reads files next
+        steps["oci"] = to_oci
     if before is not None:
         old = before_env(before)
         steps["docker_before"] = lambda i: str(
@@ -358,6 +361,7 @@ def main() -> int:
     parser.add_argument("--sections", default="paired,scaling,changed,warm")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--before", type=Path, help="paired: also build with this checkout's code")
+    parser.add_argument("--no-oci", action="store_true", help="paired: leave the fresh-layout side out")
     args = parser.parse_args()
     wanted = args.sections.split(",")
     result: dict[str, Any] = {"runs": args.runs}
@@ -373,7 +377,7 @@ def main() -> int:
         for name in wanted:
             (root / name).mkdir()
             if name == "paired":
-                result[name] = paired(demo, root / name, args.runs, args.before)
+                result[name] = paired(demo, root / name, args.runs, args.before, oci=not args.no_oci)
             else:
                 result[name] = sections[name](demo, root / name, args.runs)
             print(json.dumps({name: result[name]}), file=sys.stderr)
