@@ -1,7 +1,6 @@
 """What every command runs with (`Context`), and the run of a parsed command with it: the seams the
-arguments ask for, the blob store, the command's outcomes. Loaded by `servimg.commands.session` only
-when the command really runs (not when its result is replayed from the action cache): importing the
-seams imports what a build needs (the verifier, the definition's models, ≈0.4 s)."""
+arguments ask for, the blob store, the command's outcomes (`servimg.commands.session` runs every parsed
+command through it)."""
 
 from __future__ import annotations
 
