@@ -1,7 +1,7 @@
 """The local Docker Engine's API without its SDK: plain HTTP/1.0 requests on the engine's unix socket.
-Standard library only, so a build that only inspects, loads and tags (the `--to docker` sink, a base
-read before in `backends.engine.read_engine`) never imports the SDK and requests/urllib3 (≈0.2 s) nor pays its client set-up and version ping (≈0.09 s a
-client).
+Standard library only, so a build that only inspects, loads and tags (the `--to docker` sink, a base read
+before in `backends.engine.read_engine`) never imports the SDK and requests/urllib3 (≈0.2 s) nor pays its
+client set-up and version ping (≈0.09 s a client).
 
 HTTP/1.0, so the engine closes the connection after its answer and never sends a chunked body (written
 by hand: `http.client` alone imports ssl and email, ≈0.03 s). `request` answers None whenever this
