@@ -171,8 +171,12 @@ class ProbeRoute(StrEnum):
 def probe_route() -> ProbeRoute:
     """The one rule for where this host probes a built image: the warm root where overlays mount, else a
     container where an engine runs, else a chroot."""
-    if warmroot.available():
-        return ProbeRoute.WARM
+    return ProbeRoute.WARM if warmroot.available() else whole_image_route()
+
+
+def whole_image_route() -> ProbeRoute:
+    """Where the probe runs over the whole image (no warm root): a container where an engine runs, else
+    a chroot of its extracted files."""
     return ProbeRoute.CONTAINER if engine.engine_available() else ProbeRoute.CHROOT
 
 
@@ -238,7 +242,7 @@ class ProbeVerifier:
                 return verify_in_warm_root(image, store, log)
             except WarmRootUnavailable as exc:
                 log(f"{exc.message}; running the probe in a container or a chroot instead")
-                route = ProbeRoute.CONTAINER if engine.engine_available() else ProbeRoute.CHROOT
+                route = whole_image_route()
         in_container = route is ProbeRoute.CONTAINER
         return verify_image_value(
             image, store, log, base_config=how.get("base_config"), in_container=in_container

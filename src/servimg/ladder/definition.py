@@ -443,27 +443,25 @@ def family_problems(roles: Sequence[tuple[str, str | None]]) -> list[str]:
     families = list(dict.fromkeys(family for family, _ in roles))
     problems = []
     for family in families:
-        found = role_problems([role for f, role in roles if f == family])
-        if len(families) > 1:
-            found = [p.replace("arms:", f"arms (model_family {family or '(none)'}):", 1) for p in found]
-        problems += found
+        where = f"arms (model_family {family or '(none)'})" if len(families) > 1 else "arms"
+        problems += role_problems([role for f, role in roles if f == family], where)
     return problems
 
 
-def role_problems(roles: Sequence[str | None]) -> list[str]:
+def role_problems(roles: Sequence[str | None], where: str = "arms") -> list[str]:
     """One control, first; at most one noise floor. `roles[i]` is arm i's (None: unreadable, so a rule
-    that depends on it is not judged: that arm's own problem is reported)."""
+    that depends on it is not judged: that arm's own problem is reported); `where` names the arms."""
     problems: list[str] = []
     known = [role for role in roles if role is not None]
     controls = known.count("control")
     if controls > 1 or (controls == 0 and len(known) == len(roles)):
         problems.append(
-            "arms: exactly one arm must have role control (the reference every arm is compared with)"
+            f"{where}: exactly one arm must have role control (the reference every arm is compared with)"
         )
     elif controls == 1 and roles[0] not in (None, "control"):
-        problems.append("arms: the control arm must come first")
+        problems.append(f"{where}: the control arm must come first")
     if known.count("noise_floor") > 1:
-        problems.append("arms: at most one arm may have role noise_floor")
+        problems.append(f"{where}: at most one arm may have role noise_floor")
     return problems
 
 
