@@ -17,7 +17,7 @@ checkout's images/demo.yaml pins, which must be cached: `servimg base demo`):
   the packages stay unique); all three written as OCI layouts, `--to oci:DIR`, after one warm-up build
   per base (its indexes and warm root), rounds interleaved.
 - changed: 1, 10 and 100 patched files (one overlay appending a comment to N vLLM modules), `--to oci:DIR`.
-- warm: the same definition built again with its compiled bytecode cached (servimg.builder.resultcache),
+- warm: the same definition built again with its compiled bytecode cached (servimg.patching.resultcache),
   into the same layout (the sink writes nothing new), interleaved with `servimg --help` (the CLI's start)
   and a bare `python -c pass`. Every other section sets SERVIMG_NO_RESULT_CACHE (a build that does all its
   work, as `--no-cache` does).
@@ -52,8 +52,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 from servimg.backends import transport  # noqa: E402
 from servimg.backends.target import Target  # noqa: E402
-from servimg.builder.definition import ImageDefinition  # noqa: E402
-from servimg.builder.pipeline import base_fs, resolve  # noqa: E402
+from servimg.build.pipeline import base_fs, resolve  # noqa: E402
+from servimg.definitions.definition import ImageDefinition  # noqa: E402
 from servimg.oci.image import Descriptor, Image, Layer  # noqa: E402
 from servimg.oci.layer import Entry, Kind, write_layer  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
@@ -62,7 +62,7 @@ BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark r
 DOCKER = ["docker"]
 SERVIMG = [sys.executable, "-m", "servimg"]
 # Every section but `warm` measures a build that does all its work: the compile cache
-# (servimg.builder.resultcache) is switched off, as `docker build --no-cache` reuses nothing. `warm`
+# (servimg.patching.resultcache) is switched off, as `docker build --no-cache` reuses nothing. `warm`
 # measures what it saves.
 WARM_ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
 ENV = dict(WARM_ENV, SERVIMG_NO_RESULT_CACHE="1")

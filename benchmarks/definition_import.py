@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-IMPORT = "import servimg.builder.definition, servimg.builder.lock"
+IMPORT = "import servimg.definitions.definition, servimg.definitions.lock"
 
 
 def _timed(argv: list[str], tree: Path, **env: str) -> tuple[float, str]:

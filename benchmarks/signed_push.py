@@ -23,8 +23,8 @@ from pathlib import Path
 
 from servimg.backends import transport
 from servimg.backends.registryclient import RegistryClient
-from servimg.builder.verify import verify_image_value
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import verify_image_value
 from servimg.provenance import cosign
 from servimg.provenance.attach import push_image
 from servimg.provenance.dsse import SigningKey

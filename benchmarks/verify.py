@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from servimg.backends.engine import client  # noqa: E402
-from servimg.builder.definition import ImageDefinition  # noqa: E402
-from servimg.builder.lock import Lock, lock_path_for  # noqa: E402
-from servimg.builder.naming import derive_tag  # noqa: E402
-from servimg.builder.pipeline import build  # noqa: E402
-from servimg.builder.verify import SPEC_IN_IMAGE  # noqa: E402
+from servimg.build.pipeline import build  # noqa: E402
+from servimg.definitions.definition import ImageDefinition  # noqa: E402
+from servimg.definitions.lock import Lock, lock_path_for  # noqa: E402
+from servimg.definitions.naming import derive_tag  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
+from servimg.proof.verify import SPEC_IN_IMAGE  # noqa: E402
 
 SERVIMG = str(REPO / ".venv" / "bin" / "servimg")
 DEMO = REPO / "images" / "demo.yaml"

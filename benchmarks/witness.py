@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "src"))
 from servimg.backends.engine import client  # noqa: E402
 from servimg.bases import catalog as bases  # noqa: E402
 from servimg.bases.assemble import base_image  # noqa: E402
-from servimg.builder.pipeline import build, lock  # noqa: E402
+from servimg.build.pipeline import build, lock  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
 
 STDLIB = (

@@ -1,6 +1,6 @@
 # The lock reader, builtins only (no nixpkgs): every `images/<name>.yaml` that has an
 # `images/<name>.lock.json` becomes `images.<name>`, the lock's values verbatim (the same JSON that
-# `servimg.builder.lock.Lock.load(path).to_json()` returns, defaults filled in) plus a few derived values.
+# `servimg.definitions.lock.Lock.load(path).to_json()` returns, defaults filled in) plus a few derived values.
 #
 # Forcing `images.<name>` refuses exactly what `servimg build` refuses before it touches the base:
 #   - a malformed lock (missing or unknown keys, a malformed digest, lock_version other than 1);
@@ -50,7 +50,7 @@ let
   servimgVersion =
     if pathExists (at "pyproject.toml") then (builtins.fromTOML (readFile (at "pyproject.toml"))).project.version else null;
 
-  # The lock schema, mirrored from the dataclasses in src/servimg/builder/lock.py: the keys without a default,
+  # The lock schema, mirrored from the dataclasses in src/servimg/definitions/lock.py: the keys without a default,
   # and the defaults of the others (tests/test_nix.py asserts both equal the dataclass fields, so a
   # schema change fails a test rather than a build). Lock.tool defaults to this servimg's name/version.
   schema = {
@@ -201,7 +201,7 @@ let
         # Repository-relative paths of the definition and the lock.
         inherit definition;
         lock_file = lockFile;
-        # engine | oci | archive | registry, from base.ref's prefix (as servimg.builder.definition.BaseSpec).
+        # engine | oci | archive | registry, from base.ref's prefix (as servimg.definitions.definition.BaseSpec).
         base_transport = transport;
       };
     in
@@ -239,6 +239,6 @@ in
   multiPlatform = map stemOf (filter isMultiPlatform lockedFiles);
   # true once every image's lock is checked (forces them all; throws on the first problem).
   ok = foldl' (acc: name: builtins.seq (builtins.deepSeq images.${name} true) acc) true (attrNames images);
-  # The schema mirrored from src/servimg/builder/lock.py (for the test that keeps both in step).
+  # The schema mirrored from src/servimg/definitions/lock.py (for the test that keeps both in step).
   inherit schema;
 }

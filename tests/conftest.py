@@ -195,7 +195,7 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
 
 
 def build_image(repo: Path, name: str, store: Any) -> Any:
-    from servimg.builder.pipeline import build, lock
+    from servimg.build.pipeline import build, lock
 
     lock(repo / "images" / f"{name}.yaml", store, print, runner="docker")
     return build(repo / "images" / f"{name}.yaml", store, print, to="docker", runner="docker")

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, Unpack
 
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder.bytecode import WORK_IN_IMAGE, InterpreterFacts, read_result
-from servimg.builder.seams import ByReference, Seams, TargetSink
-from servimg.builder.verify import VerifyReport
+from servimg.build.seams import ByReference, Seams, TargetSink
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
 from servimg.oci.store import BlobStore, Tap
+from servimg.patching.bytecode import WORK_IN_IMAGE, InterpreterFacts, read_result
+from servimg.proof.verify import VerifyReport
 
 SITE = "usr/lib/python3/dist-packages"
 MOD = b"def answer():\n    return 41\n"

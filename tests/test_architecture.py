@@ -1,13 +1,14 @@
 """The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private name
 of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
-Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the four concerns
-(`ladder`, then `builder`, `provenance`, `bases`) < `commands` / `render` < `cli`. The CLI runs in the
+Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the concerns
+(`ladder`; then the build's rooms, each above the one before: `definitions` < `patching` < `proof` <
+`build` < `authoring`; then `provenance` and `bases`) < `commands` / `render` < `cli`. The CLI runs in the
 process the user started: there is no resident server (issue 39). A module imports only from its own layer
 or lower ones, at module level and inside functions alike: a function-level import is still a dependency,
 only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an image it is given);
-`builder` may use `ladder` (it bundles and locks the ladder, and ships the witness hook); `provenance` may
-use `builder` and `ladder`; `bases` may use `builder`.
+the build's rooms may use `ladder` (the build bundles and locks the ladder, and ships the witness hook);
+`provenance` and `bases` may use the build's rooms and `ladder`.
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ SRC = ROOT / "src"
 PACKAGE = SRC / "servimg"
 
 _BELOW_CONCERNS = {"core", "oci", "inimage", "backends"}
-_CONCERNS = {"builder", "ladder", "provenance", "bases"}
+# The build's rooms (issue 39: builder/ split by concept), lowest first: each may use the ones before it.
+BUILD_ROOMS = ("definitions", "patching", "proof", "build", "authoring")
+_CONCERNS = {*BUILD_ROOMS, "ladder", "provenance", "bases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "core": {"core"},
     "oci": {"core", "oci"},
     "inimage": {"core", "oci", "inimage"},
     "backends": _BELOW_CONCERNS,
     "ladder": _BELOW_CONCERNS | {"ladder"},
-    "builder": _BELOW_CONCERNS | {"ladder", "builder"},
-    "provenance": _BELOW_CONCERNS | {"builder", "ladder", "provenance"},
-    "bases": _BELOW_CONCERNS | {"builder", "bases"},
+    **{room: _BELOW_CONCERNS | {"ladder", *BUILD_ROOMS[: i + 1]} for i, room in enumerate(BUILD_ROOMS)},
+    "provenance": _BELOW_CONCERNS | {*BUILD_ROOMS, "ladder", "provenance"},
+    "bases": _BELOW_CONCERNS | {*BUILD_ROOMS, "bases"},
     "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},
     "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli"},
 }
@@ -59,9 +62,9 @@ HOISTED = (
     "servimg.core.",
     "servimg.oci.",
     "servimg.inimage.",
-    "servimg.builder.definition",
-    "servimg.builder.lock",
-    "servimg.builder.overlay",
+    "servimg.definitions.definition",
+    "servimg.definitions.lock",
+    "servimg.patching.overlay",
     "servimg.ladder.definition",
 )
 
@@ -401,7 +404,7 @@ def test_parsing_imports_no_command_and_no_concern_behind_one() -> None:
     commands = {c.run.function.partition(":")[0] for c in cli.COMMANDS}
     commands |= {c.run.signed.partition(":")[0] for c in cli.COMMANDS if c.run.signed}
     assert sorted(commands & set(loaded)) == []
-    behind = ("servimg.provenance", "servimg.ladder.runner", "servimg.bases", "servimg.builder.pipeline")
+    behind = ("servimg.provenance", "servimg.ladder.runner", "servimg.bases", "servimg.build.pipeline")
     assert [m for m in loaded if m.startswith(behind)] == []
     assert _heavy(loaded) == ["yaml"]
 
@@ -429,7 +432,7 @@ def test_a_command_loads_only_what_it_needs() -> None:
     ]
     assert _heavy(loaded) == ["yaml"], "no docker, requests, urllib3, pydantic, cryptography or rich"
     keys = _loaded_after("import servimg.commands.keys")
-    assert not [m for m in keys if m.startswith(("servimg.builder.pipeline", "servimg.ladder.runner"))]
+    assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
 
 
 def test_a_build_reads_its_definition_lock_and_ladder_without_a_schema_library() -> None:
@@ -437,7 +440,7 @@ def test_a_build_reads_its_definition_lock_and_ladder_without_a_schema_library()
     constructors are plain code (servimg.core.fields, servimg.ladder.readers), so reading them costs no
     pydantic import and no schema build (≈0.25 s each, a fifth of a cold build: docs/benchmarks.md)."""
     loaded = _loaded_after(
-        "import servimg.builder.definition, servimg.builder.lock, servimg.core.strictyaml, "
+        "import servimg.definitions.definition, servimg.definitions.lock, servimg.core.strictyaml, "
         "servimg.ladder.definition"
     )
     assert [m for m in loaded if m.split(".")[0] in ("pydantic", "pydantic_core")] == []
@@ -521,12 +524,12 @@ def test_only_the_backends_know_how_a_place_is_spelt() -> None:
     assert offenders == []
 
 
-CACHE_MODULES = ("servimg.builder.resultcache", "servimg.builder.resultstore", "servimg.builder.basefacts")
+CACHE_MODULES = ("servimg.patching.resultcache", "servimg.core.resultstore", "servimg.patching.basefacts")
 
 
 def test_the_pipeline_imports_no_cache_module() -> None:
     """The caches that stay (compiled bytecode, facts of a base) sit behind seams: the compiler seam
     (`seams.CachedCompiler`) and the base scan (`basescan`); the pipeline that builds and proves an image
     reaches them only through those (issue 39)."""
-    pipeline = sorted({e.imported for e in edges() if e.importer == "servimg.builder.pipeline"})
+    pipeline = sorted({e.imported for e in edges() if e.importer == "servimg.build.pipeline"})
     assert [m for m in pipeline if m in CACHE_MODULES] == [], pipeline

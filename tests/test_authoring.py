@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from conftest import copy_checkout, docker
-from servimg.builder.definition import ImageDefinition
 from servimg.cli import main
+from servimg.definitions.definition import ImageDefinition
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"

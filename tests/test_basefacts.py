@@ -1,4 +1,4 @@
-"""Facts of a base alone are derived once and kept (servimg.builder.basefacts): reread for the same key,
+"""Facts of a base alone are derived once and kept (servimg.patching.basefacts): reread for the same key,
 derived again for another base, another input or another version of the code that derives them, and
 never trusted when damaged. SERVIMG_NO_RESULT_CACHE does not switch them off; `bypassed` does."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from servimg.builder import basefacts, resultstore
+from servimg.core import resultstore
+from servimg.patching import basefacts
 
 
 class Counter:

@@ -19,10 +19,10 @@ import pytest
 from conftest import REPO, copy_checkout, docker
 from servimg.backends.layout import read_layout
 from servimg.bases import pinned as basepin
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock
 from servimg.cli import main
 from servimg.core.digest import Digest
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
@@ -42,7 +42,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     The layout (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("first") / "repo"
     copy_checkout(root)
-    from servimg.builder.pipeline import build, lock
+    from servimg.build.pipeline import build, lock
     from servimg.oci.store import BlobStore
 
     store = BlobStore()
@@ -131,7 +131,7 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     root = tmp_path / "elsewhere" / "checkout"
     copy_checkout(root, ("overlays", "verify/ladders", "verify/probes"))
     shutil.copytree(built["root"] / "images", root / "images")
-    from servimg.builder.pipeline import build
+    from servimg.build.pipeline import build
 
     again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner=runner)
     assert again.image.digest == built["result"].image.digest
@@ -196,7 +196,7 @@ def test_build_to_docker_tags_only_the_verified_image(
 def test_verify_passes_on_the_built_image_with_both_runners(
     built: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from servimg.builder.verify import VerifyReport, run_probe_in_chroot
+    from servimg.proof.verify import VerifyReport, run_probe_in_chroot
 
     code, out = run_cli("verify", str(built["result"].image.config_digest), capsys=capsys)
     assert code == 0, out
@@ -225,7 +225,7 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
     from servimg.backends.registry import push
     from servimg.backends.registryclient import RegistryClient
     from servimg.backends.transport import fetch
-    from servimg.builder.pipeline import lock
+    from servimg.build.pipeline import lock
     from servimg.core import canonical
     from servimg.oci.image import OCI_INDEX
     from servimg.oci.store import BlobStore

@@ -1,5 +1,5 @@
 """The compile run hands its jobs out largest source first (the longest compile must not start last:
-servimg.builder.bytecode.compile_sources), and the order changes no byte: each (path, opt) gets the pyc
+servimg.patching.bytecode.compile_sources), and the order changes no byte: each (path, opt) gets the pyc
 its own process wrote, whatever order the jobs were given in."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import fakebase as fb
-from servimg.builder.bytecode import CompileJob, InterpreterFacts, compile_sources
+from servimg.patching.bytecode import CompileJob, InterpreterFacts, compile_sources
 
 
 class RecordingRunner(fb.FakeRunner):

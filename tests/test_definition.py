@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock, lock_to_definition
-from servimg.builder.platformlock import PlatformLocks
 from servimg.core.errors import DefinitionError
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock, lock_to_definition
+from servimg.definitions.platformlock import PlatformLocks
 
 GOOD = """
 name: demo

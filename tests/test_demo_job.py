@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from servimg.builder.lock import Lock
+from servimg.definitions.lock import Lock
 
 pytestmark = [pytest.mark.demo, pytest.mark.vllm, pytest.mark.docker, pytest.mark.registry, pytest.mark.root]
 

@@ -13,13 +13,13 @@ import pytest
 
 from servimg import cli
 from servimg.bases import catalog
-from servimg.builder.verify import VerifyFailed, VerifyReport
 from servimg.commands import ladder, params
 from servimg.commands.context import Context
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
 from servimg.ladder import receipt
 from servimg.ladder.witness import WitnessCollection
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import VerifyFailed, VerifyReport
 from servimg.provenance import keys
 from servimg.provenance.check import CheckReport
 from servimg.provenance.evidence import row

@@ -34,20 +34,20 @@ from hypothesis import strategies as st
 import fakebase as fb
 from conftest import REPO
 from servimg.backends.layout import read_layout
-from servimg.builder import pipeline as build
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock, PackageLock
-from servimg.builder.overlay import apply_patch
-from servimg.builder.patch import Patch
+from servimg.build import pipeline as build
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ImageError, LadderError, LayerError, LockError, ServimgError
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock, PackageLock
 from servimg.ladder.definition import LadderDefinition
 from servimg.ladder.probeset import ProbeSet
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.oci.store import BlobStore
+from servimg.patching.overlay import apply_patch
+from servimg.patching.patch import Patch
 from servimg.provenance import attest
 from servimg.provenance.attest import AttestationError
 from servimg.provenance.dsse import DsseError, Envelope, SigningKey, sign, verify

@@ -26,11 +26,11 @@ import fakebase as fb
 from fakebase import D, F, H, M, S
 from servimg.backends.archive import read_archive
 from servimg.backends.layout import read_layout
-from servimg.builder.bytecode import ChrootRunner, extract_runtime
 from servimg.core.digest import Digest
 from servimg.core.errors import BytecodeError, LayerError, ServimgError
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.store import BlobStore
+from servimg.patching.bytecode import ChrootRunner, extract_runtime
 
 SITE = fb.SITE
 

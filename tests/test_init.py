@@ -18,8 +18,8 @@ from conftest import docker
 from servimg.backends import engine, transport
 from servimg.backends.target import Target
 from servimg.bases import catalog
-from servimg.builder.definition import ImageDefinition
 from servimg.cli import main
+from servimg.definitions.definition import ImageDefinition
 from servimg.oci.image import OCI_LAYER, Descriptor, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
 

@@ -41,10 +41,10 @@ from servimg.backends.layout import LayoutReferrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.bases import catalog as bases
-from servimg.builder.seams import Seams
-from servimg.builder.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
+from servimg.build.seams import Seams
 from servimg.core.digest import Digest
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
 from servimg.provenance import attest, cosign, keys, referrers, sbom
 from servimg.provenance.evidence import top_layer
 from servimg.provenance.statements import read_facts

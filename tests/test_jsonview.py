@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from servimg.builder.lock import InterpreterLock
-from servimg.builder.probespec import ProbeSpec, SpecLayer, SpecSentinel
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
+from servimg.definitions.lock import InterpreterLock
+from servimg.proof.probespec import ProbeSpec, SpecLayer, SpecSentinel
 
 
 def test_accessors_return_the_value_of_the_shape_asked_for() -> None:

@@ -10,9 +10,9 @@ import pytest
 
 import fakebase as fb
 from servimg.backends import transport
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.naming import BASE_REF_LABEL, base_reference
 from servimg.core.reference import Reference
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.naming import BASE_REF_LABEL, base_reference
 from servimg.oci.store import BlobStore
 
 BASE_NAME = "org.opencontainers.image.base.name"

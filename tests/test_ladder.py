@@ -529,7 +529,7 @@ def test_the_receipt_shape_is_what_servimg_attest_reads() -> None:
 def test_a_lock_with_a_ladder_keeps_its_exact_bytes_and_one_without_round_trips() -> None:
     from dataclasses import replace
 
-    from servimg.builder.lock import Lock
+    from servimg.definitions.lock import Lock
 
     path = REPO / "images" / "demo.lock.json"
     demo = Lock.load(path)

@@ -73,7 +73,7 @@ def receipt_of(out: Path) -> dict[str, Any]:
 
 
 def test_the_image_carries_its_ladder_and_the_lock_pins_it(clean: Any, repo: Path, tmp_path: Path) -> None:
-    from servimg.builder.lock import Lock
+    from servimg.definitions.lock import Lock
     from servimg.ladder.runner import bundled_ladder
 
     locked = Lock.load(repo / "images" / "cpu-clean.lock.json")

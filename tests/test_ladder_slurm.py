@@ -415,7 +415,7 @@ def test_an_arm_may_name_the_overlay_modules_its_configuration_reaches() -> None
 
 
 def test_definitions_that_carry_a_ladder_ship_the_witness_by_default() -> None:
-    from servimg.builder.definition import ImageDefinition
+    from servimg.definitions.definition import ImageDefinition
 
     base = {
         "name": "x",

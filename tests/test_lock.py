@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import (
+from servimg.core import canonical
+from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import LockError
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,
@@ -20,11 +23,8 @@ from servimg.builder.lock import (
     check_drift,
     lock_path_for,
 )
-from servimg.builder.probespec import ProbeSpec
-from servimg.builder.verify import build_probe_spec
-from servimg.core import canonical
-from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import LockError
+from servimg.proof.probespec import ProbeSpec
+from servimg.proof.verify import build_probe_spec
 
 
 def sample() -> Lock:

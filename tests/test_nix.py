@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO, _require, docker
-from servimg.builder.lock import (
+from servimg.core.digest import Digest
+from servimg.definitions.lock import (
     BaseLock,
     FileLock,
     InterpreterLock,
@@ -30,7 +31,6 @@ from servimg.builder.lock import (
     PackageLock,
     lock_path_for,
 )
-from servimg.core.digest import Digest
 
 pytestmark = pytest.mark.nix
 

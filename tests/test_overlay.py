@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from servimg.builder.overlay import (
+from servimg.core.errors import OverlayError
+from servimg.patching.overlay import (
     APPLY_HINT,
     AppliedFile,
     apply_file,
@@ -20,8 +21,7 @@ from servimg.builder.overlay import (
     check_path,
     validate_paths,
 )
-from servimg.builder.patch import FilePatch, Hunk, HunkLine, Patch
-from servimg.core.errors import OverlayError
+from servimg.patching.patch import FilePatch, Hunk, HunkLine, Patch
 
 BASE = b"".join(b"line %d\n" % n for n in range(1, 21))
 

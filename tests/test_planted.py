@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
-from servimg.builder.verify import (
+from servimg.cli import main
+from servimg.core.errors import DefinitionError
+from servimg.inimage import probe
+from servimg.oci.layer import Entry, Kind
+from servimg.oci.store import BlobStore
+from servimg.proof.verify import (
     VerifyReport,
     base_sentinel_verdicts,
     probe_spec,
     run_probe_in_docker,
     verify_ref,
 )
-from servimg.cli import main
-from servimg.core.errors import DefinitionError
-from servimg.inimage import probe
-from servimg.oci.layer import Entry, Kind
-from servimg.oci.store import BlobStore
 from tinyimage import Tiny, build_tiny, cleanup, compile_in_image, files, plant
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
@@ -264,8 +264,8 @@ def test_sentinel_adopted_upstream(tiny: Tiny) -> None:
     verdicts = base_sentinel_verdicts({"tinypkg.core": ADOPTED_CORE.encode()}, wanted)
     assert list(verdicts.values()) == [True]
     spec = probe_spec(tiny.lock, tiny.definition, base_has=verdicts)
-    from servimg.builder.verify import SPEC_IN_IMAGE
     from servimg.core import canonical
+    from servimg.proof.verify import SPEC_IN_IMAGE
 
     report = verify(plant(tiny, "adopted", files({SPEC_IN_IMAGE: canonical.dumps(spec)})))
     assert codes(report) == {"ABSENT_IN_BASE"}
@@ -274,7 +274,7 @@ def test_sentinel_adopted_upstream(tiny: Tiny) -> None:
 
 
 def test_lock_refuses_a_sentinel_the_base_already_has(tiny: Tiny, tmp_path: Path) -> None:
-    from servimg.builder.pipeline import lock
+    from servimg.build.pipeline import lock
     from tinyimage import prepare_repo
 
     base = {"oci_ref": tiny.definition.base.ref, "digest": str(tiny.definition.base.digest)}

@@ -22,16 +22,16 @@ import yaml
 
 from conftest import REPO, _require, docker_available
 from servimg.bases import debpins
-from servimg.builder import emulation
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock
-from servimg.builder.platformlock import PlatformLocks, check_drift
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, LockError, UsageError
 from servimg.core.platform import Platform
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock
+from servimg.definitions.platformlock import PlatformLocks, check_drift
 from servimg.oci.image import OCI_INDEX, Image
 from servimg.oci.index import ImageIndex
+from servimg.patching import emulation
 
 AMD64, ARM64 = Platform("linux", "amd64"), Platform("linux", "arm64")
 EXAMPLE = REPO / "images" / "tiny-multiarch.yaml"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from servimg.builder.definition import template_regex
 from servimg.core.digest import Digest
+from servimg.definitions.definition import template_regex
 from servimg.oci.image import Image
 from servimg.provenance import attest, binding, dsse
 from servimg.provenance.check import FAIL, PASS, WARN, Policy, evaluate

@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from servimg.builder import verify
-from servimg.builder.definition import ImageDefinition, Sentinel
-from servimg.builder.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
 from servimg.core.digest import Digest
+from servimg.definitions.definition import ImageDefinition, Sentinel
+from servimg.definitions.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
 from servimg.inimage import probe
+from servimg.proof import verify
 from servimg.render import findings_table
 
 PROBE = Path(probe.__file__)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock
 from servimg.core.digest import Digest, sha256_hex
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.provenance import attest, check, dsse, evidence, keys

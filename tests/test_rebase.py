@@ -24,12 +24,8 @@ import pytest
 
 import wheelbase
 from servimg import cli
-from servimg.builder import pipeline
-from servimg.builder.defedit import definition_text
-from servimg.builder.definition import ImageDefinition, OverlaySpec, Sentinel
-from servimg.builder.lock import Lock
-from servimg.builder.patch import Patch
-from servimg.builder.rebase import (
+from servimg.authoring.defedit import definition_text
+from servimg.authoring.rebase import (
     NewBase,
     RebaseRequest,
     Verdict,
@@ -37,13 +33,17 @@ from servimg.builder.rebase import (
     proposed_definition,
     rebase,
 )
-from servimg.builder.seams import Seams
-from servimg.builder.verify import VerifyReport, run_probe_in_chroot
+from servimg.build import pipeline
+from servimg.build.seams import Seams
 from servimg.core.digest import Digest
 from servimg.core.errors import RebaseError
+from servimg.definitions.definition import ImageDefinition, OverlaySpec, Sentinel
+from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
+from servimg.patching.patch import Patch
+from servimg.proof.verify import VerifyReport, run_probe_in_chroot
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "rebase"

@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 
 from servimg import cli
+from servimg.authoring.rebase import RebaseRequest
 from servimg.bases import catalog, wheelpins
 from servimg.bases.demo import DEMO_WHEELS, parse_pins
 from servimg.bases.localrebase import LocalRebase, parse_packages, rebase_packages
 from servimg.bases.recipe import Kind, Recipe, WheelSource
-from servimg.builder import pipeline
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock
-from servimg.builder.rebase import RebaseRequest
+from servimg.build import pipeline
 from servimg.core.errors import BaseBuildError, RebaseError, ServimgError
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock
 from servimg.oci.store import BlobStore
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image
 from servimg.bases.demo import tree_manifest
-from servimg.builder.definition import ImageDefinition
+from servimg.definitions.definition import ImageDefinition
 from servimg.oci.store import BlobStore
 
 pytestmark = [pytest.mark.demo, pytest.mark.root]

@@ -1,4 +1,4 @@
-"""A rebuild of an unchanged definition reuses the compiled bytecode (servimg.builder.resultcache): each
+"""A rebuild of an unchanged definition reuses the compiled bytecode (servimg.patching.resultcache): each
 entry is keyed by every input that can change it, checked on read (a corrupt, edited or foreign entry is
 ignored and written again), and the built digest never moves. No verdict is cached: every build runs the
 whole probe.
@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 import fakebase as fb
-from servimg.builder import pipeline, resultcache
-from servimg.builder.bytecode import CompileJob, InterpreterFacts
-from servimg.builder.seams import Seams
-from servimg.builder.verify import VerifyReport
+from servimg.build import pipeline
+from servimg.build.seams import Seams
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.findings import Finding, Status
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
+from servimg.patching import resultcache
+from servimg.patching.bytecode import CompileJob, InterpreterFacts
+from servimg.proof.verify import VerifyReport
 
 
 @dataclasses.dataclass
@@ -160,6 +161,6 @@ def test_inside_bypassed_every_lookup_misses(tmp_path: Path) -> None:
     with resultcache.bypassed():
         assert _build(definition, store, seams, tmp_path / "b") == first
     # It compiles again, and asks the interpreter for its facts again: every kind of cached result goes
-    # through builder.resultstore, which bypassed() switches off.
+    # through core.resultstore, which bypassed() switches off.
     assert runners.runs == 3
     assert _build(definition, store, seams, tmp_path / "c") == first and runners.runs == 3

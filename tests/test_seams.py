@@ -15,11 +15,11 @@ import pytest
 
 import fakebase as fb
 from conftest import _require, docker_available
-from servimg.builder import seams
-from servimg.builder.lock import Lock
-from servimg.builder.verify import VerifyFailed, VerifyReport
+from servimg.build import seams
 from servimg.cli import parser
 from servimg.commands.context import seams_from
+from servimg.definitions.lock import Lock
+from servimg.proof.verify import VerifyFailed, VerifyReport
 
 
 def _repo(tmp_path: Path) -> tuple[Path, fb.Base]:
@@ -87,7 +87,7 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     import dataclasses
 
     from servimg.backends.transport import Target
-    from servimg.builder.pipeline import build, lock
+    from servimg.build.pipeline import build, lock
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
@@ -149,7 +149,7 @@ class _WaitsThenRules:
 def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifier(tmp_path: Path) -> None:
     """Where the image's interpreter runs is decided once per build, when it resolves (`choose_sandboxes`:
     the compile runner and the probe's route), and the verifier is handed that route."""
-    from servimg.builder.pipeline import build, lock, resolve
+    from servimg.build.pipeline import build, lock, resolve
     from servimg.oci.store import BlobStore
 
     routes: list[object] = []
@@ -175,7 +175,7 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
     """`--to docker` loads the image UNTAGGED while it is verified (a second CPU does the daemon's part);
     only a verified image is tagged, and a build that fails verification removes what it loaded."""
     from servimg.backends import engine
-    from servimg.builder.pipeline import build, lock
+    from servimg.build.pipeline import build, lock
     from servimg.oci.store import BlobStore
 
     _require(docker_available(), "needs a running Docker Engine")

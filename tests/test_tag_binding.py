@@ -247,7 +247,7 @@ def test_rebuild_after_editing_one_byte_in_the_pushed_overlay_layer_names_the_fi
     edited = retopped(built, one_byte)
     assert edited.digest != clean.image.digest
     # Re-signed with the trusted key, vouched for by the clean image's verify (an insider).
-    from servimg.builder.verify import verify_image_value
+    from servimg.proof.verify import verify_image_value
 
     report = verify_image_value(clean.image, images["store"], print)
     ref = f"{registry.host}/{REPO}:edited"

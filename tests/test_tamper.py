@@ -93,9 +93,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("tamper") / "repo"
     copy_checkout(root)
-    from servimg.builder.pipeline import build
-    from servimg.builder.verify import verify_image_value
+    from servimg.build.pipeline import build
     from servimg.oci.store import BlobStore
+    from servimg.proof.verify import verify_image_value
 
     store = BlobStore()
     result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")

@@ -395,8 +395,8 @@ def _remove(container: str) -> None:
 def test_witness_image_records_the_patched_code(
     witnessed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from servimg.builder.verify import verify_ref
     from servimg.oci.store import BlobStore
+    from servimg.proof.verify import verify_ref
 
     report = verify_ref(witnessed.tag, BlobStore(), lambda _: None)
     assert report.ok and report.counts()["WARN"] == 0, "the hook does not disturb the probe"

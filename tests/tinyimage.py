@@ -28,9 +28,9 @@ from typing import Any
 from servimg.backends import engine
 from servimg.bases import catalog as bases
 from servimg.bases.assemble import base_image
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import Lock
-from servimg.builder.pipeline import build, lock
+from servimg.build.pipeline import build, lock
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer

@@ -22,7 +22,7 @@ from servimg import __version__
 from servimg.commands import flags, params, session
 
 if TYPE_CHECKING:
-    from servimg.builder.seams import Seams
+    from servimg.build.seams import Seams
     from servimg.commands.context import Context
     from servimg.commands.outcome import Outcome
 

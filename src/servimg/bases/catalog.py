@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from servimg.authoring.defedit import definition_text
 from servimg.backends.target import Target
 from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
@@ -28,18 +29,17 @@ from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, X86_ONLY, arm64_
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
-from servimg.builder import emulation
-from servimg.builder.defedit import definition_text
-from servimg.builder.definition import BaseSpec, ImageDefinition, PackageSpec
-from servimg.builder.pipeline import lock as lock_definition
+from servimg.build.pipeline import lock as lock_definition
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError
 from servimg.core.platform import Platform
 from servimg.core.progress import Log
+from servimg.definitions.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
+from servimg.patching import emulation
 
 MIRROR = "http://deb.debian.org/debian"
 PY_VENV = ("python3", "python3-venv")

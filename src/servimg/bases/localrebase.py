@@ -8,7 +8,7 @@ user has but new top-level package versions. Then servimg:
 2. re-resolves the recipe's wheel pins with the moved top-level requirements (`servimg.bases.wheelpins`,
    the resolver `scripts/pin-demo-wheels.py` also calls), every wheel pinned by sha256;
 3. builds the base of the new recipe (published to the engine when the definition names its bases there)
-   and judges the overlay stack on it exactly as ``servimg rebase --base`` does (`servimg.builder.rebase`);
+   and judges the overlay stack on it exactly as ``servimg rebase --base`` does (`servimg.authoring.rebase`);
 4. when the stack carries over, proposes the definition, its lock, the new wheel pins and the base's lock
    and layer listings — beside the old ones (``.rebased.`` names) or, with ``--write``, in place together
    with every other definition in images/ on that kind of base, re-locked onto the new base (the
@@ -27,17 +27,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg.authoring import rebase as rebasing
 from servimg.backends.target import Target
 from servimg.bases import catalog, debian, wheelpins
 from servimg.bases.assemble import layout_path, publish_base
 from servimg.bases.demo import verify_wheel
 from servimg.bases.recipe import PinnedWheel, Recipe
-from servimg.builder import rebase as rebasing
-from servimg.builder.definition import ImageDefinition, repo_root_for
-from servimg.builder.seams import DEFAULT, Seams
+from servimg.build.seams import DEFAULT, Seams
 from servimg.core.distname import canonical_name
 from servimg.core.errors import RebaseError, ServimgError
 from servimg.core.progress import Log
+from servimg.definitions.definition import ImageDefinition, repo_root_for
 from servimg.oci.store import BlobStore
 
 BESIDE = ".rebased"  # the infix of every proposed file written beside the old one

@@ -18,12 +18,12 @@ from servimg.backends.target import Target
 from servimg.backends.transport import publish_index
 from servimg.bases.assemble import base_image, publish_base
 from servimg.bases.catalog import pinned_recipe
-from servimg.builder import emulation
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
+from servimg.patching import emulation
 
 
 def index_tag(suite: str, index: ImageIndex) -> str:

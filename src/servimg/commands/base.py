@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 from servimg.bases import catalog as bases
 from servimg.bases import platforms
-from servimg.builder import emulation
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.core.platform import Platform
+from servimg.patching import emulation
 
 
 def base(p: params.Base, ctx: Context) -> Iterator[Outcome]:

@@ -7,14 +7,14 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-from servimg.builder import pipeline, platforms
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import lock_path_for
+from servimg.build import pipeline, platforms
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import UsageError
 from servimg.core.platform import Platform
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import lock_path_for
 
 
 def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:

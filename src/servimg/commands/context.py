@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from servimg.builder.seams import FromRef, Seams
+from servimg.build.seams import FromRef, Seams
 from servimg.commands.outcome import Outcome
 from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.store import BlobStore

@@ -1,11 +1,11 @@
-"""`servimg init --base REF --name NAME`: a definition skeleton from your own image (builder.skeleton)."""
+"""`servimg init --base REF --name NAME`: a definition skeleton from your own image (authoring.skeleton)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
-from servimg.builder import skeleton
+from servimg.authoring import skeleton
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

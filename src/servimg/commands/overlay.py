@@ -1,10 +1,10 @@
-"""`servimg overlay edit|save`: author an overlay from an edited tree (builder.authoring)."""
+"""`servimg overlay edit|save`: author an overlay from an edited tree (authoring.overlaytree)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from servimg.builder import authoring
+from servimg.authoring import overlaytree as authoring
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

@@ -7,7 +7,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from servimg.backends import transport
-from servimg.builder.verify import VerifyReport
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
@@ -16,6 +15,7 @@ from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.platform import Platform
 from servimg.oci import treediff
+from servimg.proof.verify import VerifyReport
 from servimg.provenance import attach, card, indexcheck, keys
 from servimg.provenance.check import CheckFailed, Policy, Rebuild, check, predicate_type
 from servimg.provenance.dsse import Signer

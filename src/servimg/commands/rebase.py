@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from servimg.authoring import rebase as rebasing
 from servimg.bases import localrebase
-from servimg.builder import rebase as rebasing
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

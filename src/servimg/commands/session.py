@@ -20,7 +20,7 @@ from servimg.core.progress import Log
 from servimg.render import Reporter
 
 if TYPE_CHECKING:
-    from servimg.builder.seams import Seams
+    from servimg.build.seams import Seams
 
 
 def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from servimg.builder.verify import VerifyFailed, verify_ref
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.platformref import each_platform
 from servimg.core.errors import ServimgError
 from servimg.core.platform import Platform
+from servimg.proof.verify import VerifyFailed, verify_ref
 
 
 def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:

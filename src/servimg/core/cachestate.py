@@ -80,7 +80,7 @@ def _last_used(path: Path) -> float:
     """When `path` was last used: a file's later of access and modification time; a directory's latest
     modification, or its direct files' access. A directory's own access time is not use: listing it
     (as `servimg cache status` does) moves it. Whatever uses a directory as a whole marks it (a warm root:
-    servimg.builder.warmroot)."""
+    servimg.proof.warmroot)."""
     top = path.lstat()
     if not stat.S_ISDIR(top.st_mode):
         return max(top.st_atime, top.st_mtime)

@@ -26,19 +26,19 @@ from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.pipeline import build
-from servimg.builder.platforms import build_platforms
-from servimg.builder.seams import DEFAULT, PlatformImage, ProbeVerifier, Seams, Verified, verify_or_refuse
-from servimg.builder.verify import VerifyFailed, VerifyReport
+from servimg.build.pipeline import build
+from servimg.build.platforms import build_platforms
+from servimg.build.seams import DEFAULT, PlatformImage, ProbeVerifier, Seams, Verified, verify_or_refuse
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.platform import Platform
 from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
+from servimg.definitions.definition import ImageDefinition
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import VerifyFailed, VerifyReport
 from servimg.provenance import attest, binding, dsse, gpgsign, indexcheck, referrers, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
@@ -382,7 +382,7 @@ def _push_layout(
 
 @dataclass(frozen=True)
 class AttestingSink:
-    """The signed route as a sink of the one pipeline (`builder.pipeline.build`): the verified image is
+    """The signed route as a sink of the one pipeline (`build.pipeline.build`): the verified image is
     pushed with the signed provenance of this very build (its invocation: id, start, end, command) and
     its verify result (`push_image`). `attached` collects what was attached, for the command's result."""
 

@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from servimg.backends.target import Target
-from servimg.builder.definition import DEFAULT_TEMPLATE, named_lock
-from servimg.builder.lock import Lock, drift
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
 from servimg.core.reference import Reference
+from servimg.definitions.definition import DEFAULT_TEMPLATE, named_lock
+from servimg.definitions.lock import Lock, drift
 
 MAX_FIELDS = 8
 

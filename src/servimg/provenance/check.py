@@ -13,13 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servimg.builder.lock import Lock
-from servimg.builder.seams import DEFAULT, Seams
+from servimg.build.seams import DEFAULT, Seams
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings
 from servimg.core.progress import Log
+from servimg.definitions.lock import Lock
 from servimg.oci.image import Layer
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, binding, sbom

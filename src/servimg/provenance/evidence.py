@@ -21,18 +21,18 @@ from servimg.backends import engine, registry, transport
 from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import ReadOptions, Target
-from servimg.builder.lock import Lock
-from servimg.builder.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
+from servimg.definitions.lock import Lock
 from servimg.oci import integrity
 from servimg.oci.image import Image
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import VerifyReport, run_probe_in_docker, verify_image_value
 from servimg.provenance import attest, cosign, cosignread, dsse, referrers
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance

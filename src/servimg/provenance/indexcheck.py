@@ -7,7 +7,7 @@ every child by platform and digest, and whose parameters name the lock of all pl
 
 `check_index` checks every child as `check` checks an image (each row prefixed with its platform), then
 what binds them into this index: each child's config names the index's lock and its own platform
-(`builder.platforms.child_labels`), and the index's own provenance, signed as the policy demands, names
+(`build.platforms.child_labels`), and the index's own provenance, signed as the policy demands, names
 exactly these children. A child replaced by an image of another lock FAILs, in a row naming its platform.
 """
 
@@ -18,15 +18,15 @@ from collections.abc import Sequence
 
 from servimg.backends import transport
 from servimg.backends.target import Target
-from servimg.builder.platformlock import PlatformLocks, load_any
-from servimg.builder.platforms import INDEX_LOCK, PLATFORM_LABEL, PLATFORMS_LOCK_LABEL
-from servimg.builder.seams import PlatformImage
+from servimg.build.platforms import INDEX_LOCK, PLATFORM_LABEL, PLATFORMS_LOCK_LABEL
+from servimg.build.seams import PlatformImage
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import FAIL, PASS, Finding
 from servimg.core.platform import Platform
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
+from servimg.definitions.platformlock import PlatformLocks, load_any
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 from servimg.provenance import attest, dsse, referrers

@@ -27,19 +27,19 @@ import yaml
 
 from servimg import __version__
 from servimg.backends.target import Target
-from servimg.builder import resultcache
-from servimg.builder.definition import ImageDefinition, repo_root_for
-from servimg.builder.lock import Lock, lock_path_for
-from servimg.builder.pipeline import build
-from servimg.builder.seams import DEFAULT, Seams, StoreOnly
+from servimg.build.pipeline import build
+from servimg.build.seams import DEFAULT, Seams, StoreOnly
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, Finding
 from servimg.core.progress import Log
+from servimg.definitions.definition import ImageDefinition, repo_root_for
+from servimg.definitions.lock import Lock, lock_path_for
 from servimg.oci import treediff
 from servimg.oci.image import Image, Layer
 from servimg.oci.store import BlobStore
+from servimg.patching import resultcache
 from servimg.provenance.binding import binding_row
 from servimg.provenance.statements import ImageFacts
 

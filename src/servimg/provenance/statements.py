@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from servimg import __version__
-from servimg.builder.lock import Lock
-from servimg.builder.verify import VerifyReport
 from servimg.core import canonical
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import ServimgError
+from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.layer import OPAQUE_MARKER, WHITEOUT_PREFIX, normalize_path
+from servimg.proof.verify import VerifyReport
 from servimg.provenance import attest
 
 DEFAULT_BUILDER_ID = "https://servimg.invalid/builder/v1"

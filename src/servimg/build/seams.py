@@ -26,18 +26,6 @@ from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
 from servimg.backends import engine, transport
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import resultcache, warmroot
-from servimg.builder.bytecode import (
-    ChrootRunner,
-    CompileJob,
-    DockerRunner,
-    InterpreterFacts,
-    Runner,
-    compile_sources,
-)
-from servimg.builder.verify import VerifyFailed, VerifyReport, verify_image_value
-from servimg.builder.warmroot import WarmRoot, WarmRunner
-from servimg.builder.warmverify import WarmRootUnavailable, verify_in_warm_root
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
 from servimg.core.platform import Platform
@@ -46,6 +34,19 @@ from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore, Tap, no_tap
+from servimg.patching import resultcache
+from servimg.patching.bytecode import (
+    ChrootRunner,
+    CompileJob,
+    DockerRunner,
+    InterpreterFacts,
+    Runner,
+    compile_sources,
+)
+from servimg.proof import warmroot
+from servimg.proof.verify import VerifyFailed, VerifyReport, verify_image_value
+from servimg.proof.warmroot import WarmRoot, WarmRunner
+from servimg.proof.warmverify import WarmRootUnavailable, verify_in_warm_root
 
 
 class BaseSource(Protocol):
@@ -137,7 +138,7 @@ class Compiler(Protocol):
 class CachedCompiler:
     """`bytecode.compile_sources`, from the compile cache when an entry for exactly these inputs (the base
     chain, the interpreter and its pinned facts, the runner, the compile step, every source) checks out
-    (`builder.resultcache`)."""
+    (`patching.resultcache`)."""
 
     def compile(
         self,
@@ -161,7 +162,7 @@ class CachedCompiler:
 
 class ProbeRoute(StrEnum):
     """Where the whole probe runs over a built image: in the WARM root (the base's tree + the image's
-    layer, `builder.warmverify`), in a CONTAINER of the image, or in a CHROOT of its extracted files."""
+    layer, `proof.warmverify`), in a CONTAINER of the image, or in a CHROOT of its extracted files."""
 
     WARM = "warm"
     CONTAINER = "container"

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from servimg.builder import resultstore
+from servimg.core import resultstore
 
 T = TypeVar("T")
 KIND = "base-facts"

@@ -16,33 +16,8 @@ from pathlib import Path
 
 from servimg.backends import engine
 from servimg.backends.target import Target, WriteOptions
-from servimg.builder import naming
-from servimg.builder.basescan import find_package, interpreter_lock, sentinels_in_base
-from servimg.builder.bytecode import (
-    CompileJob,
-    InterpreterFacts,
-    Runner,
-    pyc_path,
-    stale_pycs,
-)
-from servimg.builder.definition import (
-    ImageDefinition,
-    OverlaySpec,
-    repo_root_for,
-)
-from servimg.builder.lock import (
-    BaseLock,
-    FileLock,
-    LadderLock,
-    Lock,
-    OverlayLock,
-    PackageLock,
-    check_drift,
-    lock_path_for,
-)
-from servimg.builder.overlay import apply_patch
-from servimg.builder.patch import Patch
-from servimg.builder.seams import (
+from servimg.build.basescan import find_package, interpreter_lock, sentinels_in_base
+from servimg.build.seams import (
     DEFAULT,
     BaseSource,
     CachedCompiler,
@@ -55,22 +30,47 @@ from servimg.builder.seams import (
     choose_sandboxes,
     verify_or_refuse,
 )
-from servimg.builder.verify import (
-    VerifyReport,
-    base_sources,
-    probe_files,
-    probe_spec,
-)
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
+from servimg.definitions import naming
+from servimg.definitions.definition import (
+    ImageDefinition,
+    OverlaySpec,
+    repo_root_for,
+)
+from servimg.definitions.lock import (
+    BaseLock,
+    FileLock,
+    LadderLock,
+    Lock,
+    OverlayLock,
+    PackageLock,
+    check_drift,
+    lock_path_for,
+)
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.oci.store import BlobStore
+from servimg.patching.bytecode import (
+    CompileJob,
+    InterpreterFacts,
+    Runner,
+    pyc_path,
+    stale_pycs,
+)
+from servimg.patching.overlay import apply_patch
+from servimg.patching.patch import Patch
+from servimg.proof.verify import (
+    VerifyReport,
+    base_sources,
+    probe_files,
+    probe_spec,
+)
 
 SERVIMG_DIR = "opt/servimg"
 
@@ -133,7 +133,7 @@ def resolve(
     definition: ImageDefinition | None = None,
 ) -> Resolution:
     """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock. `definition`
-    is given for one platform of a multi-platform definition (`builder.platforms`); else it is read."""
+    is given for one platform of a multi-platform definition (`build.platforms`); else it is read."""
     definition = definition or ImageDefinition.load(definition_path)
     if definition.multi_platform:
         raise DefinitionError(
@@ -458,7 +458,7 @@ def assemble(
 ) -> tuple[Image, Descriptor]:
     """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
     new image (a value: the base is unchanged). `extra_labels`: a platform image's tie to its index's
-    lock (`builder.platforms`)."""
+    lock (`build.platforms`)."""
     entries = plan_layer(resolution, locked, log, store.root)
     tmp = store.layout.tmp
     tmp.mkdir(exist_ok=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from servimg.builder.lock import InterpreterLock
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
+from servimg.definitions.lock import InterpreterLock
 
 SPEC_VERSION = 1
 

@@ -7,7 +7,7 @@ interpreter happily runs a stale timestamp pyc whose recorded mtime/size still m
 Two runners produce identical bytes (same interpreter binary, PYTHONHASHSEED=0, one process per file,
 fixed order): a Docker container with `--network none` (`backends.engine.run`), and a daemonless chroot
 over the interpreter's files extracted from the base layers (no engine; `unshare --map-root-user` when
-not root). `chroot_run` is the one daemonless runner: the probe (`builder.verify`) uses it too.
+not root). `chroot_run` is the one daemonless runner: the probe (`proof.verify`) uses it too.
 """
 
 from __future__ import annotations

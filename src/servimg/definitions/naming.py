@@ -9,25 +9,25 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from servimg.backends.target import Target
-from servimg.builder.definition import (
+from servimg.core.digest import Digest
+from servimg.core.errors import BuildError, DefinitionError, ServimgError
+from servimg.core.reference import Reference
+from servimg.definitions.definition import (
     DEFAULT_TEMPLATE,
     ImageDefinition,
     named_lock,
 )
-from servimg.builder.lock import (
+from servimg.definitions.lock import (
     Lock,
     PackageLock,
 )
-from servimg.core.digest import Digest
-from servimg.core.errors import BuildError, DefinitionError, ServimgError
-from servimg.core.reference import Reference
 
 SERVIMG_DIR = "opt/servimg"
 
 
 class Locked(Protocol):
     """What a tag is made from: a lock's digest and packages (one platform's `Lock`, or the lock of a
-    multi-platform definition, `builder.platformlock.PlatformLocks`)."""
+    multi-platform definition, `definitions.platformlock.PlatformLocks`)."""
 
     @property
     def digest(self) -> Digest: ...

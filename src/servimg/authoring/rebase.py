@@ -7,7 +7,7 @@ Each overlay, in declared order, gets one verdict with its evidence (docs/rebase
   listed). An offset is not fuzz: no context line is ever dropped or loosened, hunks stay in order and never
   overlap, a hunk whose context stops at the file's start or end stays anchored there, and of several exact
   places the nearest to the declared line wins (the number of places is reported when it is more than one).
-  These are the overlay engine's own rules (`servimg.builder.overlay`); the rebase reuses them, it has none.
+  These are the overlay engine's own rules (`servimg.patching.overlay`); the rebase reuses them, it has none.
 - ABSORBED: the new base already carries the change. Evidence is either the reverse patch applying to the
   new base under the same rules (the patched text is there), or every discriminating sentinel of the
   overlay (`absent_in_base: true`) being present in the new base's code for its qualname (upstream adopted
@@ -33,10 +33,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from servimg.authoring.defedit import definition_text
 from servimg.backends import transport
-from servimg.builder import basescan, pipeline
-from servimg.builder.defedit import definition_text
-from servimg.builder.definition import (
+from servimg.build import basescan, pipeline
+from servimg.build.seams import DEFAULT, Seams
+from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
+from servimg.core.errors import OverlayError, RebaseError, ServimgError
+from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
+from servimg.core.progress import Log
+from servimg.definitions.definition import (
     BaseSpec,
     ImageDefinition,
     OverlaySpec,
@@ -44,19 +50,13 @@ from servimg.builder.definition import (
     Sentinel,
     repo_root_for,
 )
-from servimg.builder.lock import Lock, lock_path_for
-from servimg.builder.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
-from servimg.builder.patch import FilePatch, Patch, split_lines
-from servimg.builder.seams import DEFAULT, Seams
-from servimg.builder.verify import base_sentinel_lookups, module_sources, sentinel_key
-from servimg.core.atomic import atomic_write
-from servimg.core.digest import Digest
-from servimg.core.errors import OverlayError, RebaseError, ServimgError
-from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
-from servimg.core.progress import Log
+from servimg.definitions.lock import Lock, lock_path_for
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
+from servimg.patching.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
+from servimg.patching.patch import FilePatch, Patch, split_lines
+from servimg.proof.verify import base_sentinel_lookups, module_sources, sentinel_key
 
 SHOWN_LINES = 12  # at most this many of the new base's lines per conflicting hunk
 

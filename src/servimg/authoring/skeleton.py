@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.backends import transport
-from servimg.builder.basescan import guess_interpreter, interpreter_facts, providers
-from servimg.builder.definition import DEFAULT_TEMPLATE, ImageDefinition
-from servimg.builder.pipeline import base_fs
-from servimg.builder.seams import DEFAULT, Seams
+from servimg.build.basescan import guess_interpreter, interpreter_facts, providers
+from servimg.build.pipeline import base_fs
+from servimg.build.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError
 from servimg.core.progress import Log
+from servimg.definitions.definition import DEFAULT_TEMPLATE, ImageDefinition
 from servimg.oci.store import BlobStore
 
 SERVING_PACKAGES = ("vllm", "lmcache")

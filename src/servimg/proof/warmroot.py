@@ -28,7 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.builder.bytecode import (
+from servimg.core.cachelayout import CacheLayout
+from servimg.core.digest import Digest
+from servimg.core.errors import BytecodeError
+from servimg.oci import fsindex
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.layerindex import OPAQUE, LayerIndex
+from servimg.patching.bytecode import (
     WORK_IN_IMAGE,
     InterpreterFacts,
     Sandbox,
@@ -37,12 +43,6 @@ from servimg.builder.bytecode import (
     extract_runtime,
     tool,
 )
-from servimg.core.cachelayout import CacheLayout
-from servimg.core.digest import Digest
-from servimg.core.errors import BytecodeError
-from servimg.oci import fsindex
-from servimg.oci.filesystem import LayeredFS
-from servimg.oci.layerindex import OPAQUE, LayerIndex
 
 ROOTFS_FORMAT = "v1"
 MOUNT_FAILED = 125

@@ -219,7 +219,7 @@ _lock = fields.record(
 
 
 def read_lock_json(path: Path) -> object:
-    """A lock file's JSON (one platform's `Lock`, or `builder.platformlock.PlatformLocks`), or LockError
+    """A lock file's JSON (one platform's `Lock`, or `definitions.platformlock.PlatformLocks`), or LockError
     saying what to run."""
     try:
         raw = path.read_bytes()

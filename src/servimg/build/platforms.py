@@ -3,8 +3,8 @@
 A definition with `base.platforms` (docs/platforms.md) is, per platform, an ordinary single-platform
 definition (`ImageDefinition.for_platform`): the same pipeline resolves its base, applies the overlays
 exactly, compiles the pycs with *that platform's* interpreter (under qemu where the host differs:
-`builder.emulation`) and verifies the image with the in-image probe under the same emulation. Their locks
-are one file (`builder.platformlock`); the images are children of one OCI image index
+`patching.emulation`) and verifies the image with the in-image probe under the same emulation. Their locks
+are one file (`definitions.platformlock`); the images are children of one OCI image index
 (`oci.index.ImageIndex`), published by the sink with its name last.
 
 Bytecode is not assumed to be platform-independent: the build compares the pycs each platform's
@@ -18,20 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.backends.target import Target
-from servimg.builder import emulation, naming
-from servimg.builder.definition import ImageDefinition
-from servimg.builder.lock import lock_path_for
-from servimg.builder.pipeline import Resolution, assemble, default_target, resolve
-from servimg.builder.platformlock import PlatformLocks, check_drift
-from servimg.builder.seams import DEFAULT, IndexSink, PlatformImage, Seams, verify_or_refuse
+from servimg.build.pipeline import Resolution, assemble, default_target, resolve
+from servimg.build.seams import DEFAULT, IndexSink, PlatformImage, Seams, verify_or_refuse
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Log, Progress
+from servimg.definitions import naming
+from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.lock import lock_path_for
+from servimg.definitions.platformlock import PlatformLocks, check_drift
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
+from servimg.patching import emulation
 
 
 @dataclass(frozen=True)

@@ -11,26 +11,28 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servimg.builder import basefacts, bytecode, resultstore, verify
-from servimg.builder.bytecode import (
+from servimg.core import resultstore
+from servimg.core.digest import sha256_hex
+from servimg.core.errors import BuildError, DefinitionError
+from servimg.core.progress import Log
+from servimg.definitions.definition import ImageDefinition, Sentinel
+from servimg.definitions.lock import (
+    InterpreterLock,
+    PackageLock,
+)
+from servimg.inimage import probe
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+from servimg.patching import basefacts, bytecode
+from servimg.patching.bytecode import (
     InterpreterFacts,
     Runner,
     base_opt_levels,
     compile_sources,
 )
-from servimg.builder.definition import ImageDefinition, Sentinel
-from servimg.builder.lock import (
-    InterpreterLock,
-    PackageLock,
-)
-from servimg.builder.verify import base_sentinel_verdicts_in_image
-from servimg.core.digest import sha256_hex
-from servimg.core.errors import BuildError, DefinitionError
-from servimg.core.progress import Log
-from servimg.inimage import probe
-from servimg.oci.filesystem import LayeredFS
-from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.proof import verify
+from servimg.proof.verify import base_sentinel_verdicts_in_image
 
 SERVIMG_DIR = "opt/servimg"
 
@@ -124,7 +126,7 @@ def interpreter_lock(
 def _base_opt_levels(
     store: BlobStore, base: Image, fs: LayeredFS, dirs: list[str], cache_tag: str
 ) -> tuple[int, ...]:
-    """`base_opt_levels`, once per base (servimg.builder.basefacts): it lists every path in the packages."""
+    """`base_opt_levels`, once per base (servimg.patching.basefacts): it lists every path in the packages."""
     key = {"diff_ids": [str(d) for d in base.diff_ids], "dirs": dirs, "cache_tag": cache_tag}
     return basefacts.remembered(
         store.root,
@@ -204,7 +206,7 @@ def sentinels_in_base(
 ) -> dict[str, bool]:
     """Whether the base's code already holds each sentinel, answered by the image's own interpreter
     (`verify.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
-    sources' sha256 and that interpreter (servimg.builder.basefacts): a module's bytes, the sentinel and
+    sources' sha256 and that interpreter (servimg.patching.basefacts): a module's bytes, the sentinel and
     the compiler decide it, and asking the image costs a run of it."""
     if not wanted:
         return {}

@@ -11,10 +11,10 @@ import re
 
 import yaml
 
-from servimg.builder.definition import (
+from servimg.core.errors import ServimgError
+from servimg.definitions.definition import (
     ImageDefinition,
 )
-from servimg.core.errors import ServimgError
 
 
 def definition_text(text: str, old: ImageDefinition, new: ImageDefinition) -> str:

@@ -1,5 +1,5 @@
 """Where servimg keeps the results it may reuse, every kind of them, each under a key that names every
-input (servimg.builder.resultcache: compiled bytecode; servimg.builder.basefacts: facts of a base; the
+input (servimg.patching.resultcache: compiled bytecode; servimg.patching.basefacts: facts of a base; the
 interpreter's facts): `<cache>/results/<kind>/v1/sha256/<key>.json`
 (core.cachelayout), one file per key, named by the sha256 of the key's canonical JSON. Standard library
 and servimg.core only.
@@ -55,7 +55,7 @@ def entry_path(root: Path, kind: str, key: Mapping[str, object]) -> Path:
 
 def read(root: Path, kind: str, key: Mapping[str, object], *, per_base: bool = False) -> Any | None:
     """The cached value for `key`; None when there is none, it does not check out, inside `bypassed`,
-    or when `OFF` is set (`per_base`: a fact of the base alone, servimg.builder.basefacts, which `OFF`
+    or when `OFF` is set (`per_base`: a fact of the base alone, servimg.patching.basefacts, which `OFF`
     does not switch off: a build that does all its work still starts from its base)."""
     if _bypassed.get() or (os.environ.get(OFF) and not per_base):
         return None

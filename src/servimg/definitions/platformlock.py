@@ -15,11 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servimg import __version__
-from servimg.builder.lock import LOCK_VERSION, Lock, PackageLock, drift, lock_to_definition, read_lock_json
 from servimg.core import canonical, fields
 from servimg.core.atomic import atomic_write
 from servimg.core.errors import LockError, ServimgError
 from servimg.core.platform import Platform
+from servimg.definitions.lock import (
+    LOCK_VERSION,
+    Lock,
+    PackageLock,
+    drift,
+    lock_to_definition,
+    read_lock_json,
+)
 
 _UNKNOWN = "unknown key (locks are written by `servimg lock`, never by hand)"
 

@@ -1,5 +1,5 @@
 """A pure unified-diff engine for overlays: check paths, apply exactly (the diffs themselves are
-parsed by servimg.builder.patch).
+parsed by servimg.patching.patch).
 
 Everything works on bytes and nothing here touches the file system: the caller hands in a `read` function
 and receives new contents back (images are values). The engine is deliberately stricter than GNU `patch`:
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from servimg.builder.patch import FilePatch, Hunk, Patch, split_lines
 from servimg.core.errors import OverlayError, collect
+from servimg.patching.patch import FilePatch, Hunk, Patch, split_lines
 
 APPLY_HINT = (
     "regenerate the patch against the pinned base (the base file changed), "

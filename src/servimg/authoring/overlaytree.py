@@ -25,16 +25,16 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from servimg.builder.definition import ImageDefinition, Sentinel
-from servimg.builder.pipeline import Resolution, lock, resolve
-from servimg.builder.seams import DEFAULT, Seams
-from servimg.builder.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
+from servimg.build.pipeline import Resolution, lock, resolve
+from servimg.build.seams import DEFAULT, Seams
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import OverlayError
 from servimg.core.progress import Log
+from servimg.definitions.definition import ImageDefinition, Sentinel
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
 
 MANIFEST = ".servimg-edit.json"
 SKIPPED = (".pyc", ".so", ".pyd")  # compiled: servimg recompiles pycs, and a diff cannot patch a binary

@@ -1,7 +1,7 @@
 """Unified diffs as values: the model (Patch, FilePatch, Hunk, HunkLine) and its strict parser.
 
 A plain or git unified diff is parsed into frozen values, every problem collected and raised once with
-line numbers (servimg.builder.overlay applies them). Hunk header counts are checked against the hunk
+line numbers (servimg.patching.overlay applies them). Hunk header counts are checked against the hunk
 bodies, because a miscounted hunk makes lenient tools silently ignore the lines past the count. Pure:
 bytes in, values out.
 """

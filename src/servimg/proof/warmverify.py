@@ -1,5 +1,5 @@
 """The whole probe over a built image in the warm root: the base's tree (extracted once per base chain,
-kept by its ordered diffIDs: `builder.warmroot`) with the image's own servimg layer laid over it in a fresh
+kept by its ordered diffIDs: `proof.warmroot`) with the image's own servimg layer laid over it in a fresh
 upper dir, so the probe sees exactly the image's layers, run by the image's interpreter as its service
 would run (the command's interpreter flags and entry, Env, WorkingDir).
 
@@ -7,7 +7,7 @@ Every check runs in this run, over the final tree: RECORD hashes every file of e
 distribution, nothing is taken from an earlier run or merged from a part (docs/design.md, "The proof is
 computed, never remembered"). `servimg verify IMAGE` runs the same probe in a container or a chroot; the
 build uses the warm root where this host can mount overlays because it needs no engine and no copy of the
-image (`builder.seams.probe_route`).
+image (`build.seams.probe_route`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.builder.verify import (
+from servimg.core import jsonview as jv
+from servimg.core.progress import Log
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+from servimg.proof.verify import (
     SPEC_IN_IMAGE,
     VerifyError,
     VerifyReport,
@@ -27,12 +32,7 @@ from servimg.builder.verify import (
     probe_in,
     service_command,
 )
-from servimg.builder.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
-from servimg.core import jsonview as jv
-from servimg.core.progress import Log
-from servimg.oci.filesystem import LayeredFS
-from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.proof.warmroot import MOUNT_FAILED, WarmRoot, lay_out, new_upper
 
 
 class WarmRootUnavailable(VerifyError):

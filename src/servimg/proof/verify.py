@@ -22,10 +22,21 @@ from types import CodeType
 
 from servimg.backends import engine, transport
 from servimg.backends.engine import ContainerSpec
-from servimg.builder.bytecode import ImageChroot, Runner, Sandbox, extract_runtime, lookup_in_image
-from servimg.builder.definition import ImageDefinition, Sentinel
-from servimg.builder.lock import Lock
-from servimg.builder.probespec import (
+from servimg.core import canonical
+from servimg.core import jsonview as jv
+from servimg.core.digest import Digest, sha256_hex
+from servimg.core.errors import BackendError, ServimgError
+from servimg.core.findings import Finding, Findings, Status
+from servimg.core.progress import Log
+from servimg.definitions.definition import ImageDefinition, Sentinel
+from servimg.definitions.lock import Lock
+from servimg.inimage import probe
+from servimg.oci import integrity
+from servimg.oci.filesystem import LayeredFS
+from servimg.oci.image import Image
+from servimg.oci.store import BlobStore
+from servimg.patching.bytecode import ImageChroot, Runner, Sandbox, extract_runtime, lookup_in_image
+from servimg.proof.probespec import (
     SPEC_VERSION,
     ProbeSpec,
     SpecDistribution,
@@ -35,17 +46,6 @@ from servimg.builder.probespec import (
     SpecPackage,
     SpecSentinel,
 )
-from servimg.core import canonical
-from servimg.core import jsonview as jv
-from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import BackendError, ServimgError
-from servimg.core.findings import Finding, Findings, Status
-from servimg.core.progress import Log
-from servimg.inimage import probe
-from servimg.oci import integrity
-from servimg.oci.filesystem import LayeredFS
-from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
 
 PROBE_SOURCE = Path(probe.__file__)
 PROBE_IN_IMAGE = "/opt/servimg/probe.py"
