@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from servimg.backends import transport  # noqa: E402
 from servimg.backends.target import Target  # noqa: E402
+from servimg.build.context import Context  # noqa: E402
 from servimg.build.pipeline import base_fs, resolve  # noqa: E402
 from servimg.definitions.definition import ImageDefinition  # noqa: E402
 from servimg.oci.image import Descriptor, Image, Layer  # noqa: E402
@@ -117,7 +118,7 @@ def variant(demo: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Pa
 
 def dockerfile_context(demo: Path, tmp: Path) -> tuple[Path, str]:
     """The patched files (exactly what servimg's overlays produce) plus a Dockerfile that installs them."""
-    resolution = resolve(demo, BlobStore(), lambda m: None)
+    resolution = resolve(demo, Context(BlobStore(), lambda m: None))
     definition = ImageDefinition.load(demo)
     base_ref = definition.base.ref.removeprefix("docker-daemon:")
     lines = [f"FROM {base_ref}"]
@@ -179,7 +180,7 @@ def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
 
 def changed_files_overlay(demo: Path, count: int) -> dict[str, Any]:
     """One overlay appending a comment to `count` vLLM modules (sorted, none the demo overlays touch)."""
-    resolution = resolve(demo, BlobStore(), lambda m: None)
+    resolution = resolve(demo, Context(BlobStore(), lambda m: None))
     site = resolution.lock.package("vllm").site_packages.lstrip("/")
     touched = {c.path for c in resolution.changes}
     fs = resolution.fs

@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from servimg.backends.engine import client  # noqa: E402
+from servimg.build.context import Context  # noqa: E402
 from servimg.build.pipeline import build  # noqa: E402
+from servimg.build.plan import BuildPlan  # noqa: E402
 from servimg.definitions.definition import ImageDefinition  # noqa: E402
 from servimg.definitions.lock import Lock, lock_path_for  # noqa: E402
 from servimg.definitions.naming import derive_tag  # noqa: E402
@@ -52,7 +54,7 @@ def demo_image() -> str:
     try:
         client().images.get(tag)
     except Exception:
-        build(DEMO, BlobStore(), lambda m: None, to="docker")
+        build(BuildPlan.make(DEMO, to="docker"), Context(BlobStore(), lambda m: None))
     return tag
 
 

@@ -37,7 +37,9 @@ sys.path.insert(0, str(REPO / "src"))
 from servimg.backends.engine import client  # noqa: E402
 from servimg.bases import catalog as bases  # noqa: E402
 from servimg.bases.assemble import base_image  # noqa: E402
+from servimg.build.context import Context  # noqa: E402
 from servimg.build.pipeline import build, lock  # noqa: E402
+from servimg.build.plan import BuildPlan  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
 
 STDLIB = (
@@ -136,8 +138,8 @@ def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]
     text = path.read_text().replace("oci:FILLED-IN-BY-THE-TEST", base["oci_ref"])
     text = text.replace("sha256:" + "0" * 64, base["digest"])
     path.write_text(text.replace("witness: false", "witness: true"))
-    lock(path, store, lambda m: None, runner="docker")
-    result = build(path, store, lambda m: None, to="docker", runner="docker")
+    lock(path, Context(store, lambda m: None), "docker")
+    result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, lambda m: None))
     python = base_image(recipe, store, lambda m: None).labels["io.servimg.test.python"]
     return str(result.image.config_digest), python
 

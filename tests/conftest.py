@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 
+from servimg.build.context import Context
+from servimg.build.plan import BuildPlan
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -197,8 +200,10 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
 def build_image(repo: Path, name: str, store: Any) -> Any:
     from servimg.build.pipeline import build, lock
 
-    lock(repo / "images" / f"{name}.yaml", store, print, runner="docker")
-    return build(repo / "images" / f"{name}.yaml", store, print, to="docker", runner="docker")
+    lock(repo / "images" / f"{name}.yaml", Context(store, print), "docker")
+    return build(
+        BuildPlan.make(repo / "images" / f"{name}.yaml", to="docker", runner="docker"), Context(store, print)
+    )
 
 
 @pytest.fixture(scope="session")

@@ -25,9 +25,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Unpack
+from typing import Any, BinaryIO
 
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import Target
+from servimg.build.context import Context
+from servimg.build.release import Release
 from servimg.build.seams import ByReference, Seams, TargetSink
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
@@ -414,10 +416,9 @@ class StallingSink:
     def check(self, target: Target) -> None:
         self.inner.check(target)
 
-    def publish(
-        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str:
-        return self.inner.publish(image, target, _StallOnLookup(store.root, self.marker), log, **options)
+    def publish(self, release: Release, ctx: Context) -> str:
+        stalling = dataclasses.replace(ctx, store=_StallOnLookup(ctx.store.root, self.marker))
+        return self.inner.publish(release, stalling)
 
 
 def stall_seams(spec: str, marker: Path) -> Seams:

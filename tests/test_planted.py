@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
+from servimg.build.context import Context
 from servimg.cli import main
 from servimg.core.errors import DefinitionError
 from servimg.inimage import probe
@@ -285,5 +286,5 @@ def test_lock_refuses_a_sentinel_the_base_already_has(tiny: Tiny, tmp_path: Path
     path = prepare_repo(tmp_path / "repo", base, lambda t: t.replace("    forbidden:\n", extra, 1))
     refused = r"already present in the base: tinypkg\.core:Scheduler\.schedule:name=clamp"
     with pytest.raises(DefinitionError, match=refused):
-        lock(path, tiny.store, lambda _: None, runner="docker")
+        lock(path, Context(tiny.store, lambda _: None), "docker")
     assert not (tmp_path / "repo" / "images" / "tiny.lock.json").exists()

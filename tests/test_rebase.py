@@ -34,6 +34,7 @@ from servimg.authoring.rebase import (
     rebase,
 )
 from servimg.build import pipeline
+from servimg.build.context import Context
 from servimg.build.seams import Seams
 from servimg.core.digest import Digest
 from servimg.core.errors import RebaseError
@@ -271,7 +272,7 @@ def _repo(root: Path, name: str, base: wheelbase.WheelBase, store: BlobStore) ->
     text = text.replace("oci:FILLED-IN-BY-THE-TEST", base.ref).replace("sha256:" + "0" * 64, base.digest)
     path = root / "images" / f"{name}.yaml"
     path.write_text(text)
-    pipeline.lock(path, store, print, runner="chroot")
+    pipeline.lock(path, Context(store, print), "chroot")
     return path
 
 
@@ -344,7 +345,7 @@ def test_backport_onto_0_28_0_drops_the_absorbed_overlay_and_the_rebased_stack_b
     lock = Lock.load(proposed.with_name("backport.rebased.lock.json"))
     assert str(lock.base.manifest_digest) == wheel_bases.mid.digest
     # The proposed lock is exactly what `servimg lock` gives the proposed definition.
-    relocked, changed = pipeline.lock(proposed, store, print, runner="chroot")
+    relocked, changed = pipeline.lock(proposed, Context(store, print), "chroot")
     assert not changed and relocked == lock
     # A rebased stack builds and verifies like any other (the probe runs on the built image).
     code, built = _cli("build", str(proposed), "--to", f"oci:{tmp_path / 'out'}", capsys=capsys)

@@ -28,6 +28,7 @@ from servimg.bases.demo import DEMO_WHEELS, parse_pins
 from servimg.bases.localrebase import LocalRebase, parse_packages, rebase_packages
 from servimg.bases.recipe import Kind, Recipe, WheelSource
 from servimg.build import pipeline
+from servimg.build.context import Context
 from servimg.core.errors import BaseBuildError, RebaseError, ServimgError
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
@@ -257,7 +258,7 @@ def test_a_new_lmcache_builds_a_new_base_and_the_proposal_lies_beside(
     assert base_lock["recipe_key"] == result.rebase.base_ref.split("/")[-1].split(":")[0]
     # the proposed lock is the one `servimg lock` gives the proposal
     proposed_lock = Lock.load(root / "images" / "noop.rebased.lock.json")
-    relocked, changed = pipeline.lock(root / "images" / "noop.rebased.yaml", store, print, runner="chroot")
+    relocked, changed = pipeline.lock(root / "images" / "noop.rebased.yaml", Context(store, print), "chroot")
     assert relocked.digest == proposed_lock.digest and not changed
 
 
@@ -304,7 +305,7 @@ def test_write_moves_the_pins_the_base_lock_and_every_definition_on_the_base(
             str(moved.base.digest) == base_lock["manifest_digest"]
             and moved.packages["lmcache"].version == "0.5.4"
         )
-        assert pipeline.lock(path, store, print, runner="chroot")[1] is False  # its lock is current
+        assert pipeline.lock(path, Context(store, print), "chroot")[1] is False  # its lock is current
     # Once more from the written pins with the same version: the same base (cached), the same files.
     recorded = wheelpins.requirements_in((tmp_path / PINS).read_text())
     assert recorded == ("lmcache==0.5.4",)

@@ -16,6 +16,8 @@ import pytest
 
 import fakebase as fb
 from servimg.build import pipeline
+from servimg.build.context import Context
+from servimg.build.plan import BuildPlan
 from servimg.build.seams import Seams
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
@@ -50,13 +52,15 @@ def _repo(tmp_path: Path) -> tuple[Path, BlobStore, CountingRunners, Seams]:
     store = BlobStore(tmp_path / "cache")
     runners = CountingRunners()
     seams = dataclasses.replace(fb.FAKE_SEAMS, runners=runners)
-    pipeline.lock(definition, store, print, "auto", seams)
+    pipeline.lock(definition, Context(store, print, seams=seams), "auto")
     runners.runs = 0
     return definition, store, runners, seams
 
 
 def _build(definition: Path, store: BlobStore, seams: Seams, out: Path) -> Digest:
-    return pipeline.build(definition, store, print, to=f"oci:{out}", seams=seams).image.digest
+    return pipeline.build(
+        BuildPlan.make(definition, to=f"oci:{out}"), Context(store, print, seams=seams)
+    ).image.digest
 
 
 def _entries(store: BlobStore, kind: str) -> list[Path]:
@@ -136,7 +140,9 @@ def test_the_compile_key_names_every_input() -> None:
 
 def _built(tmp_path: Path) -> tuple[Image, BlobStore]:
     definition, store, _, seams = _repo(tmp_path)
-    image = pipeline.build(definition, store, print, to=f"oci:{tmp_path / 'a'}", seams=seams).image
+    image = pipeline.build(
+        BuildPlan.make(definition, to=f"oci:{tmp_path / 'a'}"), Context(store, print, seams=seams)
+    ).image
     return image, store
 
 

@@ -16,6 +16,8 @@ import pytest
 import fakebase as fb
 from conftest import _require, docker_available
 from servimg.build import seams
+from servimg.build.context import Context
+from servimg.build.plan import BuildPlan
 from servimg.cli import parser
 from servimg.commands.context import seams_from
 from servimg.definitions.lock import Lock
@@ -86,39 +88,61 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     StoreOnly leaves it in the blob store without publishing anywhere."""
     import dataclasses
 
-    from servimg.backends.transport import Target
     from servimg.build.pipeline import build, lock
+    from servimg.build.release import Release
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
     seen: list[tuple[Image, str, str | None]] = []
 
     class Recording(seams.StoreOnly):
-        def publish(self, image: Image, target: Target, store: BlobStore, log: object, **kw: object) -> str:
-            seen.append((image, target.kind, kw.get("tag")))  # type: ignore[arg-type]
+        def publish(self, release: Release, ctx: Context) -> str:
+            release.proven()
+            seen.append((release.image.image, release.target.kind, release.tag))
             return "recorded"
 
     definition, base = _repo(tmp_path)
     store = BlobStore(tmp_path / "cache")
     given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
-    lock(definition, store, lambda _: None, seams=given)
+    lock(definition, Context(store, lambda _: None, seams=given))
     out = tmp_path / "never"
     result = build(
-        definition, store, lambda _: None, to=f"oci:{out}", seams=dataclasses.replace(given, sink=Recording())
+        BuildPlan.make(definition, to=f"oci:{out}"),
+        Context(store, lambda _: None, seams=dataclasses.replace(given, sink=Recording())),
     )
     assert result.destination == "recorded" and not out.exists()
     assert seen == [(result.image, "oci", result.tag)]
     kept = build(
-        definition,
-        store,
-        lambda _: None,
-        to=f"oci:{out}",
-        seams=dataclasses.replace(given, sink=seams.StoreOnly()),
+        BuildPlan.make(definition, to=f"oci:{out}"),
+        Context(store, lambda _: None, seams=dataclasses.replace(given, sink=seams.StoreOnly())),
     )
     assert kept.image == result.image and not out.exists()
     assert store.has(kept.image.config_digest) and all(
         store.has(d.digest) for d in kept.image.layer_descriptors
     )
+
+
+def test_a_sink_that_skips_the_proof_is_refused(tmp_path: Path) -> None:
+    """A sink must ask for the proof (`Release.proven`) before it makes anything visible; a build whose
+    sink did not is an error, so no sink publishes an unproven image by forgetting to ask."""
+    from servimg.build.pipeline import build, lock
+    from servimg.build.release import Release
+    from servimg.core.errors import BuildError
+    from servimg.oci.store import BlobStore
+
+    class Forgetful(seams.StoreOnly):
+        def publish(self, release: Release, ctx: Context) -> str:
+            return "published without the proof"
+
+    definition, base = _repo(tmp_path)
+    store = BlobStore(tmp_path / "cache")
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
+    lock(definition, Context(store, seams=given))
+    plan = BuildPlan.make(definition, to=f"oci:{tmp_path / 'never'}")
+    with pytest.raises(BuildError, match="published without asking for the proof"):
+        build(plan, Context(store, seams=dataclasses.replace(given, sink=Forgetful())))
+    unverified = dataclasses.replace(plan, verify=False)  # a rebuild comparing digests asks for none
+    assert build(unverified, Context(store, seams=dataclasses.replace(given, sink=Forgetful()))).image
 
 
 class _WaitsThenRules:
@@ -164,10 +188,12 @@ def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifie
     definition, base = _repo(tmp_path)
     store = BlobStore(tmp_path / "cache")
     given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref), verifier=Recording())
-    lock(definition, store, lambda _: None, seams=given)
-    resolution = resolve(definition, store, lambda _: None, seams=given)
+    lock(definition, Context(store, lambda _: None, seams=given))
+    resolution = resolve(definition, Context(store, lambda _: None, seams=given))
     assert resolution.probe is seams.probe_route() and isinstance(resolution.probe, seams.ProbeRoute)
-    build(definition, store, lambda _: None, to=f"oci:{tmp_path / 'out'}", seams=given)
+    build(
+        BuildPlan.make(definition, to=f"oci:{tmp_path / 'out'}"), Context(store, lambda _: None, seams=given)
+    )
     assert routes == [seams.probe_route()]
 
 
@@ -184,17 +210,13 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
     definition = fb.make_repo(tmp_path / "repo", base)
     store = BlobStore(tmp_path / "cache")
     given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
-    lock(definition, store, lambda _: None, seams=given)
+    lock(definition, Context(store, lambda _: None, seams=given))
     tag = f"staged-{uuid.uuid4().hex[:8]}"  # not 12 hex digits: that names a lock
 
     def to_docker(verifier: _WaitsThenRules) -> Any:
         return build(
-            definition,
-            store,
-            print,
-            to="docker",
-            tag=tag,
-            seams=dataclasses.replace(given, verifier=verifier),
+            BuildPlan.make(definition, to="docker", tag=tag),
+            Context(store, print, seams=dataclasses.replace(given, verifier=verifier)),
         )
 
     refusing = _WaitsThenRules(ok=False)

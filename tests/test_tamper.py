@@ -25,6 +25,8 @@ from servimg.backends import engine
 from servimg.backends.referrers import fallback_tag
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
+from servimg.build.context import Context
+from servimg.build.plan import BuildPlan
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -98,7 +100,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     from servimg.proof.verify import verify_image_value
 
     store = BlobStore()
-    result = build(root / DEMO, store, print, to=f"oci:{root / 'out' / 'demo'}", runner="docker")
+    result = build(
+        BuildPlan.make(root / DEMO, to=f"oci:{root / 'out' / 'demo'}", runner="docker"), Context(store, print)
+    )
     report = verify_image_value(result.image, store, print)
     assert report.ok
     yield {"root": root, "image": result.image, "store": store, "report": report, "tag": result.tag}

@@ -28,7 +28,9 @@ from typing import Any
 from servimg.backends import engine
 from servimg.bases import catalog as bases
 from servimg.bases.assemble import base_image
+from servimg.build.context import Context
 from servimg.build.pipeline import build, lock
+from servimg.build.plan import BuildPlan
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS
@@ -132,8 +134,8 @@ def build_tiny(
     recipe = bases.pinned_recipe(f"test-{suite}")
     base_info = bases.build_base(recipe, store, log, targets=["docker"])
     path = prepare_repo(root, base_info, edit)
-    lock(path, store, log, runner="docker")
-    result = build(path, store, log, to="docker", runner="docker")
+    lock(path, Context(store, log), "docker")
+    result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, log))
     base = base_image(recipe, store, log)
     definition = ImageDefinition.load(path)
     return Tiny(

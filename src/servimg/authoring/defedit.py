@@ -7,14 +7,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import yaml
 
+from servimg.core.atomic import atomic_write
 from servimg.core.errors import ServimgError
 from servimg.definitions.definition import (
     ImageDefinition,
 )
+from servimg.definitions.lock import lock_path_for
+
+
+@contextlib.contextmanager
+def scratch_definition(definition_path: Path, text: str, purpose: str) -> Iterator[Path]:
+    """A proposed definition as a hidden file beside the real one (overlay paths resolve the same way),
+    removed afterwards with its lock whatever happens: the real definition and lock are untouched until
+    the caller writes them."""
+    scratch = definition_path.with_name(f".{definition_path.stem}.{purpose}-{os.getpid()}.yaml")
+    atomic_write(scratch, text.encode(), 0o644)
+    try:
+        yield scratch
+    finally:
+        scratch.unlink(missing_ok=True)
+        lock_path_for(scratch).unlink(missing_ok=True)
 
 
 def definition_text(text: str, old: ImageDefinition, new: ImageDefinition) -> str:

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from servimg.build.context import Context
 from servimg.build.pipeline import Resolution, lock, resolve
 from servimg.build.seams import DEFAULT, Seams
 from servimg.core import jsonview as jv
@@ -70,7 +71,7 @@ def edit(
 ) -> Edited:
     if directory.exists() and any(directory.iterdir()):
         raise OverlayError(f"{directory} is not empty; nothing was written", hint="name a new directory")
-    resolution = resolve(definition, store, log, "auto", seams)
+    resolution = resolve(definition, Context(store, log, seams=seams))
     site = _site(resolution, package)
     stack = tuple(o.id for o in resolution.lock.overlays if o.package == package) if with_stack else ()
     stacked = {c.path: c.content for c in resolution.changes} if with_stack else {}
@@ -128,7 +129,7 @@ def save(
     patch_path = repo / "overlays" / package / f"{overlay_id}.patch"
     if patch_path.exists():
         raise OverlayError(f"{patch_path} exists; nothing was written", hint="choose another --id")
-    resolution = resolve(definition, store, log, "auto", seams)
+    resolution = resolve(definition, Context(store, log, seams=seams))
     site = _site(resolution, package)
     stacked = {c.path: c.content for c in resolution.changes}
     old = {rel: _before(resolution, stacked, f"{site}/{rel}", manifest) for rel in changed}
@@ -146,7 +147,7 @@ def save(
         _add_overlay(
             definition, overlay_id, package, patch_path.relative_to(repo), sha256_hex(patch), sentinels
         )
-        locked, _ = lock(definition, store, log, seams=seams)
+        locked, _ = lock(definition, Context(store, log, seams=seams))
     except BaseException:
         atomic_write(definition, original, 0o644)  # nothing half-done: the definition as it was
         patch_path.unlink(missing_ok=True)

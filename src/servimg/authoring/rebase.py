@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from servimg.authoring.defedit import definition_text
+from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.backends import transport
 from servimg.build import basescan, pipeline
+from servimg.build.context import Context
 from servimg.build.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
@@ -555,19 +555,6 @@ def proposed_paths(definition_path: Path, in_place: bool) -> tuple[Path, Path]:
     return target, lock_path_for(target)
 
 
-@contextlib.contextmanager
-def _scratch_definition(definition_path: Path, text: str) -> Iterator[Path]:
-    """The proposed definition as a hidden file beside the old one (overlay paths resolve the same way),
-    removed afterwards whatever happens."""
-    scratch = definition_path.with_name(f".{definition_path.stem}.rebase-{os.getpid()}.yaml")
-    atomic_write(scratch, text.encode(), 0o644)
-    try:
-        yield scratch
-    finally:
-        scratch.unlink(missing_ok=True)
-        lock_path_for(scratch).unlink(missing_ok=True)
-
-
 # ------------------------------------------------------------------------------------------------ command
 
 
@@ -587,9 +574,9 @@ def propose(
         return result, {}
     proposed = proposed_definition(old, new, verdicts)
     text = definition_text(path.read_text(encoding="utf-8"), old, proposed)
-    with _scratch_definition(path, text) as scratch:
+    with scratch_definition(path, text, "rebase") as scratch:
         try:
-            lock: Lock = pipeline.resolve(scratch, store, log, request.runner, seams).lock
+            lock: Lock = pipeline.resolve(scratch, Context(store, log, seams=seams), request.runner).lock
         except ServimgError as exc:
             raise exc.context("locking the rebased definition") from None
     definition_out, lock_out = proposed_paths(path, request.write)

@@ -217,12 +217,12 @@ class RegistryBackend:
         )
 
     def check_reachable(self, target: Target) -> None:
-        with RegistryClient(Reference.parse(target.location).registry) as client:
+        with RegistryClient(target.registry_ref.registry) as client:
             client.ping()
 
     @contextlib.contextmanager
     def referrers(self, target: Target) -> Iterator[Referrers]:
-        ref = Reference.parse(target.location)
+        ref = target.registry_ref
         with RegistryClient(ref.registry) as client:
             yield RegistryReferrers(client, ref.repository)
 

@@ -8,13 +8,14 @@ from kind to backend. This module sits below every backend, so each can name the
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
 from servimg.core.progress import NULL, Log, Progress
+from servimg.core.reference import Reference
 
 if TYPE_CHECKING:  # annotations only
     from servimg.backends.referrers import Referrers
@@ -42,11 +43,24 @@ def split_layout_ref(text: str) -> tuple[Path, str | None]:
 
 @dataclass(frozen=True)
 class Target:
-    """A parsed `--to`/base location. kind: engine | oci | archive | registry."""
+    """A parsed `--to`/base location. kind: engine | oci | archive | registry. A registry target carries
+    its reference, parsed once when the target is made (`registry_ref`): no caller parses it again."""
 
     kind: str
     location: str
     tag: str | None = None
+    reference: Reference | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind == "registry" and self.reference is None:
+            object.__setattr__(self, "reference", Reference.parse(self.location))
+
+    @property
+    def registry_ref(self) -> Reference:
+        """The parsed reference of a registry target."""
+        if self.reference is None:
+            raise BackendError(f"{self.text()} is not a registry reference", hint="use HOST/REPO[:TAG]")
+        return self.reference
 
     @classmethod
     def parse(cls, text: str) -> Target:
@@ -114,7 +128,7 @@ class WriteOptions(TypedDict, total=False):
     tag: the name published last (engine tag, layout ref name, archive RepoTag, registry tag) unless the
     target names its own; base_config: the base's image ID (the engine loads thin over it); mount_from: a
     repository on the same registry to cross-mount blobs from; progress: transfer progress; staged: how
-    the engine's load went when it ran while the image was verified (`build.seams.Staging`)."""
+    the engine's load went when it ran while the image was proven (`build.seams.TargetSink(stage=True)`)."""
 
     tag: str | None
     base_config: Digest | None

@@ -27,7 +27,6 @@ from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Log, Progress
-from servimg.core.reference import Reference
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
@@ -137,7 +136,7 @@ def name_index(index: ImageIndex, target: Target, *, tag: str | None) -> str:
     digest, then `tag` (the target's own tag wins) last. A signed build calls it twice: untagged before
     the index's provenance is attached, tagged after."""
     if target.in_registry:
-        ref = Reference.parse(target.location)
+        ref = target.registry_ref
         chosen = ref.tag or tag
         with RegistryClient(ref.registry) as client:
             for reference in (str(index.digest), *([chosen] if chosen else [])):
@@ -171,7 +170,7 @@ def publish_index(
     and the returned description says the index was not stored there."""
     ordered = [children[p] for p in index.platforms]
     if target.in_registry:
-        ref = Reference.parse(target.location)
+        ref = target.registry_ref
         with RegistryClient(ref.registry) as client:
             for child in ordered:
                 registry.write_image(client, ref.repository, child, store, log, progress=progress)

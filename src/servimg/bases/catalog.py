@@ -29,6 +29,7 @@ from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, X86_ONLY, arm64_
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
+from servimg.build.context import Context
 from servimg.build.pipeline import lock as lock_definition
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
@@ -323,7 +324,7 @@ def _relock(
     target.write_text(new, encoding="utf-8")
     log(f"re-locking {definition.relative_to(repo)} on {ref}")
     try:
-        lock_definition(target, store, log)
+        lock_definition(target, Context(store, log))
     except ServimgError as exc:
         raise exc.context(f"re-locking {definition.relative_to(repo)} on the new base") from None
     lock_file = target.with_name(target.name.removesuffix(".yaml") + ".lock.json")

@@ -1,8 +1,10 @@
-"""lock and build: definition ─resolve─▶ lock ─plan─▶ layer ─▶ image ─▶ sink (docs/design.md, "Data flow").
+"""lock and build: definition ─resolve─▶ lock; plan ─build─▶ layer ─▶ image(s) ─proof─▶ sink
+(docs/architecture.md, "The main data path").
 
 `resolve` computes every fact the lock pins from the real inputs (base layers, overlay files, the
-image's interpreter). `lock` writes those facts; `build` resolves again, refuses any drift from the
-written lock, then plans one deterministic overlay layer and publishes the image.
+image's interpreter), per platform. `lock` writes those facts; `build(plan, ctx)` resolves again,
+refuses any drift from the lock the plan read, assembles one deterministic overlay layer per platform
+and hands the release to the sink, which publishes only after the whole probe proved every image.
 """
 
 from __future__ import annotations
@@ -14,32 +16,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servimg.backends import engine
-from servimg.backends.target import Target, WriteOptions
 from servimg.build.basescan import find_package, interpreter_lock, sentinels_in_base
+from servimg.build.context import Context
+from servimg.build.plan import BuildPlan
+from servimg.build.platforms import (
+    BytecodeComparison,
+    child_labels,
+    compare_bytecode,
+    index_annotations,
+    locks_of,
+)
+from servimg.build.release import PlatformImage, Proof, Release
 from servimg.build.seams import (
-    DEFAULT,
     BaseSource,
     CachedCompiler,
     Compiler,
     ProbeRoute,
-    Seams,
-    Staging,
-    Verified,
-    VerifiedSink,
     choose_sandboxes,
     verify_or_refuse,
 )
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
-from servimg.core.progress import NULL, Log, Progress
+from servimg.core.platform import Platform
+from servimg.core.progress import Log
 from servimg.definitions import naming
-from servimg.definitions.definition import (
-    ImageDefinition,
-    OverlaySpec,
-    repo_root_for,
-)
+from servimg.definitions.definition import ImageDefinition, OverlaySpec, repo_root_for
 from servimg.definitions.lock import (
     BaseLock,
     FileLock,
@@ -50,12 +52,16 @@ from servimg.definitions.lock import (
     check_drift,
     lock_path_for,
 )
+from servimg.definitions.platformlock import PlatformLocks
+from servimg.definitions.platformlock import check_drift as check_platform_drift
 from servimg.ladder.definition import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
+from servimg.oci.index import ImageIndex
 from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.oci.store import BlobStore
+from servimg.patching import emulation
 from servimg.patching.bytecode import (
     CompileJob,
     InterpreterFacts,
@@ -65,12 +71,7 @@ from servimg.patching.bytecode import (
 )
 from servimg.patching.overlay import apply_patch
 from servimg.patching.patch import Patch
-from servimg.proof.verify import (
-    VerifyReport,
-    base_sources,
-    probe_files,
-    probe_spec,
-)
+from servimg.proof.verify import base_sources, probe_files, probe_spec
 
 SERVIMG_DIR = "opt/servimg"
 
@@ -103,38 +104,63 @@ class Resolution:
 
 @dataclass(frozen=True)
 class BuildResult:
-    image: Image
+    """What one build made: one image, or one per platform and the index over them."""
+
+    images: tuple[PlatformImage, ...]
+    index: ImageIndex | None
     tag: str
     lock_digest: Digest
     destination: str
-    changed_files: int
-    layer: Descriptor
+    changed_files: int  # files the overlays changed (per platform: the same overlays on each)
+    layers: tuple[Descriptor, ...]  # each image's overlay layer, in `images` order
+    bytecode: BytecodeComparison | None = None  # several platforms: did their interpreters agree?
+
+    @property
+    def image(self) -> Image:
+        """The one image of a single-platform build."""
+        if self.index is not None:
+            raise BuildError("a multi-platform build made an index, not one image", hint="use .index")
+        return self.images[0].image
+
+    @property
+    def digest(self) -> Digest:
+        return self.index.digest if self.index is not None else self.image.digest
 
     def as_dict(self) -> dict[str, object]:
+        common = {"tag": self.tag, "lock_digest": str(self.lock_digest), "destination": self.destination}
+        if self.index is None:
+            return {
+                "digest": str(self.image.digest),
+                "config_digest": str(self.image.config_digest),
+                **common,
+                "changed_files": self.changed_files,
+                "layer": self.layers[0].to_json(),
+            }
         return {
-            "digest": str(self.image.digest),
-            "config_digest": str(self.image.config_digest),
-            "tag": self.tag,
-            "lock_digest": str(self.lock_digest),
-            "destination": self.destination,
-            "changed_files": self.changed_files,
-            "layer": self.layer.to_json(),
+            "digest": str(self.index.digest),
+            "media_type": self.index.media_type,
+            **common,
+            "platforms": {
+                str(c.platform): {"digest": str(c.image.digest), "config_digest": str(c.image.config_digest)}
+                for c in self.images
+            },
+            "bytecode": self.bytecode.as_dict() if self.bytecode is not None else None,
         }
 
 
 # -- resolve --------------------------------------------------------------------------------------
 def resolve(
     definition_path: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     runner: str = "auto",
-    seams: Seams = DEFAULT,
     *,
     definition: ImageDefinition | None = None,
 ) -> Resolution:
-    """Stage 1: definition + base (from `seams.base_source`) → the resolution, with its lock. `definition`
-    is given for one platform of a multi-platform definition (`build.platforms`); else it is read."""
+    """Stage 1: definition + base (from the context's `seams.base_source`) → the resolution, with its
+    lock. `definition`: the caller's read of it (one platform of a multi-platform definition, from
+    `resolve_all`); else it is read."""
     definition = definition or ImageDefinition.load(definition_path)
+    store, log, seams = ctx.store, ctx.log, ctx.seams
     if definition.multi_platform:
         raise DefinitionError(
             f"{definition_path} lists base.platforms: `servimg lock` and `servimg build` take it (one image "
@@ -353,100 +379,142 @@ def _apply_one(
 
 
 # -- lock -----------------------------------------------------------------------------------------
+def resolve_all(
+    definition: ImageDefinition, definition_path: Path, ctx: Context, runner: str = "auto"
+) -> dict[Platform, Resolution]:
+    """Every platform the definition builds, resolved as its own single-platform definition (one entry for
+    a single-platform definition). Every emulator is checked before the first platform starts."""
+    if not definition.multi_platform:
+        return {definition.platforms[0]: resolve(definition_path, ctx, runner, definition=definition)}
+    for platform in definition.platforms:
+        emulation.require(platform, f"resolving {definition.name}")
+    resolutions = {}
+    for platform in definition.platforms:
+        ctx.log(f"{definition.name}: {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
+        try:
+            resolutions[platform] = resolve(
+                definition_path, ctx, runner, definition=definition.for_platform(platform)
+            )
+        except ServimgError as exc:
+            raise exc.context(f"platform {platform}") from None
+    return resolutions
+
+
+def lock_of(definition: ImageDefinition, resolutions: Mapping[Platform, Resolution]) -> Lock | PlatformLocks:
+    """The lock the resolutions make: one platform's, or one over every platform's."""
+    if not definition.multi_platform:
+        (only,) = resolutions.values()
+        return only.lock
+    return locks_of(definition, {platform: r.lock for platform, r in resolutions.items()})
+
+
 def lock(
-    definition_path: Path, store: BlobStore, log: Log, runner: str = "auto", seams: Seams = DEFAULT
-) -> tuple[Lock, bool]:
-    """Resolve and write the lock. Returns (lock, changed?). Nothing is written if resolution fails."""
-    resolution = resolve(definition_path, store, log, runner, seams)
+    definition_path: Path,
+    ctx: Context,
+    runner: str = "auto",
+    *,
+    definition: ImageDefinition | None = None,
+) -> tuple[Lock | PlatformLocks, bool]:
+    """Resolve every platform and write the lock. Returns (lock, changed?). Nothing is written if any
+    platform fails to resolve."""
+    definition = definition or ImageDefinition.load(definition_path)
+    locked = lock_of(definition, resolve_all(definition, definition_path, ctx, runner))
     path = lock_path_for(definition_path)
     previous = path.read_bytes() if path.exists() else None
-    resolution.lock.write(path)
-    return resolution.lock, previous != path.read_bytes()
+    locked.write(path)
+    return locked, previous != path.read_bytes()
 
 
 # -- build ----------------------------------------------------------------------------------------
-def build(
-    definition_path: Path,
-    store: BlobStore,
-    log: Log,
-    *,
-    to: str | None = None,
-    runner: str = "auto",
-    tag: str | None = None,
-    verify: bool = True,
-    progress: Progress = NULL,
-    seams: Seams = DEFAULT,
-    definition: ImageDefinition | None = None,
-) -> BuildResult:
-    """Build `definition_path` as locked (`definition`: the caller's read of it, so the file is read
-    once)."""
-    target = Target.parse(to) if to else default_target(definition_path)
-    seams.sink.check(target)
-    locked = Lock.load(lock_path_for(definition_path))
-    resolution = resolve(definition_path, store, log, runner, seams, definition=definition)
-    check_drift(locked, resolution.lock, definition_path)
-    naming.refuse_tag_of_another_lock(
-        resolution.definition, locked, [tag, target.tag, naming.registry_tag(target)]
-    )
-    image, layer = assemble(resolution, locked, store, log)
-    base_config = resolution.base.config_digest
-    verified = _verified(image, target, store, log, base_config, seams, resolution.probe) if verify else None
-    report, staged = verified if verified is not None else (None, None)
-    chosen_tag = tag or naming.derive_tag(resolution.definition, locked)
-    full_tag = naming.full_tag(resolution.definition, target, chosen_tag)
-    options: WriteOptions = {
-        "tag": full_tag,
-        "base_config": base_config,
-        "progress": progress,
-        "staged": staged,
-    }
-    sink = seams.sink
-    if isinstance(sink, VerifiedSink):
-        if report is None:
-            raise BuildError(
-                "this destination publishes only verified images", hint="build without verify=False"
-            )
-        destination = sink.publish_verified(Verified(image, report), target, store, log, **options)
-    else:
-        destination = sink.publish(image, target, store, log, **options)
-    return BuildResult(image, chosen_tag, locked.digest, destination, len(resolution.changes), layer)
-
-
-def _verified(
-    image: Image,
-    target: Target,
-    store: BlobStore,
-    log: Log,
-    base_config: Digest,
-    seams: Seams,
-    probe: ProbeRoute | None,
-) -> tuple[VerifyReport, str | None]:
-    """Verify the image while a staging sink begins its part (the engine's untagged load: a second CPU
-    does the daemon's work meanwhile); on any failure the staged work is undone. Returns the report and
-    how the staged work went."""
-    sink = seams.sink
-    staged = sink.stage(image, target, store, base_config) if isinstance(sink, Staging) else None
-    try:
-        report = verify_or_refuse(
-            seams.verifier,
-            image,
-            store,
-            log,
-            base_config=base_config,
-            consequence="nothing was tagged",
-            probe=probe,
+def build(plan: BuildPlan, ctx: Context) -> BuildResult:
+    """Build `plan` as locked, every step in this run: resolve every platform, refuse any drift from the
+    written lock, assemble each image, and hand the release to the sink, which publishes it only after
+    the whole probe proved every image (`Release.proven`). One platform makes an image; several make an
+    image each and the index over them, its name last."""
+    sink = ctx.seams.sink
+    sink.check(plan.target)
+    resolutions = resolve_all(plan.definition, plan.definition_path, ctx, plan.runner)
+    _refuse_drift(plan, lock_of(plan.definition, resolutions))
+    built = tuple(_assembled(plan, platform, resolution, ctx) for platform, resolution in resolutions.items())
+    images = tuple(image for image, _ in built)
+    index, comparison = None, None
+    if isinstance(plan.lock, PlatformLocks):
+        comparison = compare_bytecode(images, ctx.store)
+        ctx.log(f"bytecode: {comparison.summary()}")
+        index = ImageIndex.of(
+            {c.platform: c.image for c in images}, index_annotations(plan.definition, plan.lock)
         )
-    except BaseException:
-        if staged is not None:
-            staged.discard()
-        raise
-    return report, staged.result() if staged is not None else None
+    proof = Proof(lambda: _prove(plan, images, resolutions, ctx))
+    release = Release(images, index, plan.target, plan.full_tag, proof, plan.engine_platform)
+    destination = sink.publish(release, ctx)
+    if plan.verify and not proof.ran:
+        raise BuildError(
+            f"{type(sink).__name__} published without asking for the proof (Release.proven)",
+            hint="a sink must call release.proven() before it makes anything visible: report this bug",
+        )
+    changed = len(next(iter(resolutions.values())).changes)
+    return BuildResult(
+        proof() if plan.verify else images,
+        index,
+        plan.tag,
+        plan.lock.digest,
+        destination,
+        changed,
+        tuple(layer for _, layer in built),
+        comparison,
+    )
 
 
-def default_target(definition_path: Path) -> Target:
-    if engine.engine_available():
-        return Target.parse("docker")
-    return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))
+def _refuse_drift(plan: BuildPlan, actual: Lock | PlatformLocks) -> None:
+    if isinstance(plan.lock, PlatformLocks) and isinstance(actual, PlatformLocks):
+        check_platform_drift(plan.lock, actual, plan.definition_path)
+    elif isinstance(plan.lock, Lock) and isinstance(actual, Lock):
+        check_drift(plan.lock, actual, plan.definition_path)
+    else:  # BuildPlan.make refuses a lock of the other shape: unreachable unless a caller made the plan
+        raise LockError(f"the lock of {plan.definition_path} is not of its definition's shape")
+
+
+def _assembled(
+    plan: BuildPlan, platform: Platform, resolution: Resolution, ctx: Context
+) -> tuple[PlatformImage, Descriptor]:
+    """One platform's image as resolved: its overlay layer planned, compiled and written."""
+    labels = child_labels(plan.lock, platform) if isinstance(plan.lock, PlatformLocks) else None
+    try:
+        image, layer = assemble(resolution, plan.lock_for(platform), ctx.store, ctx.log, labels)
+    except ServimgError as exc:
+        raise (exc.context(f"platform {platform}") if plan.multi_platform else exc) from None
+    if plan.multi_platform:
+        ctx.log(f"{platform}: {image.digest}")
+    return PlatformImage(platform, image, None, resolution.base.config_digest), layer
+
+
+def _prove(
+    plan: BuildPlan,
+    images: tuple[PlatformImage, ...],
+    resolutions: Mapping[Platform, Resolution],
+    ctx: Context,
+) -> tuple[PlatformImage, ...]:
+    """The whole probe over each image's own filesystem, now (nothing cached or merged); without
+    `plan.verify` (a rebuild comparing digests) the images as they are."""
+    if not plan.verify:
+        return images
+    consequence = "nothing was published" if plan.multi_platform else "nothing was tagged"
+    proven = []
+    for child in images:
+        try:
+            report = verify_or_refuse(
+                ctx.seams.verifier,
+                child.image,
+                ctx.store,
+                ctx.log,
+                base_config=child.base_config,
+                consequence=consequence,
+                probe=resolutions[child.platform].probe,
+            )
+        except ServimgError as exc:
+            raise (exc.context(f"platform {child.platform}") if plan.multi_platform else exc) from None
+        proven.append(replace(child, report=report))
+    return tuple(proven)
 
 
 def assemble(

@@ -9,10 +9,10 @@ the Nix builder); never by patching a module's private names.
 - `Compiler`: how the overlay's sources become bytecode through that runner (`CachedCompiler`: the
   compile cache, keyed by every input, in front of it), so the pipeline imports no cache module.
 - `Verifier`: the in-image probe run on every built image before anything is published.
-- `Sink`: where the image goes (the target the user named, or `StoreOnly`: the value stays in the blob
-  store, for the signed build that pushes it itself with its attestations). A sink that is also
-  `Staging` can begin its slow part while the image is verified (the engine's untagged load), publishing
-  nothing until verification passes.
+- `Sink`: where the release goes, by one operation, `publish(release, ctx)` (the target the user named,
+  `TargetSink`; the signed route, `provenance.attach.AttestingSink`; or `StoreOnly`: the values stay in
+  the blob store). Staging is an option of the engine sink: it loads the image untagged while the proof
+  runs, and tags it only after the proof passed.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol, TypedDict, Unpack, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from servimg.backends import engine, transport
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import Target
+from servimg.build.release import PlatformImage, Release
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
 from servimg.core.platform import Platform
-from servimg.core.progress import NULL, Log, Progress
+from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore, Tap, no_tap
 from servimg.patching import resultcache
 from servimg.patching.bytecode import (
@@ -47,6 +47,9 @@ from servimg.proof import warmroot
 from servimg.proof.verify import VerifyFailed, VerifyReport, verify_image_value
 from servimg.proof.warmroot import WarmRoot, WarmRunner
 from servimg.proof.warmverify import WarmRootUnavailable, verify_in_warm_root
+
+if TYPE_CHECKING:  # the context carries the seams: a type only, no import cycle at run time
+    from servimg.build.context import Context
 
 
 class BaseSource(Protocol):
@@ -251,14 +254,14 @@ class ProbeVerifier:
 
 
 class Sink(Protocol):
-    """Where a built image goes (stage 4: publish). `check` runs before any work."""
+    """Where a build's release goes (the last stage). `check` runs before any work; `publish` makes the
+    release visible, and only after `release.proven()` returned (the pipeline refuses a publish that did
+    not ask for the proof)."""
 
     def check(self, target: Target) -> None: ...
 
-    def publish(
-        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str:
-        """Write the image (options: tag, base_config, progress); return where it went, for people."""
+    def publish(self, release: Release, ctx: Context) -> str:
+        """Publish every image of the release (and its index, its name last); return where it went."""
         ...
 
 
@@ -289,120 +292,82 @@ class Staged:
         self._undo()
 
 
-@runtime_checkable
-class Staging(Protocol):
-    """A sink that can begin publishing before verification without publishing anything (stage 4 early)."""
-
-    def stage(self, image: Image, target: Target, store: BlobStore, base_config: Digest) -> Staged | None:
-        """Start the work in the background, or None when this target has none to start."""
-        ...
-
-
-@dataclass(frozen=True)
-class Verified:
-    """An image together with the probe report that verified it (what a VerifiedSink publishes)."""
-
-    image: Image
-    report: VerifyReport
-
-
-@runtime_checkable
-class VerifiedSink(Protocol):
-    """A sink that publishes an image together with the report that verified it (the signed route:
-    `provenance.attach.AttestingSink` pushes the image with its signed provenance and verify result)."""
-
-    def publish_verified(
-        self, verified: Verified, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str: ...
-
-
-@dataclass(frozen=True)
-class PlatformImage:
-    """One platform's image of a multi-platform build, with the probe report that verified it."""
-
-    platform: Platform
-    image: Image
-    report: VerifyReport | None
-
-
-@runtime_checkable
-class IndexSink(Protocol):
-    """A sink that can publish a multi-platform index: every child, then the index, its name last."""
-
-    def publish_index(
-        self,
-        index: ImageIndex,
-        children: Sequence[PlatformImage],
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        tag: str | None,
-        engine_platform: Platform | None = None,
-        progress: Progress = NULL,
-    ) -> str: ...
-
-
 @dataclass(frozen=True)
 class TargetSink:
     """The target the user named: engine, OCI layout, docker-archive or registry (`backends.transport`).
 
-    For the engine, `stage` loads the image UNTAGGED while it is verified (an untagged image is no
-    published image; the tag is applied by `publish`, after verification); a failed build removes it
-    again unless the engine held it before."""
+    `stage` (the default): for a single image into the engine, load it UNTAGGED while the proof runs (an
+    untagged image is no published image; a second CPU does the daemon's part meanwhile); the tag is
+    applied after the proof passed, and a failed proof removes the image again unless the engine held it
+    before."""
+
+    stage: bool = True
 
     def check(self, target: Target) -> None:
         transport.check_reachable(target)
 
-    def stage(self, image: Image, target: Target, store: BlobStore, base_config: Digest) -> Staged | None:
-        if not target.in_engine:
+    def publish(self, release: Release, ctx: Context) -> str:
+        if release.index is not None:
+            release.proven()
+            for child in release.images:
+                ctx.store.put_bytes(child.image.config_bytes)
+            images = {c.platform: c.image for c in release.images}
+            return transport.publish_index(
+                release.index,
+                images,
+                release.target,
+                ctx.store,
+                ctx.log,
+                tag=release.tag,
+                engine_platform=release.engine_platform,
+                progress=ctx.progress,
+            )
+        one = release.image
+        staged = self._staged(one, release.target, ctx.store)
+        try:
+            release.proven()
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        return transport.publish(
+            one.image,
+            release.target,
+            ctx.store,
+            ctx.log,
+            tag=release.tag,
+            base_config=one.base_config,
+            progress=ctx.progress,
+            staged=staged.result() if staged is not None else None,
+        )
+
+    def _staged(self, one: PlatformImage, target: Target, store: BlobStore) -> Staged | None:
+        if not (self.stage and target.in_engine):
             return None
+        image = one.image
         held = engine.has_image(image.config_digest)
 
         def undo() -> None:
             if not held:
                 engine.remove(image.config_digest)
 
-        return Staged(lambda: engine.load(image, store, tag=None, base_config=base_config), undo)
-
-    def publish(
-        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str:
-        return transport.publish(image, target, store, log, **options)
-
-    def publish_index(
-        self,
-        index: ImageIndex,
-        children: Sequence[PlatformImage],
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        tag: str | None,
-        engine_platform: Platform | None = None,
-        progress: Progress = NULL,
-    ) -> str:
-        for child in children:
-            store.put_bytes(child.image.config_bytes)
-        images = {c.platform: c.image for c in children}
-        return transport.publish_index(
-            index, images, target, store, log, tag=tag, engine_platform=engine_platform, progress=progress
-        )
+        return Staged(lambda: engine.load(image, store, tag=None, base_config=one.base_config), undo)
 
 
 @dataclass(frozen=True)
 class StoreOnly:
-    """Publish nowhere: the image value stays in the blob store (its layer is there already, its config
-    is added), for a caller that publishes it itself later (the signed build pushes with attestations)."""
+    """Publish nowhere: the image values stay in the blob store (their layers are there already, their
+    configs are added), for a caller that only wants the value (a rebuild compares digests)."""
 
     def check(self, target: Target) -> None:
         return None
 
-    def publish(
-        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str:
-        store.put_bytes(image.config_bytes)
-        return f"the blob store ({image.digest}; not published)"
+    def publish(self, release: Release, ctx: Context) -> str:
+        proven = release.proven()
+        for child in proven:
+            ctx.store.put_bytes(child.image.config_bytes)
+        digest = release.index.digest if release.index is not None else release.image.image.digest
+        return f"the blob store ({digest}; not published)"
 
 
 @dataclass(frozen=True)

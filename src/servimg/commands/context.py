@@ -1,4 +1,5 @@
-"""What every command runs with (`Context`), and the run of a parsed command with it: the seams the
+"""What every command runs with (`Context`, the build's: `servimg.build.context`), and the run of a
+parsed command with it: the seams the
 arguments ask for, the blob store, the command's outcomes (`servimg.commands.session` runs every parsed
 command through it)."""
 
@@ -7,29 +8,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
+from servimg.build.context import Context as Context
 from servimg.build.seams import FromRef, Seams
 from servimg.commands.outcome import Outcome
-from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.store import BlobStore
 from servimg.render import Reporter
-
-
-def _silent(message: str) -> None:
-    del message
-
-
-@dataclass(frozen=True)
-class Context:
-    """What every command runs with: the blob cache, where its steps are logged, how long transfers
-    show progress, and the build's seams (chosen once by the caller)."""
-
-    store: BlobStore
-    log: Log = _silent
-    progress: Progress = NULL
-    seams: Seams = field(default_factory=Seams)
-
 
 Run = Callable[[argparse.Namespace, Context], Iterator[Outcome]]
 

@@ -44,15 +44,12 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
     """Build one definition as locked and push it with its signed provenance and verify result."""
     signed = attach.build_and_push(
         path,
-        ctx.store,
-        ctx.log,
+        ctx,
         to=p.to or "",
         key=signing_key(p.sign),
         runner=p.runner,
         tag=p.tag,
         builder=p.builder_id,
-        progress=ctx.progress,
-        seams=ctx.seams,
         formats=formats(p.publish),
         gpg=gpg_plan(p.publish),
     )

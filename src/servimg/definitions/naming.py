@@ -37,7 +37,7 @@ class Locked(Protocol):
 
 
 def registry_tag(target: Target) -> str | None:
-    return Reference.parse(target.location).tag if target.in_registry else None
+    return target.registry_ref.tag if target.in_registry else None
 
 
 def refuse_tag_of_another_lock(

@@ -25,16 +25,16 @@ from servimg.backends import registry, transport
 from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
-from servimg.backends.target import Target, WriteOptions
+from servimg.backends.target import Target
+from servimg.build.context import Context
 from servimg.build.pipeline import build
-from servimg.build.platforms import build_platforms
-from servimg.build.seams import DEFAULT, PlatformImage, ProbeVerifier, Seams, Verified, verify_or_refuse
+from servimg.build.plan import BuildPlan
+from servimg.build.release import PlatformImage, Release
+from servimg.build.seams import ProbeVerifier, verify_or_refuse
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
-from servimg.core.platform import Platform
 from servimg.core.progress import NULL, Log, Progress
 from servimg.core.reference import Reference, is_valid_tag
-from servimg.definitions.definition import ImageDefinition
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
@@ -402,64 +402,55 @@ class AttestingSink:
             )
         transport.check_reachable(target)
 
-    def publish(
-        self, image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str:
-        raise BuildError("a signed build publishes only a verified image", hint="build without verify=False")
+    def publish(self, release: Release, ctx: Context) -> str:
+        """Proven first (nothing is pushed before), then one image with its attestations, or every child
+        with its own and then the index with its provenance naming the children, the tag last."""
+        proven = release.proven()
+        if release.index is None:
+            (one,) = proven
+            return self._push(one, release.target, ctx, tag=release.tag)
+        return self._push_index(release.index, proven, release.target, ctx, tag=release.tag)
 
-    def publish_verified(
-        self, verified: Verified, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]
-    ) -> str:
-        image, report = verified.image, verified.report
-        store.put_bytes(image.config_bytes)  # push_image reads every blob from the store
+    def _push(self, child: PlatformImage, target: Target, ctx: Context, *, tag: str | None) -> str:
+        image, report = child.image, child.report
+        if report is None:
+            raise BuildError("a signed build publishes only verified images", hint="build with verify")
+        ctx.store.put_bytes(image.config_bytes)  # push_image reads every blob from the store
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
         pushed = push_image(
             image,
             target.text(),
-            store,
-            log,
+            ctx.store,
+            ctx.log,
             key=self.key,
             report=report,
             builder=self.builder,
             invocation=invocation,
-            tag=options.get("tag"),
-            progress=options.get("progress") or NULL,
+            tag=tag,
+            progress=ctx.progress,
             formats=self.formats,
             gpg=self.gpg,
         )
         self.attached.extend(pushed.attached)
         return pushed.destination
 
-    def publish_index(
-        self,
-        index: ImageIndex,
-        children: Sequence[PlatformImage],
-        target: Target,
-        store: BlobStore,
-        log: Log,
-        *,
-        tag: str | None,
-        engine_platform: Platform | None = None,
-        progress: Progress = NULL,
+    def _push_index(
+        self, index: ImageIndex, children: Sequence[PlatformImage], target: Target, ctx: Context, *, tag: str
     ) -> str:
         """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
         its own provenance naming the children, and the tag last (each written once)."""
         untagged = _untagged(target)
         for child in children:
-            if child.report is None:
-                raise BuildError("a signed build publishes only verified images", hint="build with verify")
-            self.publish_verified(
-                Verified(child.image, child.report), untagged, store, log, progress=progress
-            )
+            self._push(child, untagged, ctx, tag=None)
         transport.name_index(index, untagged, tag=None)
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
-        name = index_name(children, store, log)
+        name = index_name(children, ctx.store, ctx.log)
         builder = provenance.builder_id(self.builder)
         statement = indexcheck.index_statement(index, children, name, invocation, builder)
         envelopes = [_make("provenance", attest.PROVENANCE_V1, statement, self.key)]
         with transport.referrers(untagged) as place:
             published, _ = Publishing(envelopes, self.key, self.formats).publish(
-                place, index.descriptor, name, log
+                place, index.descriptor, name, ctx.log
             )
         self.attached.extend(published)
         return transport.name_index(index, target, tag=tag)
@@ -469,7 +460,7 @@ def _untagged(target: Target) -> Target:
     """The repository or layout of `target`, without its tag (children and the index go there by digest)."""
     if target.is_layout:
         return Target.layout(target.location)
-    ref = Reference.parse(target.location)
+    ref = target.registry_ref
     return Target.parse(f"{ref.registry}/{ref.repository}")
 
 
@@ -480,51 +471,27 @@ def index_name(children: Sequence[PlatformImage], store: BlobStore, log: Log) ->
 
 def build_and_push(
     definition_path: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     to: str,
     key: dsse.Signer | None,
     runner: str = "auto",
     tag: str | None = None,
     builder: str | None = None,
-    progress: Progress = NULL,
-    seams: Seams = DEFAULT,
     formats: frozenset[str] = DEFAULT_FORMATS,
     gpg: GpgPlan | None = None,
 ) -> dict[str, object]:
-    """`servimg build DEF --to REPO|oci:DIR --sign KEY`: the one build pipeline, verified once, published
-    by an `AttestingSink` (the image with the signed provenance of this very build and its verify result)."""
+    """`servimg build DEF --to REPO|oci:DIR --sign KEY`: the one build pipeline, proven once, published
+    by an `AttestingSink` (the image with the signed provenance of this very build and its verify result;
+    for several platforms every child so, then the index with its own)."""
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
+    plan = BuildPlan.make(definition_path, to=to, tag=tag, runner=runner)
+    if plan.multi_platform and gpg is not None:
+        raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
     command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
     sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)
-    definition = ImageDefinition.load(definition_path)
-    if definition.multi_platform:
-        if gpg is not None:
-            raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
-        many = build_platforms(
-            definition,
-            definition_path,
-            store,
-            log,
-            to=to,
-            runner=runner,
-            tag=tag,
-            progress=progress,
-            seams=dataclasses.replace(seams, sink=sink),
-        )
-        return {**many.as_dict(), "attestations": [a.as_dict() for a in sink.attached]}
-    result = build(
-        definition_path,
-        store,
-        log,
-        to=to,
-        runner=runner,
-        tag=tag,
-        progress=progress,
-        seams=dataclasses.replace(seams, sink=sink),
-    )
+    result = build(plan, dataclasses.replace(ctx, seams=dataclasses.replace(ctx.seams, sink=sink)))
     return {**result.as_dict(), "attestations": [a.as_dict() for a in sink.attached]}
 
 

@@ -19,13 +19,12 @@ from collections.abc import Sequence
 from servimg.backends import transport
 from servimg.backends.target import Target
 from servimg.build.platforms import INDEX_LOCK, PLATFORM_LABEL, PLATFORMS_LOCK_LABEL
-from servimg.build.seams import PlatformImage
+from servimg.build.release import PlatformImage
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import FAIL, PASS, Finding
 from servimg.core.platform import Platform
 from servimg.core.progress import Log
-from servimg.core.reference import Reference
 from servimg.definitions.platformlock import PlatformLocks, load_any
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
@@ -73,7 +72,7 @@ def child_ref(ref: str, digest: Digest) -> str:
             f"{ref}: selecting one platform of an index works for a registry reference",
             hint="push the index to a registry (servimg build --to HOST/REPO) and name it there",
         )
-    parsed = Reference.parse(target.location)
+    parsed = target.registry_ref
     return f"{parsed.registry}/{parsed.repository}@{digest}"
 
 

@@ -27,7 +27,9 @@ import yaml
 
 from servimg import __version__
 from servimg.backends.target import Target
+from servimg.build.context import Context
 from servimg.build.pipeline import build
+from servimg.build.plan import BuildPlan
 from servimg.build.seams import DEFAULT, Seams, StoreOnly
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
@@ -142,14 +144,8 @@ def rebuild(
             path = _materialise(Path(scratch), definition, lock, repo_root_for(source))
             log(f"rebuilding {image.digest.short} from {source} (lock {lock.digest.short}) in {scratch}")
             with resultcache.bypassed():  # a rebuild compiles again: it must not take the first build's pycs
-                result = build(
-                    path,
-                    store,
-                    log,
-                    to=Target.layout(Path(scratch) / "out").text(),
-                    verify=False,
-                    seams=dataclasses.replace(seams, sink=StoreOnly()),
-                )
+                plan = BuildPlan.make(path, to=Target.layout(Path(scratch) / "out").text(), verify=False)
+                result = build(plan, Context(store, log, seams=dataclasses.replace(seams, sink=StoreOnly())))
         seconds = time.monotonic() - started
     except ServimgError as exc:
         return Rebuilt(image.digest, problem="; ".join([exc.message, *exc.problems[:4]]))

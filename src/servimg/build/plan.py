@@ -1,0 +1,132 @@
+"""A build's plan: everything decided before any work, decided once at the command edge.
+
+`BuildPlan.make` reads the definition once (with its repository root) and its lock once, parses the
+target once into a typed value (a registry target carries its parsed reference), derives the tag once and
+names the platforms, one or several. `pipeline.build(plan, ctx)` then does the work; nothing below it
+reads either file again or re-parses the target. Every refusal the plan can make it makes here, before a
+base is read: a tag of another lock, an archive for an index, a `--platform` the definition does not
+build, a lock of the wrong shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from servimg.backends import engine
+from servimg.backends.target import Target
+from servimg.core.errors import BuildError, LockError, UsageError
+from servimg.core.platform import Platform
+from servimg.definitions import naming
+from servimg.definitions.definition import ImageDefinition, repo_root_for
+from servimg.definitions.lock import LOCK_VERSION, Lock, lock_path_for
+from servimg.definitions.platformlock import PlatformLocks, load_any
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    definition_path: Path
+    definition: ImageDefinition
+    repo_root: Path  # overlay, ladder and probe paths in the definition are relative to it
+    lock: Lock | PlatformLocks  # as written by `servimg lock`: one platform's, or one over every platform
+    target: Target
+    tag: str  # the image's tag: given, or derived from the definition's template and the lock
+    full_tag: str  # as the destination names it (the engine and an archive want `repository:tag`)
+    runner: str = "auto"
+    verify: bool = True
+    engine_platform: Platform | None = None  # which child of an index the Docker Engine gets
+
+    @property
+    def platforms(self) -> tuple[Platform, ...]:
+        return self.definition.platforms
+
+    @property
+    def multi_platform(self) -> bool:
+        return self.definition.multi_platform
+
+    def definition_for(self, platform: Platform) -> ImageDefinition:
+        """The single-platform definition `platform` builds (the definition itself for one platform)."""
+        return self.definition.for_platform(platform) if self.multi_platform else self.definition
+
+    def lock_for(self, platform: Platform) -> Lock:
+        return self.lock.of(platform) if isinstance(self.lock, PlatformLocks) else self.lock
+
+    @classmethod
+    def make(
+        cls,
+        definition_path: Path,
+        *,
+        to: str | None = None,
+        tag: str | None = None,
+        runner: str = "auto",
+        platform: str | None = None,
+        verify: bool = True,
+        definition: ImageDefinition | None = None,
+    ) -> BuildPlan:
+        """The plan for building `definition_path` as locked (`definition`: the caller's read of it)."""
+        definition = definition or ImageDefinition.load(definition_path)
+        lock = _lock_of(definition, definition_path)
+        target = Target.parse(to) if to else default_target(definition_path)
+        engine_platform = _engine_platform(definition, definition_path, platform)
+        if definition.multi_platform and target.is_archive:
+            raise BuildError(
+                "a docker-archive holds one image, not a multi-platform index",
+                hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG]), or "
+                "--to docker for this host's platform",
+            )
+        naming.refuse_tag_of_another_lock(definition, lock, [tag, target.tag, naming.registry_tag(target)])
+        chosen = tag or naming.derive_tag(definition, lock)
+        return cls(
+            definition_path,
+            definition,
+            repo_root_for(definition_path),
+            lock,
+            target,
+            chosen,
+            naming.full_tag(definition, target, chosen),
+            runner,
+            verify,
+            engine_platform,
+        )
+
+
+def default_target(definition_path: Path) -> Target:
+    """Without `--to`: the Docker Engine when one answers, else an OCI layout under out/."""
+    if engine.engine_available():
+        return Target.parse("docker")
+    return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))
+
+
+def _lock_of(definition: ImageDefinition, definition_path: Path) -> Lock | PlatformLocks:
+    """The written lock, read once; refused when its shape is not the definition's (one platform or many)."""
+    path = lock_path_for(definition_path)
+    lock = load_any(path)
+    if isinstance(lock, PlatformLocks) != definition.multi_platform:
+        has, wants = ("several platforms", "one") if isinstance(lock, PlatformLocks) else ("one", "several")
+        raise LockError(
+            f"{path} locks {has} platform(s), {definition_path} builds {wants}",
+            hint=f"run `servimg lock {definition_path}` to lock it as it is now",
+        )
+    if isinstance(lock, Lock) and lock.lock_version != LOCK_VERSION:
+        raise LockError(
+            f"{path}: lock version {lock.lock_version} is not {LOCK_VERSION}",
+            hint=f"run `servimg lock {definition_path}` to regenerate it",
+        )
+    return lock
+
+
+def _engine_platform(
+    definition: ImageDefinition, definition_path: Path, platform: str | None
+) -> Platform | None:
+    """`--platform`: which child of a multi-platform build the Docker Engine gets; for a single-platform
+    definition only its own platform is accepted."""
+    if platform is None:
+        return None
+    chosen = Platform.parse(platform)
+    if chosen not in definition.platforms:
+        raise UsageError(
+            f"--platform {platform}: {definition_path} builds "
+            f"{', '.join(str(p) for p in definition.platforms)} only",
+            hint="leave --platform out, or list platforms under base.platforms (docs/platforms.md)",
+        )
+    return chosen if definition.multi_platform else None
