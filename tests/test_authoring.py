@@ -1,8 +1,10 @@
-"""`servimg overlay edit|save` (issue 29): author an overlay from an edited tree, like patch-package. On
-the demo: edit vLLM's installed files (as the definition's overlays leave them), change one function of
-the scheduler, save — an exact patch with a/ and b/ roots, added to the definition with a proposed
-sentinel that the image's interpreter found absent in the base, locked — then build and verify: PASS,
-the sentinel present in the loaded bytecode. A second save with nothing changed is refused.
+"""`servimg overlay edit|save|drop` (issues 29, 40): author an overlay from an edited tree, like
+patch-package. On the demo: edit vLLM's installed files (as the definition's overlays leave them), change
+one function of the scheduler, save — an exact patch with a/ and b/ roots, added to the definition with a
+proposed sentinel that the image's interpreter found absent in the base, locked — then build and verify:
+PASS, the sentinel present in the loaded bytecode. A second save with nothing changed is refused; an
+edit that does not compile is refused with its file and line, nothing written; an overlay another one
+depends on cannot be dropped; dropping them in order gives back exactly the lock of before.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def test_edit_change_save_build_verify(
     repo = tmp_path / "repo"
     copy_checkout(repo)
     definition, tree = repo / "images" / "demo.yaml", tmp_path / "edit"
+    lock_file = repo / "images" / "demo.lock.json"
+    first = {p: p.read_bytes() for p in (definition, lock_file)}
     edited = run(
         "overlay", "edit", str(definition), "vllm", "--dir", str(tree), "--with-stack", capsys=capsys
     )
@@ -72,3 +76,38 @@ def test_edit_change_save_build_verify(
     )
     assert again["status"] == "FAIL" and "no change" in again["message"], again
     assert not (repo / "overlays" / "vllm" / "again.patch").exists()
+
+    # An edit that does not compile: refused with its file, line and message; nothing is written.
+    kept = {p: p.read_bytes() for p in (definition, lock_file)}
+    source = (tree / SCHEDULER).read_text()
+    line = source[: source.index(DEF_LINE)].count("\n") + 1
+    (tree / SCHEDULER).write_text(source.replace(DEF_LINE, DEF_LINE.replace(":\n", "\n"), 1))
+    broken = run(
+        "overlay", "save", str(definition), "vllm", "--dir", str(tree), "--id", "broken", capsys=capsys
+    )
+    assert broken["status"] == "FAIL" and "do not compile" in broken["message"], broken
+    assert any(p.startswith(f"{tree / SCHEDULER}:{line}: SyntaxError") for p in broken["problems"]), broken
+    assert not (repo / "overlays" / "vllm" / "broken.patch").exists()
+    assert {p: p.read_bytes() for p in kept} == kept, "nothing written"
+    (tree / SCHEDULER).write_text(source)
+
+    # A second overlay whose hunk's context is the first one's line: the first cannot be dropped alone.
+    more = "        self._servimg_schedule_more = True\n"
+    (tree / SCHEDULER).write_text(source.replace(ADDED, ADDED + more, 1))
+    saved_more = run(
+        "overlay", "save", str(definition), "vllm", "--dir", str(tree), "--id", "more", capsys=capsys
+    )
+    assert saved_more["status"] == "OK", saved_more
+    kept = {p: p.read_bytes() for p in (definition, lock_file)}
+    refused = run("overlay", "drop", str(definition), "count-calls", capsys=capsys)
+    assert refused["status"] == "FAIL" and "no longer applies without it" in refused["message"], refused
+    assert {p: p.read_bytes() for p in kept} == kept and (repo / "overlays/vllm/count-calls.patch").exists()
+    unknown = run("overlay", "drop", str(definition), "no-such", capsys=capsys)
+    assert unknown["status"] == "FAIL" and "vllm-computed-tokens-gate" in unknown["hint"], unknown
+
+    # Dropped in order (the dependent first): the definition and the lock are exactly as before the saves.
+    for overlay_id in ("more", "count-calls"):
+        dropped = run("overlay", "drop", str(definition), overlay_id, capsys=capsys)
+        assert dropped["status"] == "OK", dropped
+        assert not (repo / "overlays" / "vllm" / f"{overlay_id}.patch").exists()
+    assert {p: p.read_bytes() for p in first} == first, "drop undoes save, byte for byte"

@@ -159,3 +159,21 @@ def test_invalid_repository_name_is_refused_before_any_work(
     printed = capsys.readouterr().out
     assert code == 1 and "FAIL" in printed
     assert registry.host in printed or "UPPER" in printed
+
+
+def test_a_patch_that_does_not_compile_is_named_by_file_and_line(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A patched source the image's interpreter cannot compile fails the build with the file (as it lives in
+    the image) and the line, not only the interpreter's message; nothing is written."""
+    patch = "overlays/vllm/computed-tokens-gate.patch"
+    _edit(repo / patch, "+def _servimg_check_computed_tokens(\n", "+def _servimg_check_computed_tokens\n")
+    _repin(repo, patch)
+    assert main(["lock", str(repo / DEMO)]) == 0, capsys.readouterr().out  # lock applies, never compiles
+    capsys.readouterr()
+    out_dir = repo / "out" / "demo"
+    code = main(["build", str(repo / DEMO), "--to", f"oci:{out_dir}"])
+    printed = capsys.readouterr().out
+    assert code == 1 and printed.startswith("FAIL: ") and "failed to compile" in printed, printed
+    assert re.search(r"/vllm/v1/core/sched/scheduler\.py:\d+: SyntaxError", printed), printed
+    assert not out_dir.exists()

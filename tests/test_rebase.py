@@ -192,6 +192,21 @@ def test_the_proposed_definition_keeps_comments_and_layout() -> None:
     assert ImageDefinition.parse(out) == new
 
 
+def test_dropping_the_last_overlay_keeps_the_comment_of_the_next_key() -> None:
+    """`overlay drop` and rebase cut an overlay's lines only: the comment that introduces the next key
+    stays (it used to go with the last overlay)."""
+    text = (
+        DEFINITION.format(old="1" * 64, sha="a" * 64) + "# the ladder travels in the image\nwitness: true\n"
+    )
+    old = ImageDefinition.parse(text)
+    new = dataclasses.replace(old, overlays=old.overlays[:1])
+    out = definition_text(text, old, new)
+    assert out == text.replace(
+        f"  - id: second\n    package: lmcache\n    patch: overlays/b.patch\n    sha256: {'a' * 64}\n", ""
+    )
+    assert ImageDefinition.parse(out) == new
+
+
 def test_an_unusual_layout_is_rendered_afresh_not_half_edited() -> None:
     text = DEFINITION.format(old="1" * 64, sha="a" * 64).replace(
         "base:\n  ref: oci:/old:base   # the old base\n  digest: sha256:" + "1" * 64,

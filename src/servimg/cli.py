@@ -147,6 +147,12 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     Command(
+        ("overlay", "drop"),
+        "take an overlay out: its entry in the definition, its patch file, and lock again",
+        flags.overlay_drop_flags,
+        Bound(lambda a: params.OverlayDrop(a.definition, a.id), "servimg.commands.overlay:drop"),
+    ),
+    Command(
         ("init",),
         "start from your own image: inspect a base and write images/NAME.yaml (interpreter, vllm, lmcache)",
         flags.init_flags,

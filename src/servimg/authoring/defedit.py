@@ -140,7 +140,9 @@ def _overlay_lines(lines: list[str], overlay_id: str) -> tuple[int, int] | None:
     for n, i in enumerate(items):
         if re.match(rf"^\s*- id:\s*[\"']?{re.escape(overlay_id)}[\"']?\s*$", lines[i]):
             stop = items[n + 1] if n + 1 < len(items) else end
-            while stop > i + 1 and not lines[stop - 1].strip():
+            # Blank and comment lines at its end introduce what follows (the next item, the next key):
+            # they stay.
+            while stop > i + 1 and (not lines[stop - 1].strip() or lines[stop - 1].lstrip().startswith("#")):
                 stop -= 1
             return i, stop
     return None

@@ -25,16 +25,19 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.build.context import Context
 from servimg.build.pipeline import Resolution, lock, resolve
 from servimg.build.seams import DEFAULT, Seams
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import OverlayError
+from servimg.core.errors import BytecodeError, OverlayError
 from servimg.core.progress import Log
-from servimg.definitions.definition import ImageDefinition, Sentinel
+from servimg.definitions.definition import ImageDefinition, Sentinel, repo_root_for
+from servimg.definitions.lock import lock_path_for
 from servimg.oci.store import BlobStore
+from servimg.patching.bytecode import CompileJob, InterpreterFacts
 from servimg.proof.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
 
 MANIFEST = ".servimg-edit.json"
@@ -139,6 +142,7 @@ def save(
             f"no change in {directory}: the files are what the definition's overlays already make",
             hint="edit a file of the package first",
         )
+    _refuse_what_does_not_compile(resolution, site, directory, changed, store)
     sentinels = _proposals(resolution, site, old, directory, changed, log)
     patch_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(patch_path, patch, 0o644)
@@ -156,6 +160,89 @@ def save(
     files = {**manifest.files, **{rel: sha256_hex((directory / rel).read_bytes()) for rel in changed}}
     _write_manifest(directory, replace(manifest, stack=(*manifest.stack, overlay_id), files=files))
     return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, locked.digest)
+
+
+def _refuse_what_does_not_compile(
+    resolution: Resolution, site: str, directory: Path, changed: list[str], store: BlobStore
+) -> None:
+    """Every edited Python file compiled by the image's own interpreter (as the build will) before
+    anything is written: a file that does not compile is refused with its path in `directory`, its line
+    and the interpreter's message, instead of a patch that only the build would reject."""
+    jobs = [
+        CompileJob(f"/{site}/{rel}", (directory / rel).read_bytes(), (0,))
+        for rel in changed
+        if rel.endswith(".py")
+    ]
+    if not jobs:
+        return
+    interp = resolution.lock.interpreter
+    pinned = InterpreterFacts(interp.resolved, interp.version, interp.magic, interp.cache_tag)
+    try:
+        resolution.compiler.compile(
+            store.root, resolution.base.diff_ids, resolution.runner, interp.path, pinned, jobs
+        )
+    except BytecodeError as exc:
+        where = f"{directory}/"
+        raise OverlayError(
+            f"{len(exc.problems) or 'an'} edited file(s) do not compile with the image's interpreter "
+            f"({interp.path}, Python {interp.version}); nothing was written",
+            problems=[p.replace(f"/{site}/", where) for p in exc.problems],
+            hint=f"fix the line named in {directory}, then run `servimg overlay save` again",
+        ) from None
+
+
+@dataclass(frozen=True)
+class Dropped:
+    overlay_id: str
+    patch: Path | None  # the patch file removed (None: another overlay still names it)
+    lock_digest: Digest
+    remaining: tuple[str, ...]  # the definition's overlays now, in order
+
+
+def drop(definition_path: Path, overlay_id: str, ctx: Context) -> Dropped:
+    """Take overlay `overlay_id` out of a definition: its entry (the YAML edited in place), its patch file,
+    and the lock, resolved again without it. Refused, with nothing changed, when the overlays after it no
+    longer apply without it (their hunks depend on its lines)."""
+    text = definition_path.read_text(encoding="utf-8")
+    old = ImageDefinition.parse(text.encode(), origin=str(definition_path))
+    ids = [o.id for o in old.overlays]
+    if overlay_id not in ids:
+        raise OverlayError(
+            f"{definition_path} has no overlay {overlay_id!r}; nothing was changed",
+            hint=f"its overlays: {', '.join(ids)}" if ids else "it has no overlays",
+        )
+    dropped = next(o for o in old.overlays if o.id == overlay_id)
+    new = replace(old, overlays=tuple(o for o in old.overlays if o.id != overlay_id))
+    new_text = definition_text(text, old, new)
+    after = ids[ids.index(overlay_id) + 1 :]
+    with scratch_definition(definition_path, new_text, "drop") as scratch:
+        try:
+            locked, _ = lock(scratch, ctx)
+        except OverlayError as exc:
+            raise OverlayError(
+                f"cannot drop {overlay_id}: an overlay after it ({', '.join(after)}) no longer applies "
+                "without it; nothing was changed",
+                problems=[exc.message, *exc.problems],
+                hint="drop the overlay that depends on it first (`servimg overlay drop DEFINITION ID`), "
+                "or fold the two into one with `servimg overlay edit --with-stack` and `overlay save`",
+            ) from None
+        lock_bytes = lock_path_for(scratch).read_bytes()
+    lock_path = lock_path_for(definition_path)
+    previous_lock = lock_path.read_bytes() if lock_path.exists() else None
+    # The lock first: a definition whose lock did not land is refused by the next build (its digest).
+    atomic_write(lock_path, lock_bytes, 0o644)
+    try:
+        atomic_write(definition_path, new_text.encode("utf-8"), 0o644)
+    except BaseException:
+        if previous_lock is not None:
+            atomic_write(lock_path, previous_lock, 0o644)
+        raise
+    repo = repo_root_for(definition_path)
+    still_named = any(o.patch == dropped.patch for o in new.overlays)
+    patch = None if still_named else repo / dropped.patch
+    if patch is not None:
+        patch.unlink(missing_ok=True)
+    return Dropped(overlay_id, patch, locked.digest, tuple(o.id for o in new.overlays))
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,11 @@ def overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
     return flags
 
 
+def overlay_drop_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("definition", type=Path, help="images/NAME.yaml")
+    p.add_argument("id", help="the overlay's id (as under `overlays:`)")
+
+
 def init_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", required=True, help=f"the base to start from: {IMAGE_HELP}")
     p.add_argument("--name", required=True, help="the image's name: writes images/NAME.yaml")

@@ -1,4 +1,5 @@
-"""`servimg overlay edit|save`: author an overlay from an edited tree (authoring.overlaytree)."""
+"""`servimg overlay edit|save|drop`: author an overlay from an edited tree, or take one out
+(authoring.overlaytree)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,24 @@ def save(p: params.OverlaySave, ctx: Context) -> Iterator[Outcome]:
                 "sentinels": ", ".join(sentinels)
                 or "none proposed (add one by hand: docs/getting-started.md)",
                 "lock_digest": str(saved.lock_digest),
+                "next": f"servimg build {p.definition}",
+            },
+        )
+
+    yield attempt(p.id, run)
+
+
+def drop(p: params.OverlayDrop, ctx: Context) -> Iterator[Outcome]:
+    """Take an overlay out of the definition: its entry, its patch file, and the lock, resolved again."""
+
+    def run() -> Outcome:
+        dropped = authoring.drop(p.definition, p.id, ctx)
+        return Outcome(
+            p.id,
+            {
+                "removed": str(dropped.patch) if dropped.patch else "the entry (its patch is still named)",
+                "overlays": ", ".join(dropped.remaining) or "none",
+                "lock_digest": str(dropped.lock_digest),
                 "next": f"servimg build {p.definition}",
             },
         )

@@ -59,6 +59,12 @@ class OverlaySave:
 
 
 @dataclass(frozen=True)
+class OverlayDrop:
+    definition: Path
+    id: str
+
+
+@dataclass(frozen=True)
 class Init:
     base: str  # an IMAGE argument: the base to start from
     name: str

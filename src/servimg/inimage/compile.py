@@ -22,11 +22,19 @@ import subprocess
 import sys
 import threading
 
+# A compile error is reported as one line, `PATH:LINE: TYPE: MESSAGE` (PATH as it lives in the image), so
+# the build and `overlay save` name the file and the line, not only the message.
 CHILD = r"""
 import py_compile, sys
 src, dfile, cfile, opt = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-py_compile.compile(src, cfile=cfile, dfile=dfile, doraise=True, optimize=opt,
-                   invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+try:
+    py_compile.compile(src, cfile=cfile, dfile=dfile, doraise=True, optimize=opt,
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+except py_compile.PyCompileError as exc:
+    err = exc.exc_value
+    line = getattr(err, "lineno", None) or "?"
+    sys.stderr.write("%s:%s: %s: %s\n" % (dfile, line, exc.exc_type_name, getattr(err, "msg", None) or err))
+    sys.exit(1)
 """
 
 
