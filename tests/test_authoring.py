@@ -17,7 +17,7 @@ import pytest
 
 from conftest import copy_checkout, docker
 from servimg.cli import main
-from servimg.definitions.definition import ImageDefinition
+from servimg.definitions.definition import PLACEHOLDER_DESCRIPTION, ImageDefinition
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
@@ -48,10 +48,19 @@ def test_edit_change_save_build_verify(
     assert DEF_LINE in source
     (tree / SCHEDULER).write_text(source.replace(DEF_LINE, DEF_LINE + ADDED, 1))
 
+    # Without --description: saved with the placeholder, not locked; lock and build refuse it until the
+    # description says what the overlay fixes.
     saved = run(
         "overlay", "save", str(definition), "vllm", "--dir", str(tree), "--id", "count-calls", capsys=capsys
     )
-    assert saved["status"] == "OK", saved
+    assert saved["status"] == "OK" and "placeholder" in saved["lock"], saved
+    for command in (["lock", str(definition)], ["build", str(definition), "--to", "docker"]):
+        refused = run(*command, capsys=capsys)
+        assert refused["status"] == "FAIL" and "placeholder description" in refused["message"], refused
+    text = definition.read_text()
+    assert PLACEHOLDER_DESCRIPTION in text
+    definition.write_text(text.replace(PLACEHOLDER_DESCRIPTION, "counts the scheduler's calls (a test)"))
+    assert run("lock", str(definition), capsys=capsys)["status"] == "OK"
     assert saved["sentinels"] == "vllm.v1.core.sched.scheduler:Scheduler.schedule:_servimg_schedule_calls"
     patch = (repo / "overlays" / "vllm" / "count-calls.patch").read_text()
     assert patch.startswith(f"--- a/{SCHEDULER}\n+++ b/{SCHEDULER}\n") and f"+{ADDED}" in patch
@@ -95,7 +104,17 @@ def test_edit_change_save_build_verify(
     more = "        self._servimg_schedule_more = True\n"
     (tree / SCHEDULER).write_text(source.replace(ADDED, ADDED + more, 1))
     saved_more = run(
-        "overlay", "save", str(definition), "vllm", "--dir", str(tree), "--id", "more", capsys=capsys
+        "overlay",
+        "save",
+        str(definition),
+        "vllm",
+        "--dir",
+        str(tree),
+        "--id",
+        "more",
+        "--description",
+        "sets a second attribute (a test)",
+        capsys=capsys,
     )
     assert saved_more["status"] == "OK", saved_more
     kept = {p: p.read_bytes() for p in (definition, lock_file)}

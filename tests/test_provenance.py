@@ -7,6 +7,7 @@ synthetic evidence so that a change of wording or logic shows up in milliseconds
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -555,6 +556,23 @@ def test_keys(tmp_path: Path) -> None:
     from_private = keys.load_trusted([pair.private])
     assert from_private == keys.load_trusted([pair.public]) and from_private[0].keyid == pair.keyid
     assert "PRIVATE" not in repr(keys.load_signing(pair.private))
+
+
+def test_a_private_key_is_never_written_where_git_would_track_it(tmp_path: Path) -> None:
+    """Inside a git work tree `key generate` writes only to an ignored path; otherwise it refuses before
+    writing anything, and says how (issue 40: the guide's keys/ was committed by `git add -A`)."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    with pytest.raises(
+        dsse.DsseError, match="not ignored: `git add -A` would commit the signing key"
+    ) as refused:
+        keys.generate(repo / "keys")
+    assert "--out ~/.config/servimg/keys" in (refused.value.hint or "")
+    assert not (repo / "keys").exists(), "nothing was written"
+    (repo / ".gitignore").write_text("keys/\n")
+    pair = keys.generate(repo / "keys")
+    assert pair.private.is_file()
+    assert keys.generate(tmp_path / "outside").private.is_file(), "outside a work tree: no question asked"
 
 
 def test_threshold_needs_distinct_trusted_signers(

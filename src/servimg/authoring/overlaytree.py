@@ -34,7 +34,12 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BytecodeError, OverlayError
 from servimg.core.progress import Log
-from servimg.definitions.definition import ImageDefinition, Sentinel, repo_root_for
+from servimg.definitions.definition import (
+    PLACEHOLDER_DESCRIPTION,
+    ImageDefinition,
+    Sentinel,
+    repo_root_for,
+)
 from servimg.definitions.lock import lock_path_for
 from servimg.oci.store import BlobStore
 from servimg.patching.bytecode import CompileJob, InterpreterFacts
@@ -59,7 +64,7 @@ class Saved:
     sha256: str
     files: tuple[str, ...]
     sentinels: tuple[Sentinel, ...]
-    lock_digest: Digest
+    lock_digest: Digest | None  # None: saved with the placeholder description, not locked yet
 
 
 def edit(
@@ -112,8 +117,14 @@ def save(
     store: BlobStore,
     log: Log,
     *,
+    description: str | None = None,
     seams: Seams = DEFAULT,
 ) -> Saved:
+    """The edits as overlays/PACKAGE/ID.patch, added to the definition and locked. Without `description`
+    the entry gets the placeholder and the definition is not locked (lock and build refuse it until the
+    description says what the overlay fixes)."""
+    if description is not None and not description.strip():
+        raise OverlayError("--description is empty", hint="say what the overlay fixes and why")
     manifest = _manifest(directory, package)
     changed = [rel for rel, sha in sorted(manifest.files.items()) if _changed(directory / rel, sha)]
     missing = [rel for rel in manifest.files if not (directory / rel).is_file()]
@@ -149,9 +160,18 @@ def save(
     original = definition.read_bytes()
     try:
         _add_overlay(
-            definition, overlay_id, package, patch_path.relative_to(repo), sha256_hex(patch), sentinels
+            definition,
+            overlay_id,
+            package,
+            patch_path.relative_to(repo),
+            sha256_hex(patch),
+            sentinels,
+            description or PLACEHOLDER_DESCRIPTION,
         )
-        locked, _ = lock(definition, Context(store, log, seams=seams))
+        lock_digest = None
+        if description is not None:
+            locked, _ = lock(definition, Context(store, log, seams=seams))
+            lock_digest = locked.digest
     except BaseException:
         atomic_write(definition, original, 0o644)  # nothing half-done: the definition as it was
         patch_path.unlink(missing_ok=True)
@@ -159,7 +179,12 @@ def save(
     # The tree is now what the stack, this overlay included, leaves: a second save of it is "no change".
     files = {**manifest.files, **{rel: sha256_hex((directory / rel).read_bytes()) for rel in changed}}
     _write_manifest(directory, replace(manifest, stack=(*manifest.stack, overlay_id), files=files))
-    return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, locked.digest)
+    return Saved(patch_path, sha256_hex(patch), tuple(changed), sentinels, lock_digest)
+
+
+def _yaml_scalar(text: str) -> str:
+    """`text` as one YAML scalar on its line (JSON's string quoting is valid YAML)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _refuse_what_does_not_compile(
@@ -392,7 +417,13 @@ def _names(source: bytes) -> dict[str, set[str]]:
 
 
 def _add_overlay(
-    definition: Path, overlay_id: str, package: str, patch: Path, sha: str, sentinels: tuple[Sentinel, ...]
+    definition: Path,
+    overlay_id: str,
+    package: str,
+    patch: Path,
+    sha: str,
+    sentinels: tuple[Sentinel, ...],
+    description: str,
 ) -> None:
     """Add the overlay to the definition's text (its comments and order kept) and check it parses."""
     text = definition.read_text()
@@ -401,7 +432,7 @@ def _add_overlay(
         f"    package: {package}",
         f"    patch: {patch}",
         f"    sha256: {sha}",
-        "    description: written by `servimg overlay save`; say what it fixes and why",
+        f"    description: {_yaml_scalar(description)}",
     ]
     if sentinels:
         entry.append("    sentinels:")

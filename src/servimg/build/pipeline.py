@@ -418,6 +418,7 @@ def lock(
     """Resolve every platform and write the lock. Returns (lock, changed?). Nothing is written if any
     platform fails to resolve."""
     definition = definition or ImageDefinition.load(definition_path)
+    definition.refuse_placeholders(str(definition_path))
     locked = lock_of(definition, resolve_all(definition, definition_path, ctx, runner))
     path = lock_path_for(definition_path)
     previous = path.read_bytes() if path.exists() else None

@@ -65,6 +65,7 @@ class BuildPlan:
     ) -> BuildPlan:
         """The plan for building `definition_path` as locked (`definition`: the caller's read of it)."""
         definition = definition or ImageDefinition.load(definition_path)
+        definition.refuse_placeholders(str(definition_path))
         lock = _lock_of(definition, definition_path)
         target = Target.parse(to) if to else default_target(definition_path)
         engine_platform = _engine_platform(definition, definition_path, platform)

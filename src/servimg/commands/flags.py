@@ -297,6 +297,11 @@ def overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
         p.add_argument("--dir", type=Path, required=True, help="the directory of the package's files")
         if save:
             p.add_argument("--id", required=True, help="the overlay's id: writes overlays/PACKAGE/ID.patch")
+            p.add_argument(
+                "--description",
+                default=None,
+                help="what the overlay fixes and why (without it: a placeholder that lock and build refuse)",
+            )
         else:
             p.add_argument(
                 "--with-stack", action="store_true", help="as the definition's overlays leave them"

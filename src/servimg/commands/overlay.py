@@ -36,19 +36,32 @@ def save(p: params.OverlaySave, ctx: Context) -> Iterator[Outcome]:
     """Write overlays/PACKAGE/ID.patch from the edited tree, add it to the definition, lock again."""
 
     def run() -> Outcome:
-        saved = authoring.save(p.definition, p.package, p.dir, p.id, ctx.store, ctx.log, seams=ctx.seams)
-        sentinels = [f"{s.module}:{s.qualname}:{s.name}" for s in saved.sentinels]
-        return Outcome(
-            str(saved.patch),
-            {
-                "sha256": saved.sha256,
-                "files": ", ".join(saved.files),
-                "sentinels": ", ".join(sentinels)
-                or "none proposed (add one by hand: docs/getting-started.md)",
-                "lock_digest": str(saved.lock_digest),
-                "next": f"servimg build {p.definition}",
-            },
+        saved = authoring.save(
+            p.definition,
+            p.package,
+            p.dir,
+            p.id,
+            ctx.store,
+            ctx.log,
+            description=p.description,
+            seams=ctx.seams,
         )
+        sentinels = [f"{s.module}:{s.qualname}:{s.name}" for s in saved.sentinels]
+        fields: dict[str, object] = {
+            "sha256": saved.sha256,
+            "files": ", ".join(saved.files),
+            "sentinels": ", ".join(sentinels) or "none proposed (add one by hand: docs/getting-started.md)",
+        }
+        if saved.lock_digest is None:
+            fields["lock"] = "not written: the overlay's description is the placeholder"
+            fields["next"] = (
+                f"say what {p.id} fixes and why in its `description:` in {p.definition}, then "
+                f"servimg lock {p.definition}"
+            )
+        else:
+            fields["lock_digest"] = str(saved.lock_digest)
+            fields["next"] = f"servimg build {p.definition}"
+        return Outcome(str(saved.patch), fields)
 
     yield attempt(p.id, run)
 

@@ -56,6 +56,7 @@ class OverlaySave:
     package: str
     dir: Path
     id: str
+    description: str | None = None  # None: the placeholder, and no lock until it is replaced
 
 
 @dataclass(frozen=True)

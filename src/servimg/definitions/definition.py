@@ -129,6 +129,11 @@ class Forbidden:
     name: str
 
 
+# What `servimg overlay save` writes when no --description is given: a definition carrying it is refused by
+# lock and build (`ImageDefinition.refuse_placeholders`), so it never ships signed inside an image.
+PLACEHOLDER_DESCRIPTION = "written by `servimg overlay save`; say what it fixes and why"
+
+
 @dataclass(frozen=True)
 class OverlaySpec:
     id: str
@@ -191,6 +196,22 @@ class ImageDefinition(canonical.Canonical):
             base.pop("platform", None)  # `platform` and `platforms` are exclusive (the default is moot)
         data["base"] = base
         return data
+
+    def refuse_placeholders(self, origin: str) -> None:
+        """Lock and build refuse an overlay whose description is still `overlay save`'s placeholder: it
+        would be baked into the image and signed, and correcting it later changes the digest."""
+        placeheld = [
+            f"overlays[{i}] ({o.id}).description: {o.description}"
+            for i, o in enumerate(self.overlays)
+            if o.description.strip() == PLACEHOLDER_DESCRIPTION
+        ]
+        if placeheld:
+            raise DefinitionError(
+                f"{origin}: {len(placeheld)} overlay(s) still carry the placeholder description",
+                problems=placeheld,
+                hint="say in each what it fixes and why (it is baked into the image and its provenance), "
+                "then run `servimg lock` again",
+            )
 
     @property
     def platforms(self) -> tuple[Platform, ...]:

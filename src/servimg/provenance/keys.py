@@ -11,6 +11,8 @@ in a single-operator setup.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +45,9 @@ def generate(
 ) -> KeyPair:
     """Write a fresh pair (ed25519 or ecdsa-p256) into `out` (created 0700 if missing); never overwrite
     unless `force`."""
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
     private, public = out / f"{name}.key", out / f"{name}.pub"
+    refuse_tracked(private)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
     existing = [p for p in (private, public) if p.exists()]
     if existing and not force:
         raise DsseError(
@@ -55,6 +58,36 @@ def generate(
     key.save(private, _password())
     key.public_key.save(public)
     return KeyPair(private, public, key.keyid, key.public_key.algorithm)
+
+
+def refuse_tracked(private: Path) -> None:
+    """A private key is never written where git would track it: inside a work tree the path must be
+    ignored (`git check-ignore`), else `git add -A` commits the signing key. Checked before anything is
+    written."""
+    here = private.absolute().parent
+    top = next((d for d in (here, *here.parents) if (d / ".git").exists()), None)
+    if top is None:
+        return
+    hint = (
+        f"write keys outside the repository (--out ~/.config/servimg/keys), or ignore the path first "
+        f"(echo '{private.name}' >> {private.parent}/.gitignore)"
+    )
+    git = shutil.which("git")
+    if git is None:
+        raise DsseError(
+            f"{private} would be inside the git work tree {top}, and git is not here to say "
+            "whether it is ignored; nothing was written",
+            hint=hint,
+        )
+    ignored = subprocess.run(
+        [git, "-C", str(top), "check-ignore", "-q", str(private.absolute())], capture_output=True, check=False
+    )
+    if ignored.returncode != 0:
+        raise DsseError(
+            f"{private} would be inside the git work tree {top} and is not ignored: `git add -A` would "
+            "commit the signing key; nothing was written",
+            hint=hint,
+        )
 
 
 def _password() -> bytes | None:
