@@ -290,6 +290,28 @@ def test_backoff_grows_exponentially(proxy: FaultProxy, tmp_path: Path) -> None:
     assert slept == [0.5, 1.0, 2.0, 4.0, 8.0]
 
 
+def test_a_permanent_failure_is_never_retried(proxy: FaultProxy, tmp_path: Path) -> None:
+    """An unknown host, a 404 and a 401 cannot become success by waiting (issue 40: a bare name became a
+    Docker Hub reference and cost five retries of a DNS failure): one attempt, no back-off."""
+    slept: list[float] = []
+    offline = RegistryClient(
+        "no-such-host.invalid:5000", retries=5, docker_config=tmp_path / "none.json", sleep=slept.append
+    )
+    with pytest.raises(RegistryError, match="does not resolve") as unknown:
+        offline.ping()
+    assert "Docker Hub" in (unknown.value.hint or "") and slept == []
+    for status in (404, 401):
+        proxy.rules.clear()
+        proxy.add("GET", r"^/v2/$", "status", status=status)
+        before = proxy.count("GET", r"^/v2/$")
+        client = RegistryClient(
+            proxy.host, retries=5, docker_config=tmp_path / "none.json", sleep=slept.append
+        )
+        with pytest.raises(RegistryError):
+            client.ping()
+        assert proxy.count("GET", r"^/v2/$") - before == 1 and slept == [], status
+
+
 def test_429_retry_after_is_honoured(
     fast: None, proxy: FaultProxy, registry: Any, repo: str, store: BlobStore
 ) -> None:

@@ -45,6 +45,7 @@ from servimg.backends.registrywire import (
     read_errors,
     read_limited,
     retry_after,
+    unresolvable,
 )
 from servimg.core import canonical
 from servimg.core.digest import Digest
@@ -151,6 +152,13 @@ class RegistryClient:
                 method, url, headers=sent, data=body, params=params, stream=stream, timeout=self.timeout
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
+            reason = unresolvable(exc)
+            if reason is not None:  # an unknown host: permanent, never retried
+                raise self._error(
+                    f"{what}: the host {host_of(self.registry)} does not resolve ({reason})",
+                    hint="check the registry's name; a reference without a registry host names Docker Hub "
+                    "(docker.io), which this machine may not reach",
+                ) from None
             raise Transient(f"{what}: {describe(exc)}") from None
 
     def _send(
@@ -227,7 +235,7 @@ class RegistryClient:
                 last = exc
         raise self._error(
             f"{last.what} (gave up after {self.retries + 1} attempts)",
-            hint=f"is the registry running at {self.base_url}? start it, or check `--to`",
+            hint=f"is the registry running at {self.base_url}? start it, or check the reference",
         )
 
     def _call(

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import re
+import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
@@ -101,6 +102,23 @@ def describe(exc: BaseException) -> str:
         nested = [err.__cause__, err.__context__, getattr(err, "reason", None), *err.args]
         stack.extend(e for e in nested if isinstance(e, BaseException))
     return "timed out" if isinstance(exc, requests.Timeout) else "connection failed"
+
+
+def unresolvable(exc: BaseException) -> str | None:
+    """The resolver's answer when a connection failed because the host name does not resolve (a typo, or
+    offline: Docker Hub from a machine without it). Permanent: retrying cannot help."""
+    stack: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while stack:
+        err = stack.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, socket.gaierror):
+            return str(err.strerror or err).lower()
+        nested = [err.__cause__, err.__context__, getattr(err, "reason", None), *err.args]
+        stack.extend(e for e in nested if isinstance(e, BaseException))
+    return None
 
 
 def retry_after(resp: requests.Response) -> float | None:

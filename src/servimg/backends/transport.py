@@ -12,7 +12,8 @@ which logs where it went. A definition's base ref and a `--to` sink are taken as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Unpack
@@ -77,7 +78,21 @@ def is_explicit(text: str) -> bool:
 
 def fetch_argument(text: str, store: BlobStore, log: Log, progress: Progress = NULL) -> Image:
     """`fetch` an IMAGE argument after resolving it."""
-    return fetch(resolve(text, log).ref, store, log, progress=progress)
+    found = resolve(text, log)
+    with said_where(found):
+        return fetch(found.ref, store, log, progress=progress)
+
+
+@contextlib.contextmanager
+def said_where(found: Resolved) -> Iterator[None]:
+    """A failure reading an IMAGE argument that was not written with its transport says where it was
+    looked for (a bare name the engine does not have is a Docker Hub reference), first."""
+    try:
+        yield
+    except ServimgError as exc:
+        if found.explicit:
+            raise
+        raise exc.context(found.why) from None
 
 
 def in_engine(text: str, store: BlobStore, log: Log) -> str:
@@ -86,7 +101,8 @@ def in_engine(text: str, store: BlobStore, log: Log) -> str:
     found = resolve(text, log)
     if found.kind == "engine":
         return found.target.location
-    image = fetch(found.ref, store, log)
+    with said_where(found):
+        image = fetch(found.ref, store, log)
     if not engine.has_image(image.config_digest):
         log(f"loading {image.digest.short} into the Docker Engine (untagged) to run it")
         engine.load(image, store, tag=None)

@@ -20,7 +20,8 @@ def index_of(ref: str, log: Log) -> tuple[str, ImageIndex | None]:
     found = transport.resolve(ref, log)
     if not (found.target.in_registry or found.target.is_layout):
         return found.ref, None
-    return found.ref, transport.read_index(found.ref)
+    with transport.said_where(found):
+        return found.ref, transport.read_index(found.ref)
 
 
 def each_platform(ref: str, platform: Platform | None, log: Log) -> list[tuple[str, str]]:

@@ -516,7 +516,7 @@ def _engine_config(image: str) -> dict[str, object]:
 
 def _spec_interpreter(image: str, spec_path: str) -> str:
     """The interpreter path the image's probe spec names, copied out of the image without running it."""
-    hint = "was the image built by `servimg build`? pass python= to name the interpreter"
+    hint = "was the image built by `servimg build`? its probe spec names the interpreter `verify` runs"
     try:
         data = engine.copy_out(image, spec_path)
         if data is None:
@@ -681,7 +681,9 @@ def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> 
         )
     # Every blob it relies on is hashed where it is relied on: the source's here (rehash), the store's
     # copy where the probe runs on it (verify_image_value).
-    return verify_image_value(transport.fetch(found.ref, store, log, rehash=True), store, log, audit=audit)
+    with transport.said_where(found):
+        image = transport.fetch(found.ref, store, log, rehash=True)
+    return verify_image_value(image, store, log, audit=audit)
 
 
 def _optional_digest(value: object, where: str) -> Digest | None:

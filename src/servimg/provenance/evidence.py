@@ -119,7 +119,8 @@ def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, rem
             raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
         return located
     if kind == "registry":
-        return _locate_registry(found.target.location, log)
+        with transport.said_where(found):
+            return _locate_registry(found.target.location, log)
     ref = found.ref
     target = found.target
     if kind == "oci":
