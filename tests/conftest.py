@@ -233,4 +233,4 @@ def demo_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # whole session it filled the CI disk (stop 33: ENOSPC in the Nix build).
     shutil.rmtree(out / "oci", ignore_errors=True)
     receipt = json.loads((out / "ladder" / "receipt.json").read_text())
-    return {"out": out, "stdout": proc.stdout, "receipt": receipt}
+    return {"out": out, "stdout": proc.stdout, "stderr": proc.stderr, "receipt": receipt}

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import REPO
 from servimg.definitions.lock import Lock
+from test_output import python_reprs
 
 pytestmark = [pytest.mark.demo, pytest.mark.vllm, pytest.mark.docker, pytest.mark.registry, pytest.mark.root]
 
@@ -48,6 +49,13 @@ def test_the_job_ends_with_the_check_passing_and_every_claim_proven(job: dict[st
     claims = [line for line in stdout.splitlines() if line.startswith(("PROVEN", "NOT PROVEN"))]
     assert len(claims) == 11 and all(c.startswith("PROVEN: ") for c in claims), claims
     assert sum(" again: servimg " in line or "again: docker" in line for line in stdout.splitlines()) == 11
+
+
+def test_the_jobs_human_output_has_no_python_repr(job: dict[str, Any]) -> None:
+    """Every command the job runs in human form (base, push, ladder, check) prints values as a person
+    reads them: no dict or list reprs, no digest cut mid-token (issue 40)."""
+    found = python_reprs(job["stdout"] + job["stderr"])
+    assert not found, found[:20]
 
 
 def test_the_ladder_passes_on_the_demo_image_with_every_arm_exercised(job: dict[str, Any]) -> None:

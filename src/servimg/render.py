@@ -40,16 +40,28 @@ _STYLE = {
 def findings_table(findings: Findings, width: int = 150) -> str:
     """Any verdict as text: its notes (what it ran under), one row per finding (status, code, subject,
     message; a not-passing finding's hint as `fix:`), and the counts with the verdict."""
-    table = rich_table.Table(title=findings.title(), title_justify="left")
-    for column in ("status", "code", "subject", "message"):
-        table.add_column(column, overflow="fold")
+    cells = []
     for finding in findings.findings:
         message = finding.message
         if finding.hint and finding.status != Status.PASS:
             message += f"\nfix: {finding.hint}"
-        style = _STYLE.get(finding.status, "")
-        table.add_row(f"[{style}]{finding.status}[/]", finding.code, finding.subject, message)
+        cells.append((str(finding.status), finding.code, finding.subject, message))
+    # Rows wrap between words, never inside a path or a digest: the table is made wide enough for the
+    # first three columns whole and the message column's longest word (a wider table, rather than a
+    # digest no one can copy).
+    names = ("status", "code", "subject", "message")
+    whole = [
+        max([len(line) for row in cells for line in row[i].splitlines()] + [len(names[i])]) for i in range(3)
+    ]
+    word = max([len(w) for row in cells for w in row[3].split()] + [len(names[3])])
+    table = rich_table.Table(title=findings.title(), title_justify="left")
+    for name in names:
+        table.add_column(name, overflow="fold")
+    for status, code, subject, message in cells:
+        style = _STYLE.get(Status(status), "")
+        table.add_row(f"[{style}]{status}[/]", code, subject, message)
     buffer = io.StringIO()
+    width = max(width, sum(whole) + word + 3 * len(names) + 1)
     console = rich_console.Console(file=buffer, width=width, color_system=None, highlight=False)
     for note in findings.notes():
         console.print(note, markup=False)
@@ -83,9 +95,8 @@ class Reporter:
     def log(self, message: str) -> None:
         if self.quiet or self.as_json:
             return
-        self.err.print(
-            rich_text.Text.assemble(("…", "dim"), " ", message)
-        )  # a log line is text, never markup
+        # A log line is text, never markup, and never wrapped: a path or digest stays on its line.
+        self.err.print(rich_text.Text.assemble(("…", "dim"), " ", message), soft_wrap=True)
         if self.err.is_terminal and not message.startswith(" "):  # indented lines are details of a step
             self._show_step(message)
 
@@ -134,8 +145,8 @@ class Reporter:
             sys.stdout.write(line + "\n")
             return
         print(f"OK: {target}")
-        for key, value in details.items():
-            print(f"  {key}: {value}")
+        for line in human_lines(details, "  "):
+            print(line)
 
     def fail(self, target: str, error: ServimgError) -> None:
         self.settle()
@@ -166,6 +177,44 @@ class Reporter:
             fields = outcome.json if self.as_json and outcome.json is not None else outcome.fields
             self.ok(outcome.target, fields)
         return False
+
+
+def human_lines(fields: Mapping[str, object], indent: str) -> Iterator[str]:
+    """Fields as a person reads them, never as Python writes them: a mapping as indented `key: value`
+    lines, a list of plain values on one line (`a, b`), a list of mappings as `-` items, booleans as
+    yes/no, None as `none`, a digest as its text. A value is never wrapped: a path or a digest stays on
+    one line (tests/test_output.py renders every command's output and refuses a repr)."""
+    for key, value in fields.items():
+        label = key
+        if isinstance(value, Mapping):
+            if not value:
+                yield f"{indent}{label}: none"
+                continue
+            yield f"{indent}{label}:"
+            yield from human_lines(value, indent + "  ")
+        elif isinstance(value, list | tuple) and any(isinstance(v, Mapping) for v in value):
+            yield f"{indent}{label}:"
+            for item in value:
+                if isinstance(item, Mapping):
+                    lines = list(human_lines(item, indent + "    "))
+                    yield f"{indent}  - {lines[0].lstrip()}" if lines else f"{indent}  -"
+                    yield from lines[1:]
+                else:
+                    yield f"{indent}  - {_plain(item)}"
+        elif isinstance(value, list | tuple | set | frozenset):
+            yield f"{indent}{label}: {', '.join(_plain(v) for v in value) or 'none'}"
+        else:
+            yield f"{indent}{label}: {_plain(value)}"
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "none"
+    if isinstance(value, list | tuple | set | frozenset | Mapping):
+        return json.dumps(value, sort_keys=True, default=_as_text)  # nested deeper than a line: JSON
+    return str(value)
 
 
 def _as_text(value: object) -> str:

@@ -33,6 +33,11 @@ class Outcome:
         return self.error is None
 
 
+def tally(counts: Mapping[str, int]) -> str:
+    """A verdict's counts as a person reads them: `34 PASS, 0 WARN, 0 FAIL`."""
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
 BUG_HINT = "this is a bug in servimg; rerun with SERVIMG_DEBUG=1 for the traceback and report it"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from servimg.backends import transport
 from servimg.commands import params
 from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
+from servimg.commands.outcome import Outcome, attempt, tally
 from servimg.commands.platformref import index_of, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core.errors import ServimgError, UsageError
@@ -98,7 +98,7 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
                 deep=p.policy.deep,
                 only=Platform.optional(p.platform),
             )
-            summary: dict[str, object] = {"digest": str(found.digest or ""), "summary": found.counts()}
+            summary: dict[str, object] = {"digest": str(found.digest or ""), "summary": tally(found.counts())}
             failed = None if found.ok else CheckFailed(found)
             return Outcome(p.ref, summary, dict(found.as_dict()), found, error=failed)
         report, evidence = check(
@@ -111,7 +111,7 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             remote=p.lookup.remote,
             rebuild=Rebuild(p.rebuild.definition, ctx.seams) if p.rebuild is not None else None,
         )
-        brief: dict[str, object] = {"digest": str(report.digest or ""), "summary": report.counts()}
+        brief: dict[str, object] = {"digest": str(report.digest or ""), "summary": tally(report.counts())}
         full: dict[str, object] = dict(report.as_dict())
         if evidence.rebuild is not None:
             full["rebuild"] = evidence.rebuild.as_dict()

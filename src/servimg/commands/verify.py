@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from servimg.commands import params
 from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
+from servimg.commands.outcome import Outcome, attempt, tally
 from servimg.commands.platformref import each_platform
 from servimg.core.errors import ServimgError
 from servimg.core.platform import Platform
@@ -27,6 +27,8 @@ def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
             def run(label: str = label, image: str = image) -> Outcome:
                 report = verify_ref(image, ctx.store, ctx.log, audit=p.audit)
                 error = None if report.ok else VerifyFailed(report)
-                return Outcome(label, {"summary": report.counts()}, report.as_dict(), report, error=error)
+                return Outcome(
+                    label, {"summary": tally(report.counts())}, report.as_dict(), report, error=error
+                )
 
             yield attempt(label, run)

@@ -236,14 +236,16 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
             row("signatures", WARN, "unsigned mode: unsigned or unverified attestations are accepted")
         )
     good = [(f, s) for f, _, usable in judged for s in [f.statement] if s is not None and usable]
+    why_not = _not_counted(judged)
     provs = [s for _, s in good if s.predicate_type == attest.PROVENANCE_V1]
     tests = [(f, s) for f, s in good if s.predicate_type == attest.TEST_RESULT_V01]
     rows += _image_rows(ev)
     if "provenance" in policy.require or provs:
-        rows += _provenance_rows(policy, ev, provs)
+        rows += _provenance_rows(policy, ev, provs, why_not.get("provenance", ""))
     if "verify" in policy.require:
-        rows.append(_verify_row(ev, [s for _, s in tests if provenance.is_verify_result(s.predicate)]))
-    rows += _ladder_rows(policy, tests)
+        verified = [s for _, s in tests if provenance.is_verify_result(s.predicate)]
+        rows.append(_verify_row(ev, verified, why_not.get("test-result", "")))
+    rows += _ladder_rows(policy, tests, why_not.get("test-result", ""))
     if "vsa" in policy.require:
         vsas = [s for _, s in good if s.predicate_type == attest.VSA_V1]
         passed = [s for s in vsas if s.predicate.get("verificationResult") == "PASSED"]
@@ -340,9 +342,27 @@ def _image_rows(ev: Evidence) -> list[Finding]:
     return rows
 
 
-def _provenance_rows(policy: Policy, ev: Evidence, provs: Sequence[attest.Statement]) -> list[Finding]:
+def _not_counted(judged: Sequence[tuple[Found, list[Finding], bool]]) -> dict[str, str]:
+    """Per attestation kind, why the ones found were not counted (the first reason a FAIL row gives: a
+    wrong key shows on the FAIL line, not only in the WARN rows above it)."""
+    reasons: dict[str, list[str]] = {}
+    for f, found_rows, usable in judged:
+        if usable or not found_rows:
+            continue
+        why = found_rows[-1].message.removeprefix("ignored: ").removesuffix("; not counted")
+        reasons.setdefault(attest.artifact_kind(f.artifact_type), []).append(why)
+    return {
+        kind: f": {len(whys)} found, not counted: " + "; ".join(dict.fromkeys(whys))
+        for kind, whys in reasons.items()
+    }
+
+
+def _provenance_rows(
+    policy: Policy, ev: Evidence, provs: Sequence[attest.Statement], why_not: str = ""
+) -> list[Finding]:
     if not provs:
-        return [row("provenance", FAIL, f"no verified provenance attestation for {ev.located.digest}")]
+        message = f"no verified provenance attestation for {ev.located.digest}{why_not}"
+        return [row("provenance", FAIL, message)]
     rows = [row("provenance", PASS, f"{len(provs)} verified provenance attestation(s)")]
     for statement in provs:
         rows += _one_provenance(policy, ev, statement.predicate)
@@ -467,9 +487,9 @@ def _listed(problems: Sequence[str]) -> str:
     return "; ".join(problems[:MAX_LISTED]) + f"; … and {len(problems) - MAX_LISTED} more"
 
 
-def _verify_row(ev: Evidence, results: Sequence[attest.Statement]) -> Finding:
+def _verify_row(ev: Evidence, results: Sequence[attest.Statement], why_not: str = "") -> Finding:
     if not results:
-        return row("verify", FAIL, "no verified test-result from `servimg verify` for this image")
+        return row("verify", FAIL, f"no verified test-result from `servimg verify` for this image{why_not}")
     spec = ev.facts.spec_sha256 if ev.facts is not None else None
     mine = [s for s in results if provenance.sha256_of(provenance.test_config(s.predicate) or {}) == spec]
     if not mine:
@@ -498,7 +518,9 @@ def _sbom_row(ev: Evidence, boms: Sequence[attest.Statement]) -> Finding:
     return row("sbom", PASS, f"CycloneDX {sbom.SPEC_VERSION}: {sbom.summary(boms[0].predicate).line()}")
 
 
-def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]) -> list[Finding]:
+def _ladder_rows(
+    policy: Policy, tests: Sequence[tuple[Found, attest.Statement]], why_not: str = ""
+) -> list[Finding]:
     by_name: dict[str, list[tuple[Found, attest.Statement]]] = {}
     for f, s in tests:
         name = provenance.ladder_name(s.predicate)
@@ -510,7 +532,11 @@ def _ladder_rows(policy: Policy, tests: Sequence[tuple[Found, attest.Statement]]
         results = by_name.get(name, [])
         if not results:
             rows.append(
-                row(f"ladder {name}", FAIL, f"required ladder {name}: no verified test-result attestation")
+                row(
+                    f"ladder {name}",
+                    FAIL,
+                    f"required ladder {name}: no verified test-result attestation{why_not}",
+                )
             )
             continue
         latest = max(results, key=lambda fs: (_finished(fs[1]), fs[0].created or ""))[1]
