@@ -17,6 +17,8 @@ export PATH="$PWD/.venv/bin:/usr/bin:$PATH"
 REGISTRY=${REGISTRY:-127.0.0.1:5000}
 OUT=${DEMO_OUT:-out/demo-job}
 REPO="$REGISTRY/servimg/vllm"
+# Who built it, as the provenance says and the check trusts (servimg's own id is a placeholder nobody set).
+BUILDER=${SERVIMG_BUILDER_ID:-https://servimg.invalid/builder/demo-job}
 mkdir -p "$OUT"
 started=$SECONDS
 step() { printf '\n== [%s/9] %s (%ss so far)\n' "$1" "$2" "$((SECONDS - started))"; }
@@ -49,7 +51,8 @@ echo "OK: verified ($OUT/verify.json)"
 
 step 4 "push to $REPO:$tag, signed (provenance + verify result), tag last"
 [ -f "$OUT/keys/servimg.key" ] || servimg key generate --out "$OUT/keys" --quiet >/dev/null
-servimg push "docker-daemon:$image" "$REPO:$tag" --key "$OUT/keys/servimg.key" --report "$OUT/verify.json"
+servimg push "docker-daemon:$image" "$REPO:$tag" --key "$OUT/keys/servimg.key" --report "$OUT/verify.json" \
+  --builder-id "$BUILDER"
 
 step 5 "CPU smoke ladder on real vLLM (9 arms, 4 through LMCache; witness on), receipt signed and attached"
 servimg ladder "$image" --out "$OUT/ladder" --attach "$REPO" --key "$OUT/keys/servimg.key"
@@ -69,11 +72,12 @@ fi
 echo "OK: pulled $REPO:$tag as $pulled"
 
 step 8 "check the pulled tag: signatures, provenance, lock, verify result, ladders cpu-smoke and cpu-hybrid PASS on this digest"
-ladders=(--require-ladder cpu-smoke --require-ladder cpu-hybrid)
-servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${ladders[@]}"
-servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${ladders[@]}" --json --quiet \
+policy=(--require-ladder cpu-smoke --require-ladder cpu-hybrid --builder "$BUILDER")
+servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${policy[@]}"
+servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${policy[@]}" --json --quiet \
   | last_json >"$OUT/check.json"
 
 step 9 "what was proven"
-python3 scripts/demo_claims.py --out "$OUT" --ref "$REPO:$tag" --image "$image" --digest "$digest"
+python3 scripts/demo_claims.py --out "$OUT" --ref "$REPO:$tag" --image "$image" --digest "$digest" \
+  --builder "$BUILDER"
 echo "demo: done in $((SECONDS - started))s"

@@ -47,7 +47,7 @@ def witnessed(receipts: list[dict[str, Any]], modules: set[str]) -> dict[str, li
     return found
 
 
-def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str, str]]:
+def claims(out: Path, ref: str, image: str, digest: str, builder: str) -> list[tuple[bool, str, str]]:
     """(holds, claim, command that proves it again) for every claim of the main job."""
     lock = _load(REPO / "images" / "demo.lock.json")
     base_pin = _load(REPO / "verify" / "bases" / "demo.lock.json")
@@ -108,7 +108,7 @@ def claims(out: Path, ref: str, image: str, digest: str) -> list[tuple[bool, str
             f"the pulled tag {ref} passes the policy: signed provenance, lock, verify result and signed "
             "cpu-smoke and cpu-hybrid PASSes for this digest",
             f"servimg check {ref} --key {out}/keys/servimg.pub --require-ladder cpu-smoke "
-            "--require-ladder cpu-hybrid",
+            f"--require-ladder cpu-hybrid --builder {builder}",
         ),
     ]
     return result
@@ -146,9 +146,10 @@ def main() -> int:
     ap.add_argument("--ref", required=True)
     ap.add_argument("--image", required=True)
     ap.add_argument("--digest", required=True)
+    ap.add_argument("--builder", required=True, help="the builder id the push named and the check trusts")
     args = ap.parse_args()
     failed = 0
-    for holds, claim, command in claims(args.out, args.ref, args.image, args.digest):
+    for holds, claim, command in claims(args.out, args.ref, args.image, args.digest, args.builder):
         print(f"{'PROVEN' if holds else 'NOT PROVEN'}: {claim}\n    again: {command}")
         failed += not holds
     return 1 if failed else 0

@@ -290,6 +290,27 @@ def test_backoff_grows_exponentially(proxy: FaultProxy, tmp_path: Path) -> None:
     assert slept == [0.5, 1.0, 2.0, 4.0, 8.0]
 
 
+def test_a_push_to_a_new_repository_mounts_what_the_registry_holds(
+    proxy: FaultProxy, repo: str, store: BlobStore
+) -> None:
+    """Blobs another repository of the same registry holds are mounted, not uploaded again (issue 40: a
+    push to a new repository re-sent the 4.4 GB base the registry had under another name); the log says
+    which, and a registry that refuses the mount gets an upload."""
+    image = _image(store, "mount")
+    push(image, proxy, repo, store)
+    uploads = proxy.count("PATCH", r"/blobs/uploads/") + proxy.count("PUT", r"/blobs/uploads/")
+    said: list[str] = []
+    elsewhere = f"{repo}-elsewhere"
+    registry_module.push(image, f"{proxy.host}/{elsewhere}", store, said.append, tag="v1")
+    assert [line for line in said if line.startswith("blob ")] == [
+        f"blob {d.digest.short}: mounted from {repo}"
+        for d in [*image.layer_descriptors, image.config_descriptor]
+    ], said
+    assert said[-1] == f"blobs: 3 mounted from {repo}"
+    after = proxy.count("PATCH", r"/blobs/uploads/") + proxy.count("PUT", r"/blobs/uploads/")
+    assert after == uploads, "nothing uploaded again"
+
+
 def test_a_permanent_failure_is_never_retried(proxy: FaultProxy, tmp_path: Path) -> None:
     """An unknown host, a 404 and a 401 cannot become success by waiting (issue 40: a bare name became a
     Docker Hub reference and cost five retries of a DNS failure): one attempt, no back-off."""

@@ -142,6 +142,8 @@ def test_the_cli_has_one_registry_of_commands() -> None:
             argv += ["ref", "--predicate-type", "vsa", "--file", "f"]
         elif name[0] == "promote":
             argv += ["ref", "--tag", "qualified"]
+        elif name == ("overlay", "drop"):
+            argv += ["x.yaml", "an-overlay"]
         elif name[0] == "overlay":
             argv += ["x.yaml", "vllm", "--dir", "d", *(["--id", "i"] if name[1] == "save" else [])]
         elif name[0] == "init":

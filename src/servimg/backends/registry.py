@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -24,7 +25,7 @@ from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Advance, CountingReader, Log, Progress
-from servimg.core.reference import Reference
+from servimg.core.reference import Reference, is_valid_repository
 from servimg.oci.image import (
     INDEX_TYPES,
     Descriptor,
@@ -146,15 +147,49 @@ def write_image(
     mount_from: str | None = None,
     progress: Progress = NULL,
 ) -> None:
-    """Blobs first (skipped when present, cross-mounted from `mount_from`), then the manifest by digest
-    with its exact bytes. No tag: the caller tags last, once everything the tag promises is there."""
+    """Blobs first (skipped when present; mounted from another repository of this registry that holds
+    them, OCI distribution §Mounting a blob; else uploaded), then the manifest by digest with its exact
+    bytes. No tag: the caller tags last, once everything the tag promises is there."""
     store.put_bytes(image.config_bytes)  # a freshly assembled image's config may exist only as bytes
+    sources = MountSources(client, repository, mount_from)
+    done: dict[str, int] = {}
     for desc in [*image.layer_descriptors, image.config_descriptor]:
-        with progress.transfer(f"push {desc.digest.short}", desc.size) as advance:
-            opener = _opener(store.path(desc.digest), advance)
-            how = client.push_blob(repository, desc.digest, desc.size, opener, mount_from=mount_from)
-        log(f"blob {desc.digest.short}: {how}")
+        source, how = None, "exists"
+        if not client.has_blob(repository, desc.digest):
+            source = sources.holding(desc.digest)
+            with progress.transfer(f"push {desc.digest.short}", desc.size) as advance:
+                opener = _opener(store.path(desc.digest), advance)
+                how = client.push_blob(repository, desc.digest, desc.size, opener, mount_from=source)
+        said = f"mounted from {source}" if how == "mounted" else how
+        done[said] = done.get(said, 0) + 1
+        log(f"blob {desc.digest.short}: {said}")
+    log("blobs: " + ", ".join(f"{n} {how}" for how, n in sorted(done.items())))
     client.put_manifest(repository, str(image.digest), image.manifest_bytes, image.media_type)
+
+
+class MountSources:
+    """The other repositories of this registry a missing blob may be mounted from instead of uploaded
+    (`docker push` does the same): the one named (`mount_from`), then the registry's own listing
+    (`/v2/_catalog`, asked once and only when a blob is missing). A blob is mounted from the first that
+    holds it (HEAD); a registry that refuses the mount answers with an upload session, and it uploads."""
+
+    def __init__(self, client: RegistryClient, repository: str, named: str | None) -> None:
+        self._client, self._repository, self._named = client, repository, named
+        self._listed: list[str] | None = None
+
+    def holding(self, digest: Digest) -> str | None:
+        for candidate in self._candidates():
+            if self._client.has_blob(candidate, digest):
+                return candidate
+        return None
+
+    def _candidates(self) -> list[str]:
+        if self._listed is None:
+            listed = [
+                r for r in self._client.repositories() if r != self._repository and is_valid_repository(r)
+            ]
+            self._listed = list(dict.fromkeys([*([self._named] if self._named else []), *listed]))
+        return self._listed
 
 
 def _opener(path: Path, advance: Advance) -> Callable[[], BinaryIO]:
@@ -184,6 +219,9 @@ def push(
     return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
 
 
+TAG_SETTLE_LOOKS, TAG_SETTLE_WAIT = 10, 0.1
+
+
 def put_tag(client: RegistryClient, repository: str, tag: str, image: Image, log: Log) -> None:
     """Point `tag` at the image (its manifest's exact bytes). A refused PUT is no failure when the tag
     names exactly this manifest anyway: a concurrent push of the same image tagged it first, and
@@ -191,10 +229,16 @@ def put_tag(client: RegistryClient, repository: str, tag: str, image: Image, log
     try:
         client.put_manifest(repository, tag, image.manifest_bytes, image.media_type)
     except RegistryError:
-        head = client.head_manifest(repository, tag)
-        if head is None or head[0] != image.digest:
-            raise
-        log(f"tag {tag}: already names {image.digest.short} (a concurrent push of this image tagged it)")
+        # The concurrent write that won may still be landing: look again for a moment before deciding.
+        for _ in range(TAG_SETTLE_LOOKS):
+            head = client.head_manifest(repository, tag)
+            if head is not None and head[0] == image.digest:
+                log(f"tag {tag}: already names {image.digest.short} (a concurrent push tagged it)")
+                return
+            if head is not None:
+                raise
+            time.sleep(TAG_SETTLE_WAIT)
+        client.put_manifest(repository, tag, image.manifest_bytes, image.media_type)
 
 
 class RegistryBackend:

@@ -359,6 +359,25 @@ class RegistryClient:
         )
         return status == 200
 
+    def repositories(self, limit: int = 1000) -> list[str]:
+        """The registry's repositories (`GET /v2/_catalog`, distribution's listing; not every registry
+        serves it to every client): empty when it does not answer."""
+        what = f"listing the repositories of {self.registry}"
+        try:
+            listed = self._call(
+                "GET",
+                self._url("_catalog"),
+                what=what,
+                scopes=["registry:catalog:*"],
+                expect={200},
+                consume=lambda r: r.json(),
+                params={"n": str(limit)},
+            )
+        except (RegistryError, ValueError):
+            return []
+        names = listed.get("repositories") if isinstance(listed, dict) else None
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
     def get_blob(self, repo: str, digest: Digest) -> bytes:
         """GET /v2/<name>/blobs/<digest> (§Pulling blobs), verified against `digest`."""
         self._check_repo(repo)

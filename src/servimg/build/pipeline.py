@@ -453,7 +453,7 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
             f"{type(sink).__name__} published without asking for the proof (Release.proven)",
             hint="a sink must call release.proven() before it makes anything visible: report this bug",
         )
-    changed = len(next(iter(resolutions.values())).changes)
+    changed = len(plan.lock_for(plan.platforms[0]).changed_files)
     return BuildResult(
         proof() if plan.verify else images,
         index,

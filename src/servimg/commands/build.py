@@ -43,4 +43,12 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
     """Build it, every step in this run: one image, or for a definition with `base.platforms` one image
     per platform and an index over them."""
     plan = BuildPlan.make(path, to=p.to, tag=p.tag, runner=p.runner, platform=p.platform)
-    return Outcome(str(path), pipeline.build(plan, ctx).as_dict())
+    built = pipeline.build(plan, ctx).as_dict()
+    return Outcome(str(path), {**built, **_described(built)}, json=built)
+
+
+def _described(built: dict[str, object]) -> dict[str, object]:
+    """The fields a person reads differently from a program: what the changed-files count counts."""
+    if "changed_files" not in built:
+        return {}
+    return {"changed_files": f"{built['changed_files']} (the files the overlays changed)"}

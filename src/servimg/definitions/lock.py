@@ -105,6 +105,12 @@ class Lock(canonical.Canonical):
             data.pop("ladder", None)
         return data
 
+    @property
+    def changed_files(self) -> tuple[str, ...]:
+        """The files the overlays changed (patched, added or deleted), each once: the one count of
+        "changed files" every command prints (the layer holds more: their bytecode, servimg's files)."""
+        return tuple(sorted({f.path for o in self.overlays for f in o.files}))
+
     def package(self, import_name: str) -> PackageLock:
         for pkg in self.packages:
             if pkg.import_name == import_name:

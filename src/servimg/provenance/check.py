@@ -37,6 +37,7 @@ from servimg.provenance.evidence import (
 )
 from servimg.provenance.keys import load_trusted
 from servimg.provenance.policy import (
+    BUILDERS_BY_DEFAULT,
     KIND_NAMES,
     REBUILD_V1,
     REQUIREMENTS,
@@ -337,7 +338,13 @@ def _image_rows(ev: Evidence) -> list[Finding]:
                 f"/{provenance.CHANGES_FILE} disagrees with the overlay layer: {diff}",
             )
             if diff
-            else row("changes manifest", PASS, f"{len(facts.changes)} changed files, as in the overlay layer")
+            else row(
+                "changes manifest",
+                PASS,
+                f"{len(facts.changes)} layer entries, as in the overlay layer: the "
+                f"{len(facts.lock.changed_files)} file(s) the overlays changed, their bytecode and "
+                "servimg's own files",
+            )
         )
     return rows
 
@@ -369,13 +376,29 @@ def _provenance_rows(
     return rows
 
 
+def _builder_row(policy: Policy, builder: str | None) -> Finding:
+    """Which builder the provenance names, whether it is trusted, and who chose to trust it. servimg's
+    placeholder id, trusted only because nobody named a builder, is a WARN: no one vouched for it."""
+    trusted = ", ".join(policy.builders)
+    if builder not in policy.builders:
+        return row(
+            "builder",
+            FAIL,
+            f"builder {builder} is not trusted (trusted: {trusted}, by {policy.builders_from})",
+        )
+    if builder == provenance.DEFAULT_BUILDER_ID and policy.builders_from == BUILDERS_BY_DEFAULT:
+        return row(
+            "builder",
+            WARN,
+            f"{builder} is servimg's placeholder builder id, trusted only by default: nobody set a builder "
+            "id at push (--builder-id or $SERVIMG_BUILDER_ID) nor named one here (--builder, or builders: "
+            "in a policy)",
+        )
+    return row("builder", PASS, f"{builder} is trusted (by {policy.builders_from})")
+
+
 def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, object]) -> list[Finding]:
-    builder = provenance.builder_of(p)
-    rows = [
-        row("builder", PASS, f"{builder} is trusted")
-        if builder in policy.builders
-        else row("builder", FAIL, f"builder {builder} is not trusted (trusted: {', '.join(policy.builders)})")
-    ]
+    rows = [_builder_row(policy, provenance.builder_of(p))]
     facts = ev.facts
     if facts is None:
         return [
@@ -440,7 +463,12 @@ def _one_provenance(policy: Policy, ev: Evidence, p: Mapping[str, object]) -> li
     rows.append(
         row("changed files", FAIL, diff)
         if diff
-        else row("changed files", PASS, f"{len(listed)} byproducts = the overlay layer's files (re-derived)")
+        else row(
+            "changed files",
+            PASS,
+            f"{len(listed)} byproducts = the overlay layer's entries (re-derived; the "
+            f"{len(ev.facts.lock.changed_files) if ev.facts else 0} file(s) the overlays changed among them)",
+        )
     )
     return rows
 

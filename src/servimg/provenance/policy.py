@@ -58,6 +58,7 @@ def predicate_type(name: str) -> str:
 
 
 VERDICTS = ("PASS", "FAIL", "NOT_EXERCISED")
+BUILDERS_BY_DEFAULT = "servimg's default: no builder was named (--builder, or builders: in a policy)"
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,9 @@ class Policy:
     rebuilds: int = 0
     tag_binding: str = "warn"
     lock: Path | None = None
+    # Who chose `builders` (said by check's builder row): nobody (servimg's placeholder), a policy file, or
+    # --builder. Not part of the policy's JSON: it says where the trust came from, not what it is.
+    builders_from: str = BUILDERS_BY_DEFAULT
 
     @classmethod
     def load(cls, path: Path) -> Policy:
@@ -149,7 +153,11 @@ class Policy:
                 f"{path}: {len(problems)} problem(s) in the policy", problems=problems, hint=f"keys: {KEYS}"
             ),
         )
-        return cls._from_file(parsed, path)
+        chosen = isinstance(doc, dict) and "builders" in doc
+        return replace(
+            cls._from_file(parsed, path),
+            builders_from=f"the policy {path} (builders:)" if chosen else BUILDERS_BY_DEFAULT,
+        )
 
     @classmethod
     def _from_file(cls, parsed: _PolicyFile, path: Path) -> Policy:
@@ -223,6 +231,7 @@ class Policy:
             ladders=tuple(dict.fromkeys([*self.ladders, *ladders])),
             keys=tuple(dict.fromkeys([*self.keys, *keys])),
             builders=tuple(builders) or self.builders,
+            builders_from="--builder" if builders else self.builders_from,
             threshold=threshold or self.threshold,
             allow_unsigned=self.allow_unsigned or allow_unsigned,
             rebuilds=self.rebuilds if rebuilds is None else rebuilds,
