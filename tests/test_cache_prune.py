@@ -6,6 +6,7 @@ frozen mid-way (tests/fakebase.py's FAKEBASE_STALL) keeps its cache whole until 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 
 import fakebase as fb
 from servimg.core import cachehold, cachelayout, cachestate
+from servimg.core.digest import Digest
 
 DAY = 86400.0
 
@@ -112,7 +114,10 @@ def test_status_command_lists_sections_and_json(cache: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "blobs" in proc.stdout and "rootfs" in proc.stdout and "OK: cache" in proc.stdout
     doc = _last_json(_cli("cache", "status", "--cache", str(cache), "--json").stdout)
-    assert doc["size_bytes"] == 12002 and doc["max_size_bytes"] is None and doc["held_by"] == []
+    assert doc["size_bytes"] == 12002 and doc["held_by"] == []
+    assert doc["max_size_bytes"] == cachelayout.DEFAULT_MAX_SIZE, "bounded by default (README, Cache)"
+    unbounded = _cli("cache", "status", "--cache", str(cache), "--json", SERVIMG_CACHE_MAX_SIZE="none")
+    assert _last_json(unbounded.stdout)["max_size_bytes"] is None
     capped = _last_json(
         _cli("cache", "status", "--cache", str(cache), "--json", SERVIMG_CACHE_MAX_SIZE="1M").stdout
     )
@@ -143,7 +148,9 @@ def test_prune_command_dry_run_all_and_errors(cache: Path) -> None:
     dry = _cli("cache", "prune", "--cache", str(cache), "--all", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     assert len(_last_json(dry.stdout)["removed"]) == 7 and cachestate.usage(cache).size == 12002  # type: ignore[arg-type]
-    missing = _cli("cache", "prune", "--cache", str(cache))
+    within = _cli("cache", "prune", "--cache", str(cache), "--json")  # to the default bound: it fits
+    assert within.returncode == 0 and _last_json(within.stdout)["removed"] == []
+    missing = _cli("cache", "prune", "--cache", str(cache), SERVIMG_CACHE_MAX_SIZE="none")
     assert missing.returncode == 1 and "--max-size" in missing.stdout + missing.stderr
     both = _cli("cache", "prune", "--cache", str(cache), "--all", "--max-size", "1G")
     assert both.returncode == 1 and "contradict" in both.stdout + both.stderr
@@ -308,3 +315,49 @@ def test_only_the_cache_layout_names_where_a_section_lies() -> None:
         if spelled.search(line)
     ]
     assert offenders == []
+
+
+def test_status_says_what_each_base_costs(tmp_path: Path) -> None:
+    """A base is an image whose layer chain has a warm root: its cost is its layers plus that root."""
+    from servimg.oci.cachedbases import cached_bases
+    from servimg.oci.fsindex import chain_key
+
+    root = tmp_path / "cache"
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return digest
+
+    layer = put(b"x" * 3000)
+    diff_id = "sha256:" + "d" * 64
+    config = put(
+        json.dumps(
+            {
+                "config": {"Labels": {"org.opencontainers.image.title": "a base"}},
+                "rootfs": {"diff_ids": [diff_id]},
+            }
+        ).encode()
+    )
+    manifest = put(
+        json.dumps(
+            {
+                "config": {"digest": f"sha256:{config}"},
+                "layers": [{"digest": f"sha256:{layer}", "size": 3000}],
+            }
+        ).encode()
+    )
+    warm = root / "rootfs" / "v1" / chain_key([Digest.parse(diff_id)]).hex
+    (warm / "usr").mkdir(parents=True)
+    (warm / "usr" / "f").write_bytes(b"y" * 5000)
+    (base,) = cached_bases(root)
+    assert (str(base.manifest), base.title, base.layers, base.warm_root) == (
+        f"sha256:{manifest}",
+        "a base",
+        3000,
+        5000,
+    )
+    shown = _cli("cache", "status", "--cache", str(root))
+    assert "what each base costs" in shown.stdout and f"sha256:{manifest}  a base" in shown.stdout

@@ -11,6 +11,7 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.core import cachehold, cachelayout, cachestate
 from servimg.core.errors import StoreError, UsageError
+from servimg.oci.cachedbases import cached_bases
 
 
 def cache_verify(p: params.CacheVerify, ctx: Context) -> Iterator[Outcome]:
@@ -50,20 +51,27 @@ def cache_status(p: params.CacheStatus, ctx: Context) -> Iterator[Outcome]:
         root = ctx.store.root
         usage = cachestate.usage(root)
         running = cachehold.holders(root)
-        cap = _env_cap()
+        cap, source = _env_cap()
         rows = [
             f"  {s.name:<13}{s.entries:>7} {cachelayout.format_size(s.size):>11}  {s.what}"
             for s in usage.sections
         ]
         held = [f"  pid {h.pid}: {h.command}" for h in running]
+        bases = cached_bases(root)
+        per_base = [
+            f"  {cachelayout.format_size(b.total):>11} = {cachelayout.format_size(b.layers):>11} layers"
+            f" + {cachelayout.format_size(b.warm_root):>11} warm root  {b.manifest}  {b.title}".rstrip()
+            for b in bases
+        ]
         document = "\n".join(
             [f"{root}", f"  {'section':<13}{'entries':>7} {'size':>11}", *rows]
+            + (["what each base costs (its layers + its extracted warm root):", *per_base] if bases else [])
             + (["running commands holding it:", *held] if held else [])
         )
         fields: dict[str, object] = {
             "size": cachelayout.format_size(usage.size),
             "entries": usage.entries,
-            "max_size": cachelayout.format_size(cap) if cap is not None else "none",
+            "max_size": f"{cachelayout.format_size(cap) if cap is not None else 'none'} ({source})",
             "held_by": len(running),
         }
         as_json = {
@@ -72,6 +80,7 @@ def cache_status(p: params.CacheStatus, ctx: Context) -> Iterator[Outcome]:
             "entries": usage.entries,
             "max_size_bytes": cap,
             "sections": {s.name: {"entries": s.entries, "size_bytes": s.size} for s in usage.sections},
+            "bases": [b.as_dict() for b in bases],
             "held_by": [{"pid": h.pid, "command": h.command} for h in running],
         }
         return Outcome("cache", fields, as_json, document=document + "\n")
@@ -111,20 +120,18 @@ def cache_prune(p: params.CachePrune, ctx: Context) -> Iterator[Outcome]:
     yield attempt("cache", run)
 
 
-def _env_cap() -> int | None:
-    text = os.environ.get(cachelayout.MAX_SIZE_ENV, "").strip()
-    if not text:
-        return None
+def _env_cap() -> tuple[int | None, str]:
     try:
-        return cachelayout.parse_size(text)
+        return cachelayout.max_size(os.environ)
     except ValueError as exc:
         raise UsageError(
-            f"{cachelayout.MAX_SIZE_ENV}: {exc}", hint="unset it or give a size such as 20G"
+            f"{cachelayout.MAX_SIZE_ENV}: {exc}", hint="unset it, give a size such as 20G, or none"
         ) from None
 
 
 def _cap(p: params.CachePrune) -> int:
-    """The size to prune to: 0 for --all, else --max-size, else SERVIMG_CACHE_MAX_SIZE."""
+    """The size to prune to: 0 for --all, else --max-size, else the cache's bound (SERVIMG_CACHE_MAX_SIZE,
+    else the default)."""
     if p.everything:
         if p.max_size is not None:
             raise UsageError("--all and --max-size contradict each other", hint="give one of them")
@@ -134,10 +141,11 @@ def _cap(p: params.CachePrune) -> int:
             return cachelayout.parse_size(p.max_size)
         except ValueError as exc:
             raise UsageError(f"--max-size: {exc}", hint="e.g. `servimg cache prune --max-size 20G`") from None
-    cap = _env_cap()
+    cap, _ = _env_cap()
     if cap is None:
         raise UsageError(
-            "prune to what size? neither --max-size, --all nor SERVIMG_CACHE_MAX_SIZE says",
+            f"prune to what size? {cachelayout.MAX_SIZE_ENV}=none lifts the bound and no --max-size or "
+            "--all was given",
             hint="`servimg cache prune --max-size 20G` keeps the 20 GiB used most recently; "
             "`--all` empties it; `servimg cache status` shows what it holds",
         )

@@ -45,13 +45,12 @@ def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
 
 
 def _keep_to_cap(root: Path, log: Log) -> None:
-    """With SERVIMG_CACHE_MAX_SIZE set: prune the cache to it (least recently used first) once this
-    command has let go, unless another command still holds it (the last one to end prunes)."""
-    text = os.environ.get(cachelayout.MAX_SIZE_ENV, "").strip()
-    if not text:
-        return
+    """Prune the cache to its bound (SERVIMG_CACHE_MAX_SIZE, else the default; least recently used first)
+    once this command has let go, unless another command still holds it (the last one to end prunes)."""
     try:
-        cap = cachelayout.parse_size(text)
+        cap, source = cachelayout.max_size(os.environ)
+        if cap is None:
+            return
         with cachehold.exclusive(root):
             pruned = cachestate.prune(root, cap)
     except ValueError as exc:
@@ -62,7 +61,8 @@ def _keep_to_cap(root: Path, log: Log) -> None:
     if pruned.removed:
         log(
             f"cache: removed {len(pruned.removed)} least recently used entries "
-            f"({cachelayout.format_size(pruned.freed)}) to stay under {text} ({cachelayout.MAX_SIZE_ENV})"
+            f"({cachelayout.format_size(pruned.freed)}) to stay under {cachelayout.format_size(cap)} "
+            f"({source})"
         )
 
 

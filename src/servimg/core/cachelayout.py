@@ -9,6 +9,7 @@ no section names (a file of a newer servimg, a user's own file) is never touched
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +109,25 @@ class CacheLayout:
 
 
 # SERVIMG_CACHE_MAX_SIZE: after each command, the cache is pruned (least recently used first) to this
-# size when no other command holds it. Same syntax as `servimg cache prune --max-size`.
+# size when no other command holds it. Same syntax as `servimg cache prune --max-size`; `none` lifts the
+# bound. Unset: DEFAULT_MAX_SIZE. Why 30 GiB: a whole CI run leaves 12 GiB (the demo base's blobs and
+# its warm root, 5 GiB each; the test bases, wheels and packages), and a second serving base of the same
+# size fits beside it; a third, older one is what least-recently-used pruning removes (README, "Cache").
 MAX_SIZE_ENV = "SERVIMG_CACHE_MAX_SIZE"
+DEFAULT_MAX_SIZE = 30 << 30
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def max_size(environ: Mapping[str, str]) -> tuple[int | None, str]:
+    """The cache's bound and where it comes from: SERVIMG_CACHE_MAX_SIZE (a size, or `none`: unbounded),
+    else DEFAULT_MAX_SIZE. ValueError when the variable is not a size."""
+    text = environ.get(MAX_SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_SIZE, f"the default; {MAX_SIZE_ENV} changes it"
+    if text.lower() == "none":
+        return None, f"{MAX_SIZE_ENV}=none"
+    return parse_size(text), f"{MAX_SIZE_ENV}={text}"
 
 
 def parse_size(text: str) -> int:
