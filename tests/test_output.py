@@ -116,3 +116,25 @@ def test_every_command_run_here_prints_no_python_repr(
         lines = [line for line in text.splitlines() if line.strip()]
         repeated = {line for line in lines if lines.count(line) > 1 and line.startswith("…")}
         assert not repeated, (command, repeated)
+
+
+def test_a_drifted_definition_names_the_fields_that_moved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The drift message names the definition's fields that moved (the definition as locked is
+    remembered in the cache by its sha256), not only `definition_sha256`; without it, where to look."""
+    cache = str(tmp_path / "cache")
+    base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members())])
+    definition = fb.make_repo(tmp_path / "repo", base)
+    assert fb.main(["lock", str(definition), "--cache", cache, "--quiet"]) == 0
+    text = definition.read_text()
+    definition.write_text(text.replace("tag: '{name}-{lock12}'", "tag: 'moved-{lock12}'"))
+    target = f"oci:{tmp_path / 'out'}"
+    capsys.readouterr()
+    assert fb.main(["build", str(definition), "--to", target, "--cache", cache]) == 1
+    printed = capsys.readouterr().out
+    assert "drifted from the lock" in printed and "definition.tag: locked" in printed, printed
+    assert '"{name}-{lock12}", now "moved-{lock12}"' in printed, printed
+    assert fb.main(["build", str(definition), "--to", target, "--cache", str(tmp_path / "other")]) == 1
+    elsewhere = capsys.readouterr().out
+    assert "the definition as locked is not in this cache" in elsewhere and "git diff" in elsewhere, elsewhere

@@ -41,6 +41,7 @@ from servimg.definitions.definition import (
     repo_root_for,
 )
 from servimg.definitions.lock import lock_path_for
+from servimg.definitions.remembered import remember
 from servimg.oci.store import BlobStore
 from servimg.patching.bytecode import CompileJob, InterpreterFacts
 from servimg.proof.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
@@ -172,6 +173,7 @@ def save(
         if description is not None:
             locked, _ = lock(definition, Context(store, log, seams=seams))
             lock_digest = locked.digest
+            remember(store.root, ImageDefinition.load(definition))
     except BaseException:
         atomic_write(definition, original, 0o644)  # nothing half-done: the definition as it was
         patch_path.unlink(missing_ok=True)
@@ -267,6 +269,7 @@ def drop(definition_path: Path, overlay_id: str, ctx: Context) -> Dropped:
     patch = None if still_named else repo / dropped.patch
     if patch is not None:
         patch.unlink(missing_ok=True)
+    remember(ctx.store.root, new)
     return Dropped(overlay_id, patch, locked.digest, tuple(o.id for o in new.overlays))
 
 

@@ -10,6 +10,7 @@ build, a lock of the wrong shape.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from servimg.definitions import naming
 from servimg.definitions.definition import ImageDefinition, repo_root_for
 from servimg.definitions.lock import LOCK_VERSION, Lock, lock_path_for
 from servimg.definitions.platformlock import PlatformLocks, load_any
+from servimg.definitions.remembered import recall
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class BuildPlan:
     runner: str = "auto"
     verify: bool = True
     engine_platform: Platform | None = None  # which child of an index the Docker Engine gets
+    # The definition as it was locked, when remembered (definitions.remembered): a drift then names the
+    # definition's fields that moved, not only its sha256.
+    locked_definition: Mapping[str, object] | None = None
 
     @property
     def platforms(self) -> tuple[Platform, ...]:
@@ -62,8 +67,10 @@ class BuildPlan:
         platform: str | None = None,
         verify: bool = True,
         definition: ImageDefinition | None = None,
+        cache_root: Path | None = None,
     ) -> BuildPlan:
-        """The plan for building `definition_path` as locked (`definition`: the caller's read of it)."""
+        """The plan for building `definition_path` as locked (`definition`: the caller's read of it;
+        `cache_root`: where the definition as locked may be remembered)."""
         definition = definition or ImageDefinition.load(definition_path)
         definition.refuse_placeholders(str(definition_path))
         lock = _lock_of(definition, definition_path)
@@ -88,6 +95,7 @@ class BuildPlan:
             runner,
             verify,
             engine_platform,
+            recall(cache_root, lock.definition_sha256) if cache_root is not None else None,
         )
 
 

@@ -12,15 +12,19 @@ from servimg.build.plan import BuildPlan
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
+from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import lock_path_for
 from servimg.definitions.platformlock import PlatformLocks
+from servimg.definitions.remembered import remember
 
 
 def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
     for path in p.definitions:
 
         def run(path: Path = path) -> Outcome:
-            locked, changed = pipeline.lock(path, ctx, p.runner)
+            definition = ImageDefinition.load(path)
+            locked, changed = pipeline.lock(path, ctx, p.runner, definition=definition)
+            remember(ctx.store.root, definition)  # so a later drift names the fields that moved
             fields: dict[str, object] = {
                 "lock": str(lock_path_for(path)),
                 "lock_digest": str(locked.digest),
@@ -42,7 +46,9 @@ def build(p: params.Build, ctx: Context) -> Iterator[Outcome]:
 def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
     """Build it, every step in this run: one image, or for a definition with `base.platforms` one image
     per platform and an index over them."""
-    plan = BuildPlan.make(path, to=p.to, tag=p.tag, runner=p.runner, platform=p.platform)
+    plan = BuildPlan.make(
+        path, to=p.to, tag=p.tag, runner=p.runner, platform=p.platform, cache_root=ctx.store.root
+    )
     built = pipeline.build(plan, ctx).as_dict()
     return Outcome(str(path), {**built, **_described(built)}, json=built)
 

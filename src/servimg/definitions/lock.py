@@ -268,13 +268,43 @@ def drift(
     return []
 
 
+def definition_fields(
+    problems: list[str],
+    definitions: tuple[Mapping[str, object] | None, Mapping[str, object]] | None,
+    definition_path: Path,
+) -> list[str]:
+    """`definition_sha256` moved: the definition's fields that moved (from the definition as locked,
+    remembered in the cache by its sha256), or, without it, where to look."""
+    moved = [p for p in problems if p.split(":")[0].endswith("definition_sha256")]
+    if not moved or definitions is None:
+        return problems
+    rest = [p for p in problems if p not in moved]
+    before, now = definitions
+    if before is None:
+        note = (
+            f"{moved[0]} (the definition as locked is not in this cache: `git diff {definition_path}` "
+            "shows what moved)"
+        )
+        return [note, *rest]
+    return [*(f"definition.{line}" for line in drift(dict(before), dict(now))), *rest]
+
+
 def _short(value: object) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def check_drift(locked: Lock, actual: Lock, definition_path: Path) -> None:
+def check_drift(
+    locked: Lock,
+    actual: Lock,
+    definition_path: Path,
+    definitions: tuple[Mapping[str, object] | None, Mapping[str, object]] | None = None,
+) -> None:
+    """Refuse a lock that no longer matches its inputs, naming every field that moved; `definitions`
+    (the definition as locked, when remembered, and as it is now) names the definition's own fields
+    instead of its sha256."""
     problems = [p for p in drift(locked.to_json(), actual.to_json()) if not p.startswith("tool.")]
+    problems = definition_fields(problems, definitions, definition_path)
     if problems:
         raise LockError(
             f"inputs drifted from the lock ({len(problems)} field(s))",

@@ -23,6 +23,7 @@ from servimg.definitions.lock import (
     LOCK_VERSION,
     Lock,
     PackageLock,
+    definition_fields,
     drift,
     lock_to_definition,
     read_lock_json,
@@ -131,8 +132,14 @@ def load_any(path: Path) -> Lock | PlatformLocks:
     return Lock.from_json(data, str(path))
 
 
-def check_drift(locked: PlatformLocks, actual: PlatformLocks, definition_path: Path) -> None:
-    """Every field that moved on any platform, each problem prefixed with its platform."""
+def check_drift(
+    locked: PlatformLocks,
+    actual: PlatformLocks,
+    definition_path: Path,
+    definitions: tuple[Mapping[str, object] | None, Mapping[str, object]] | None = None,
+) -> None:
+    """Every field that moved on any platform, each problem prefixed with its platform (the definition's
+    own fields when `definitions` has the definition as locked: lock.check_drift)."""
     problems = [
         p
         for p in drift(
@@ -141,6 +148,7 @@ def check_drift(locked: PlatformLocks, actual: PlatformLocks, definition_path: P
         )
         if not p.split(".", 2)[-1].startswith("tool.")
     ]
+    problems = definition_fields(problems, definitions, definition_path)
     if problems:
         moved = sorted({p.split(".")[1] for p in problems if p.startswith("platforms.")})
         raise LockError(

@@ -486,7 +486,7 @@ def build_and_push(
     for several platforms every child so, then the index with its own)."""
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
-    plan = BuildPlan.make(definition_path, to=to, tag=tag, runner=runner)
+    plan = BuildPlan.make(definition_path, to=to, tag=tag, runner=runner, cache_root=ctx.store.root)
     if plan.multi_platform and gpg is not None:
         raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
     command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
