@@ -221,6 +221,12 @@ COMMANDS: tuple[Command, ...] = (
         Bound(flags.check, "servimg.commands.provenance:check_ref"),
     ),
     Command(
+        ("fixes",),
+        "which fixes this image carries, and the signed evidence that proves each (or what it lacks)",
+        flags.fixes_flags,
+        Bound(flags.fixes, "servimg.commands.provenance:fixes"),
+    ),
+    Command(
         ("promote",),
         "move a promotion tag only if the policy passes; attach a VSA",
         flags.promote_flags,

@@ -122,6 +122,7 @@ class OverlayVerdict:
     sentinels: Mapping[str, bool] = field(default_factory=dict)  # discriminating sentinel → in new base
     reverse_applies: bool = False
     dropped: bool = False
+    fixes_in_base: tuple[str, ...] = ()  # ABSORBED: what the overlay fixed, now in the base itself
 
     @property
     def carried(self) -> bool:
@@ -148,6 +149,7 @@ class OverlayVerdict:
             "sentinels": dict(sorted(self.sentinels.items())),
             "reverse_applies": self.reverse_applies,
             "dropped": self.dropped,
+            **({"fixes_in_base": list(self.fixes_in_base)} if self.fixes_in_base else {}),
         }
 
     def report(self) -> str:
@@ -332,7 +334,10 @@ def judge(
         )
     if evidence:
         evidence += [f"it backported {', '.join(spec.upstream)}"] if spec.upstream else []
-        return OverlayVerdict(spec.id, Verdict.ABSORBED, tuple(evidence), hunks, present, reverse)
+        evidence += [f"its fixes are now in the base: {', '.join(spec.fixes)}"] if spec.fixes else []
+        return OverlayVerdict(
+            spec.id, Verdict.ABSORBED, tuple(evidence), hunks, present, reverse, fixes_in_base=spec.fixes
+        )
     partial = [k for k, has in sorted(present.items()) if has]
     note = [f"already in the new base (not every sentinel is): {', '.join(partial)}"] if partial else []
     if forward:

@@ -375,7 +375,8 @@ def _apply_one(
                 modes[path],
             )
         )
-    return OverlayLock(spec.id, spec.package, spec.patch, actual, tuple(sorted(files, key=lambda f: f.path)))
+    files_locked = tuple(sorted(files, key=lambda f: f.path))
+    return OverlayLock(spec.id, spec.package, spec.patch, actual, files_locked, fixes=spec.fixes)
 
 
 # -- lock -----------------------------------------------------------------------------------------

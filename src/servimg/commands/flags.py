@@ -390,6 +390,13 @@ def policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unsigned", action="store_true", help="unsigned mode: accept, but report, it")
     p.add_argument("--deep", action="store_true", help="also pull the image and re-run the probe in it")
     p.add_argument("--lock", type=Path, default=None, help="the image must be built from exactly this lock")
+    p.add_argument(
+        "--require-fix",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a fix the evidence must prove: OWNER/REPO#N, CVE-…, GHSA-… (repeatable)",
+    )
     p.add_argument("--rebuilds", type=int, default=None, metavar="N", help="matching rebuild attestations")
     p.add_argument(
         "--tag-binding", choices=["warn", "require"], default=None, help="a tag not bound to a lock"
@@ -406,6 +413,16 @@ def check_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attach", action="store_true", help="with --rebuild: attach the signed result (--key)")
     p.add_argument("--rebuilder-id", default=None, help="with --attach: who rebuilt")
     platform_flag(p, "one platform of a multi-platform index (default: every one, and the index)")
+
+
+def fixes_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help=REF_HELP)
+    lookup_flags(p)
+    p.add_argument("--policy", type=Path, default=None, help="policy file (its keys and predicate types)")
+
+
+def fixes(a: argparse.Namespace) -> params.Fixes:
+    return params.Fixes(a.ref, a.policy, lookup(a))
 
 
 def promote_flags(p: argparse.ArgumentParser) -> None:
@@ -452,6 +469,7 @@ def policy(a: argparse.Namespace) -> params.PolicyFlags:
         a.rebuilds,
         a.tag_binding,
         a.lock,
+        tuple(a.require_fix),
     )
 
 

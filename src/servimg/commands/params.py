@@ -220,6 +220,7 @@ class PolicyFlags:
     rebuilds: int | None = None  # independent rebuild attestations required
     tag_binding: str | None = None  # warn | require
     lock: Path | None = None  # the repository lock the image must be built from
+    fixes: tuple[str, ...] = ()  # fixes the trusted evidence must prove (core.fixid)
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,13 @@ class Check:
     lookup: Lookup = Lookup()
     rebuild: RebuildFlags | None = None
     platform: str | None = None  # one platform of an index (default: every one, and the index)
+
+
+@dataclass(frozen=True)
+class Fixes:
+    ref: str
+    policy: Path | None = None  # a policy file: its keys and accepted predicate types
+    lookup: Lookup = Lookup()
 
 
 @dataclass(frozen=True)

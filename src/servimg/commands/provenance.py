@@ -13,13 +13,24 @@ from servimg.commands.outcome import Outcome, attempt, tally
 from servimg.commands.platformref import index_of, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core.errors import ServimgError, UsageError
+from servimg.core.findings import Findings
 from servimg.core.platform import Platform
 from servimg.oci import treediff
 from servimg.proof.verify import VerifyReport
 from servimg.provenance import attach, card, indexcheck, keys
-from servimg.provenance.check import CheckFailed, Policy, Rebuild, check, predicate_type
+from servimg.provenance import fixes as fixproof
+from servimg.provenance.check import (
+    CheckFailed,
+    Policy,
+    Rebuild,
+    accepted,
+    check,
+    gather,
+    not_counted,
+    predicate_type,
+)
 from servimg.provenance.dsse import Signer
-from servimg.provenance.evidence import Evidence, collect, locate
+from servimg.provenance.evidence import CheckError, Evidence, collect, locate
 
 
 def policy_of(flags: params.PolicyFlags, trusted: Sequence[Path]) -> Policy:
@@ -34,6 +45,7 @@ def policy_of(flags: params.PolicyFlags, trusted: Sequence[Path]) -> Policy:
         rebuilds=flags.rebuilds,
         tag_binding=flags.tag_binding,
         lock=flags.lock,
+        fixes=flags.fixes,
     )
 
 
@@ -214,3 +226,49 @@ def diff(p: params.Diff, ctx: Context) -> Iterator[Outcome]:
         return Outcome(target, brief, result.as_dict(), document=result.text())
 
     yield attempt(target, files if p.files else provenance)
+
+
+class FixesReport(Findings):
+    """One row per fix the image carries: proven by this digest's trusted evidence, or what it lacks."""
+
+    def title(self) -> str:
+        return "fixes"
+
+
+def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
+    """`servimg fixes REF`: every fix the image's lock says its overlays carry, and the evidence for each
+    from this digest's signed attestations (servimg.provenance.fixes); FAIL when one is not proven."""
+
+    def run() -> Outcome:
+        policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
+        located = locate(p.ref, ctx.store, ctx.log, repo=p.lookup.repo, remote=p.lookup.remote)
+        evidence = gather(located, ctx.store, ctx.log, policy)
+        if evidence.facts is None:
+            raise CheckError(
+                f"{p.ref} carries no lock of its own: {evidence.facts_problem}",
+                hint="only an image built by `servimg build` says which fixes it carries",
+            )
+        asked = fixproof.carried(evidence)
+        proofs = fixproof.prove(evidence, accepted(policy, evidence), asked, not_counted(policy, evidence))
+        report = FixesReport(tuple(proof.finding() for proof in proofs))
+        proven = sum(proof.holds for proof in proofs)
+        fields: dict[str, object] = {
+            "digest": str(located.digest),
+            "fixes": f"{proven} of {len(proofs)} proven"
+            if proofs
+            else "none declared (no overlay says what it fixes)",
+        }
+        as_json = {**fields, "fixes": [proof.as_dict() for proof in proofs]}
+        unproven = [proof.fix for proof in proofs if not proof.holds]
+        error = (
+            CheckError(
+                f"{len(unproven)} fix(es) not proven by this digest's trusted evidence: "
+                + ", ".join(unproven),
+                hint="each FAIL row says what the proof lacks; pass the signer's key with --key",
+            )
+            if unproven
+            else None
+        )
+        return Outcome(p.ref, fields, as_json, report if proofs else None, error=error)
+
+    yield attempt(p.ref, run)

@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 
 from servimg.backends.target import Target
-from servimg.core import canonical
+from servimg.core import canonical, fixid
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ServimgError
@@ -145,6 +145,9 @@ class OverlaySpec:
     sentinels: tuple[Sentinel, ...] = ()
     forbidden: tuple[Forbidden, ...] = ()
     strip: int = 1
+    # What it fixes (core.fixid): left out of the canonical form when empty, so a definition without
+    # `fixes:` keeps its bytes and its sha256 (and every lock of it stays valid).
+    fixes: tuple[str, ...] = dataclasses.field(default=(), metadata={"omit_default": True})
 
 
 @dataclass(frozen=True, kw_only=True)  # keyword-only: the fields keep the order a definition is written in
@@ -406,6 +409,13 @@ def _sentinel(value: object, path: str, problems: list[str]) -> Sentinel:
     return sentinel
 
 
+def _fix_id(value: object, path: str, problems: list[str]) -> str:
+    got = _string(value, path, problems)
+    if fixid.kind(got) is None:
+        raise Invalid(f"{got!r} is not a fix id: use {fixid.ACCEPTED}")
+    return got
+
+
 _forbidden = record(Forbidden, {"module": _module, "qualname": _qualname, "name": _string}, unknown=_UNKNOWN)
 _overlay = record(
     OverlaySpec,
@@ -419,6 +429,7 @@ _overlay = record(
         "sentinels": items(_sentinel),
         "forbidden": items(_forbidden),
         "strip": integer(ge=0, le=8),
+        "fixes": items(_fix_id),
     },
     unknown=_UNKNOWN,
 )

@@ -70,6 +70,9 @@ class OverlayLock:
     patch_sha256: str
     files: tuple[FileLock, ...]
     sentinels_absent_in_base: tuple[str, ...] = ()
+    # The definition's `fixes:` (core.fixid), carried into the image's lock and the provenance; left out
+    # when empty so that every existing lock keeps its bytes.
+    fixes: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ _overlay = fields.record(
         **_strings("id", "package", "patch", "patch_sha256"),
         "files": fields.items(_file),
         "sentinels_absent_in_base": fields.items(_string),
+        "fixes": fields.items(_string),
     },
     unknown=_UNKNOWN,
 )

@@ -22,7 +22,7 @@ from servimg.core.progress import Log
 from servimg.definitions.lock import Lock
 from servimg.oci.image import Layer
 from servimg.oci.store import BlobStore
-from servimg.provenance import attest, binding, sbom
+from servimg.provenance import attest, binding, fixes, sbom
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.cosignread import CosignSignature
@@ -247,6 +247,8 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
         verified = [s for _, s in tests if provenance.is_verify_result(s.predicate)]
         rows.append(_verify_row(ev, verified, why_not.get("test-result", "")))
     rows += _ladder_rows(policy, tests, why_not.get("test-result", ""))
+    if policy.fixes:
+        rows += [p.finding() for p in fixes.prove(ev, good, policy.fixes, why_not)]
     if "vsa" in policy.require:
         vsas = [s for _, s in good if s.predicate_type == attest.VSA_V1]
         passed = [s for s in vsas if s.predicate.get("verificationResult") == "PASSED"]
@@ -347,6 +349,11 @@ def _image_rows(ev: Evidence) -> list[Finding]:
             )
         )
     return rows
+
+
+def not_counted(policy: Policy, evidence: Evidence) -> dict[str, str]:
+    """Per attestation kind, why what was found of it did not count (`servimg fixes` says so too)."""
+    return _not_counted(_judged(policy, evidence))
 
 
 def _not_counted(judged: Sequence[tuple[Found, list[Finding], bool]]) -> dict[str, str]:

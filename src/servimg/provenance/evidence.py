@@ -46,7 +46,12 @@ class CheckError(ServimgError):
 # ------------------------------------------------------------------------------------------------ rows
 
 # A row's code names the requirement it judges; the subject (`what`) may add which one.
-_CODE_PREFIXES = {"attestation ": "ATTESTATION", "ladder ": "LADDER", "requires ": "REQUIRES"}
+_CODE_PREFIXES = {
+    "attestation ": "ATTESTATION",
+    "ladder ": "LADDER",
+    "requires ": "REQUIRES",
+    "fix ": "FIX",
+}
 
 
 def row(what: str, verdict: Status, why: str) -> Finding:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from servimg.core import fields
+from servimg.core import fields, fixid
 from servimg.core.errors import ServimgError
 from servimg.core.strictyaml import StrictLoader
 from servimg.provenance import attest
@@ -61,6 +61,17 @@ VERDICTS = ("PASS", "FAIL", "NOT_EXERCISED")
 BUILDERS_BY_DEFAULT = "servimg's default: no builder was named (--builder, or builders: in a policy)"
 
 
+def _fix_ids(given: Sequence[str]) -> list[str]:
+    """`--require-fix` values, every malformed one refused at once (core.fixid)."""
+    bad = [f for f in given if fixid.kind(f) is None]
+    if bad:
+        raise PolicyError(
+            f"--require-fix: {', '.join(repr(b) for b in bad)} is not a fix id",
+            hint=f"use {fixid.ACCEPTED}",
+        )
+    return list(given)
+
+
 @dataclass(frozen=True)
 class _PolicyFile:
     """The file as written (servimg.core.fields readers: every problem with its YAML path)."""
@@ -76,6 +87,7 @@ class _PolicyFile:
     rebuilds: int = 0
     tag_binding: str = "warn"
     lock: str | None = None
+    require_fixes: tuple[str, ...] = ()
 
 
 _STRINGS = fields.items(fields.text())
@@ -102,6 +114,7 @@ _READ_FILE = fields.record(
         "rebuilds": fields.integer(ge=0),
         "tag_binding": fields.choice(*TAG_BINDINGS),
         "lock": fields.optional(fields.text()),
+        "require_fixes": fields.items(fields.text()),
     },
     unknown=UNKNOWN_KEY,
 )
@@ -135,6 +148,8 @@ class Policy:
     # Who chose `builders` (said by check's builder row): nobody (servimg's placeholder), a policy file, or
     # --builder. Not part of the policy's JSON: it says where the trust came from, not what it is.
     builders_from: str = BUILDERS_BY_DEFAULT
+    # Fixes this digest's trusted evidence must prove (core.fixid; `require_fixes:`, `--require-fix`).
+    fixes: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> Policy:
@@ -184,6 +199,11 @@ class Policy:
                     typed[predicate_type(name)] = tuple(here / k for k in files)
         else:
             shared = tuple(here / k for k in parsed.keys)
+        problems += [
+            f"require_fixes: {f!r} is not a fix id: use {fixid.ACCEPTED}"
+            for f in parsed.require_fixes
+            if fixid.kind(f) is None
+        ]
         if parsed.allow_unsigned and parsed.unsigned == "forbid":
             problems.append("unsigned: forbid contradicts allow_unsigned: true (choose one)")
         if problems:
@@ -210,6 +230,7 @@ class Policy:
             rebuilds=parsed.rebuilds,
             tag_binding=parsed.tag_binding,
             lock=here / parsed.lock if parsed.lock is not None else None,
+            fixes=parsed.require_fixes,
         )
 
     def merged(
@@ -223,6 +244,7 @@ class Policy:
         rebuilds: int | None = None,
         tag_binding: str | None = None,
         lock: Path | None = None,
+        fixes: Sequence[str] = (),
     ) -> Policy:
         """Command-line flags on top: ladders and keys add, builders replace, unsigned only loosens; a
         rebuild count, a tag binding mode or a lock file given on the command line replaces the file's."""
@@ -237,6 +259,7 @@ class Policy:
             rebuilds=self.rebuilds if rebuilds is None else rebuilds,
             tag_binding=tag_binding or self.tag_binding,
             lock=lock or self.lock,
+            fixes=tuple(dict.fromkeys([*self.fixes, *_fix_ids(fixes)])),
         )
 
     def all_keys(self) -> tuple[Path, ...]:
@@ -267,6 +290,7 @@ class Policy:
             "unsigned": self.unsigned,
             "rebuilds": self.rebuilds,
             "tag_binding": self.tag_binding,
+            **({"require_fixes": list(self.fixes)} if self.fixes else {}),
             "lock": str(self.lock) if self.lock is not None else None,
             "uri": self.uri,
         }

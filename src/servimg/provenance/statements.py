@@ -296,6 +296,7 @@ def resolved_dependencies(facts: ImageFacts) -> list[dict[str, object]]:
                     package=overlay.package,
                     upstream=list(spec.get("upstream") or []),
                     files=[f.path for f in overlay.files],
+                    fixes=list(overlay.fixes) or None,
                 ),
             )
         )
@@ -436,6 +437,9 @@ class LadderReceipt:
     image_digests: tuple[str, ...]
     arms: tuple[tuple[str, str], ...]
     finished: str | None
+    # `module:name` of every sentinel a serving process of an arm executed (the witness's records), so that
+    # `servimg fixes` can say a fix ran where it serves, from the signed test-result alone.
+    witnessed: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, data: bytes) -> LadderReceipt:
@@ -482,7 +486,22 @@ class LadderReceipt:
             tuple(_receipt_digests(doc)),
             tuple(arms),
             finished if isinstance(finished, str) else None,
+            tuple(_witnessed(raw_arms)),
         )
+
+
+def _witnessed(arms: object) -> list[str]:
+    """Every `module:sentinel` the arms' serving processes were seen running (witness records)."""
+    seen: set[str] = set()
+    for arm in arms if isinstance(arms, list) else []:
+        witness = arm.get("witness") if isinstance(arm, dict) else None
+        records = witness.get("records") if isinstance(witness, dict) else None
+        for record in records if isinstance(records, list) else []:
+            module = record.get("module") if isinstance(record, dict) else None
+            ran = record.get("sentinels_ran") if isinstance(record, dict) else None
+            if isinstance(module, str) and isinstance(ran, list):
+                seen.update(f"{module}:{name}" for name in ran if isinstance(name, str))
+    return sorted(seen)
 
 
 def _receipt_digests(doc: Mapping[str, object]) -> list[str]:
@@ -515,7 +534,11 @@ def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -
     # A receipt that says PASS over a failing or unexercised arm is inconsistent: fail closed.
     result = "PASSED" if receipt.verdict == "PASS" and not lists["FAIL"] else "FAILED"
     annotations = _role(
-        ROLE_LADDER, ladder=receipt.name, verdict=receipt.verdict, finished_at=receipt.finished
+        ROLE_LADDER,
+        ladder=receipt.name,
+        verdict=receipt.verdict,
+        finished_at=receipt.finished,
+        witnessed=list(receipt.witnessed) or None,
     )
     configuration = [
         attest.resource(
