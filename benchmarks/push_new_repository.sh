@@ -2,7 +2,7 @@
 # The user's case (issue 40): push an image whose base the registry already holds, to a new repository.
 cd "$(dirname "$0")/.."
 BEFORE=${BEFORE:?set BEFORE to a checkout of the code to compare (its src/ is used)}
-IMG=docker-daemon:servimg/vllm:demo-0.32.0-2fe23edb91b3
+IMG=${IMG:?set IMG to an image to push, e.g. docker-daemon:servimg/vllm:TAG of the main job}
 for side in before after before after; do
   repo=127.0.0.1:5000/measure/$side-$RANDOM
   if [ $side = before ]; then py="env PYTHONPATH=$BEFORE/src .venv/bin/python"; else py=".venv/bin/python"; fi

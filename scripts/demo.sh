@@ -71,11 +71,14 @@ if [ "$pulled" != "$config" ]; then
 fi
 echo "OK: pulled $REPO:$tag as $pulled"
 
-step 8 "check the pulled tag: signatures, provenance, lock, verify result, ladders cpu-smoke and cpu-hybrid PASS on this digest"
-policy=(--require-ladder cpu-smoke --require-ladder cpu-hybrid --builder "$BUILDER")
+step 8 "check the pulled tag: signatures, provenance, lock, verify result, ladders cpu-smoke and cpu-hybrid PASS, the vLLM fix proven, on this digest"
+FIX=vllm-project/vllm#54505  # the demo's first overlay declares it (`fixes:` in images/demo.yaml)
+policy=(--require-ladder cpu-smoke --require-ladder cpu-hybrid --require-fix "$FIX" --builder "$BUILDER")
 servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${policy[@]}"
 servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${policy[@]}" --json --quiet \
   | last_json >"$OUT/check.json"
+servimg fixes "$REPO:$tag" --key "$OUT/keys/servimg.pub"
+servimg fixes "$REPO:$tag" --key "$OUT/keys/servimg.pub" --json --quiet | last_json >"$OUT/fixes.json"
 
 step 9 "what was proven"
 python3 scripts/demo_claims.py --out "$OUT" --ref "$REPO:$tag" --image "$image" --digest "$digest" \

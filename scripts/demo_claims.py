@@ -55,6 +55,7 @@ def claims(out: Path, ref: str, image: str, digest: str, builder: str) -> list[t
     hybrid = _load(out / "hybrid-ladder" / "receipt.json")
     verify = _load(out / "verify.json")
     check = _load(out / "check.json")
+    fixes = _load(out / "fixes.json")
     arms = {a["id"]: a for a in receipt["arms"]}
     result: list[tuple[bool, str, str]] = [
         (
@@ -108,10 +109,25 @@ def claims(out: Path, ref: str, image: str, digest: str, builder: str) -> list[t
             f"the pulled tag {ref} passes the policy: signed provenance, lock, verify result and signed "
             "cpu-smoke and cpu-hybrid PASSes for this digest",
             f"servimg check {ref} --key {out}/keys/servimg.pub --require-ladder cpu-smoke "
-            f"--require-ladder cpu-hybrid --builder {builder}",
+            f"--require-ladder cpu-hybrid --require-fix vllm-project/vllm#54505 --builder {builder}",
         ),
+        fix_claim(fixes, ref, out),
     ]
     return result
+
+
+def fix_claim(fixes: dict[str, Any], ref: str, out: Path) -> tuple[bool, str, str]:
+    """The vLLM fix the demo carries: proven for the pulled tag by its signed evidence alone."""
+    proofs = {f["fix"]: f for f in fixes.get("fixes", [])}
+    proof = proofs.get("vllm-project/vllm#54505", {})
+    ladders = ", ".join(proof.get("witnessed_by_ladders") or []) or "none"
+    return (
+        fixes.get("status") == "OK" and bool(proof.get("proven")),
+        f"the pulled tag carries fix vllm-project/vllm#54505 (overlay {proof.get('overlay')}): named by its "
+        f"signed provenance, its sentinels {', '.join(proof.get('sentinels_proven') or [])} in the loaded code "
+        f"(signed verify result); seen running in the serving processes of ladder(s) {ladders}",
+        f"servimg fixes {ref} --key {out}/keys/servimg.pub",
+    )
 
 
 def hybrid_claim(hybrid: dict[str, Any], digest: str, image: str, out: Path) -> tuple[bool, str, str]:

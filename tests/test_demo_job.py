@@ -47,8 +47,13 @@ def test_the_job_ends_with_the_check_passing_and_every_claim_proven(job: dict[st
     check = json.loads((job["out"] / "check.json").read_text())
     assert check["status"] == "OK"
     claims = [line for line in stdout.splitlines() if line.startswith(("PROVEN", "NOT PROVEN"))]
-    assert len(claims) == 11 and all(c.startswith("PROVEN: ") for c in claims), claims
-    assert sum(" again: servimg " in line or "again: docker" in line for line in stdout.splitlines()) == 11
+    assert len(claims) == 12 and all(c.startswith("PROVEN: ") for c in claims), claims
+    assert sum(" again: servimg " in line or "again: docker" in line for line in stdout.splitlines()) == 12
+    fixes = json.loads((job["out"] / "fixes.json").read_text())
+    (fix,) = fixes["fixes"]
+    assert fix["fix"] == "vllm-project/vllm#54505" and fix["proven"], fix
+    assert fix["overlay"] == "vllm-cpu-mamba2-prefix-caching" and len(fix["sentinels_proven"]) == 2, fix
+    assert "cpu-hybrid" in fix["witnessed_by_ladders"], "the hybrid ladder's Mamba2 arms ran the fix"
 
 
 def test_the_jobs_human_output_has_no_python_repr(job: dict[str, Any]) -> None:
