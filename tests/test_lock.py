@@ -142,7 +142,7 @@ def test_the_probe_spec_is_typed_and_its_json_is_the_one_images_carry() -> None:
     locked = Lock.load(REPO / "images" / "demo.lock.json")
     carried = build_probe_spec(locked, definition, layer=True)
     assert sha256_hex(canonical.dumps(carried.to_json())) == (
-        "669f0b55ff177ebeafdc7cf22226dc1dce9eee926d702754c1793022e3c94fd9"
+        "8b93d00809c33041fb1eb4eff4aa49a24ee8dc2e932b907180fdd00ba9331530"
     )
     assert ProbeSpec.from_json(carried.to_json()) == carried
     plain = build_probe_spec(locked, definition)

@@ -67,13 +67,18 @@ def _members() -> list[Any]:
     return [*fb.package_members(), *extra, fb.F("var/lib/dpkg/status", DPKG_STATUS)]
 
 
-def _pushed(root: Path, *, upstream: bool) -> dict[str, Any]:
+def _pushed(root: Path, *, upstream: bool, fixes: tuple[str, ...] = ()) -> dict[str, Any]:
     cache = ["--cache", str(root / "cache")]
     base = fb.make_base(root / "base", [fb.tar(_members())])
     definition = fb.make_repo(root / "repo", base)
     if upstream:
         text = definition.read_text().replace(
             "    package: tinypkg\n", f"    package: tinypkg\n    upstream: ['{UPSTREAM}']\n"
+        )
+        definition.write_text(text)
+    if fixes:
+        text = definition.read_text().replace(
+            "    package: tinypkg\n", f"    package: tinypkg\n    fixes: [{', '.join(fixes)}]\n"
         )
         definition.write_text(text)
     pair = keys.generate(root / "keys", "sbom")
@@ -90,9 +95,9 @@ def _pushed(root: Path, *, upstream: bool) -> dict[str, Any]:
     return {"root": root, "image": image, "pub": pair.public, "cache": cache}
 
 
-def _bom_envelopes(layout: Path, image: Any) -> list[bytes]:
+def _bom_envelopes(layout: Path, image: Any, kind: str = "sbom") -> list[bytes]:
     found = LayoutReferrers(layout).discover(image.digest)[0]
-    wanted = attest.artifact_type("sbom")
+    wanted = attest.artifact_type(kind)
     return [
         referrers.fetch_envelope(LayoutReferrers(layout), image.digest, referrer_digest(d))
         for d in found
@@ -198,3 +203,65 @@ def test_an_overlay_with_upstream_refs_is_a_backport_that_resolves_them(tmp_path
     (patch,) = tiny["pedigree"]["patches"]
     assert patch["type"] == "backport"
     assert patch["resolves"] == [{"type": "defect", "id": UPSTREAM, "references": [UPSTREAM]}]
+
+
+# ------------------------------------------------------------------------------------- VEX (issue 41)
+
+OPENVEX_SCHEMA = Path(__file__).resolve().parent / "fixtures" / "openvex" / "openvex_json_schema_0.2.0.json"
+ADVISORY = "CVE-2025-12345"
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The fake-base image whose overlay fixes an advisory and an upstream issue, pushed signed."""
+    return _pushed(tmp_path_factory.mktemp("vex41"), upstream=True, fixes=(ADVISORY, "example/tinypkg#16"))
+
+
+def test_an_advisory_an_overlay_fixes_is_cyclonedx_vex_in_the_sbom(fixed: dict[str, Any]) -> None:
+    (envelope,) = _bom_envelopes(fixed["root"] / "pushed", fixed["image"])
+    bom = _statement(envelope)["predicate"]
+    validate(bom)  # cyclonedx-python-lib's strict validator, CycloneDX 1.6's own schema
+    tiny = next(c for c in bom["components"] if c.get("purl") == "pkg:pypi/tinypkg@1.0")
+    (patch,) = tiny["pedigree"]["patches"]
+    resolves = {r["id"]: r for r in patch["resolves"]}
+    assert resolves[ADVISORY]["type"] == "security" and resolves["example/tinypkg#16"]["type"] == "defect"
+    (vulnerability,) = bom["vulnerabilities"]
+    assert vulnerability["id"] == ADVISORY and vulnerability["analysis"]["state"] == "resolved"
+    assert vulnerability["affects"] == [{"ref": tiny["bom-ref"]}]
+    assert "tiny-fix" in vulnerability["analysis"]["detail"]
+
+
+def test_an_openvex_document_is_attached_signed_and_valid(fixed: dict[str, Any]) -> None:
+    """OpenVEX v0.2.0, validated against OpenVEX's published JSON schema (tests/fixtures/openvex: from
+    github.com/openvex/spec, openvex_json_schema.json at a68ccd19b15a9604d28ef66ebf33f27a772ba4ec)."""
+    import jsonschema
+
+    image = fixed["image"]
+    (envelope,) = _bom_envelopes(fixed["root"] / "pushed", image, "vex")
+    statement = _statement(envelope)
+    assert statement["predicateType"] == attest.OPENVEX_V020
+    document = statement["predicate"]
+    schema = json.loads(OPENVEX_SCHEMA.read_text())
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(document)
+    (said,) = document["statements"]
+    assert said["vulnerability"] == {"name": ADVISORY} and said["status"] == "fixed"
+    (product,) = said["products"]
+    assert product["@id"].startswith("pkg:oci/tiny@sha256%3A" + image.digest.hex)
+    assert product["subcomponents"] == [{"@id": "pkg:pypi/tinypkg@1.0"}]
+    again = _bom_envelopes(fixed["root"] / "again", image, "vex")
+    assert _statement(again[0])["predicate"] == document, "deterministic: the same document on every push"
+
+
+def test_show_lists_the_vex_statement(fixed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    ref = f"oci:{fixed['root'] / 'pushed'}:t"
+    assert fb.main(["show", ref, "--key", str(fixed["pub"]), *fixed["cache"]]) == 0
+    shown = capsys.readouterr().out
+    assert "vex" in shown and f"{ADVISORY}: fixed" in shown, shown
+
+
+def test_no_advisory_no_vex(pushed: dict[str, Any]) -> None:
+    """An image whose overlays fix no advisory carries no VEX statement, and its SBOM no vulnerabilities."""
+    assert _bom_envelopes(pushed["root"] / "pushed", pushed["image"], "vex") == []
+    (envelope,) = _bom_envelopes(pushed["root"] / "pushed", pushed["image"])
+    assert "vulnerabilities" not in _statement(envelope)["predicate"]

@@ -39,7 +39,7 @@ from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import VerifyFailed, VerifyReport
-from servimg.provenance import attest, binding, dsse, gpgsign, indexcheck, referrers, sbom
+from servimg.provenance import attest, binding, dsse, gpgsign, indexcheck, referrers, sbom, vex
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import CheckFailed, CheckReport, Policy, evaluate, gather
@@ -115,7 +115,14 @@ def build_statements(
     prov = provenance.provenance_predicate(facts, invocation, provenance.builder_id(builder))
     verify = provenance.verify_predicate(report, facts)
     bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), name)
+    document = vex.openvex(facts, name, image.digest, provenance.builder_id(builder))
+    vex_envelopes = (
+        [_make("vex", attest.OPENVEX_V020, attest.statement(subjects, attest.OPENVEX_V020, document), key)]
+        if document is not None
+        else []
+    )
     return [
+        *vex_envelopes,
         _make("sbom", attest.CYCLONEDX_BOM, attest.statement(subjects, attest.CYCLONEDX_BOM, bom), key),
         _make(
             "provenance", attest.PROVENANCE_V1, attest.statement(subjects, attest.PROVENANCE_V1, prov), key

@@ -37,6 +37,7 @@ VSA_V1 = "https://slsa.dev/verification_summary/v1"
 REBUILD_V1 = "https://servimg.invalid/rebuild/v1"
 # The in-toto predicate type of a CycloneDX BOM (in-toto/attestation spec/predicates: "cyclonedx").
 CYCLONEDX_BOM = "https://cyclonedx.org/bom"
+OPENVEX_V020 = "https://openvex.dev/ns/v0.2.0"  # the OpenVEX context, as in-toto predicate type
 # buildType of servimg's builder (Provenance v1 §buildType: a URI naming the build template).
 BUILD_TYPE = "https://servimg.io/buildtypes/image/v1"
 ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
@@ -46,6 +47,7 @@ KINDS: Mapping[str, str] = {
     VSA_V1: "vsa",
     REBUILD_V1: "rebuild",
     CYCLONEDX_BOM: "sbom",
+    OPENVEX_V020: "vex",
 }
 TEST_RESULTS = ("PASSED", "WARNED", "FAILED")
 VSA_RESULTS = ("PASSED", "FAILED")
@@ -513,11 +515,28 @@ def _check_bom(p: Mapping[str, object], problems: list[str]) -> None:
         problems.append("predicate.components: missing or not a list")
 
 
+def _check_vex(p: Mapping[str, object], problems: list[str]) -> None:
+    """The OpenVEX fields servimg relies on (the full schema is checked against OpenVEX's own JSON schema in
+    the tests): its context, and statements that each name a vulnerability, products and a status."""
+    if p.get("@context") != OPENVEX_V020:
+        problems.append(f"predicate.@context: must be {OPENVEX_V020}")
+    statements = p.get("statements")
+    if not isinstance(statements, list) or not statements:
+        problems.append("predicate.statements: missing or empty")
+        return
+    for i, s in enumerate(statements):
+        if not (isinstance(s, dict) and isinstance(jv.member(s, "vulnerability", "name"), str)):
+            problems.append(f"predicate.statements[{i}].vulnerability.name: missing")
+        elif s.get("status") not in ("not_affected", "affected", "fixed", "under_investigation"):
+            problems.append(f"predicate.statements[{i}].status: not an OpenVEX status")
+
+
 _PREDICATE_CHECKS: Mapping[str, Callable[[Mapping[str, object], list[str]], None]] = {
     PROVENANCE_V1: _check_provenance,
     TEST_RESULT_V01: _check_test_result,
     VSA_V1: _check_vsa,
     CYCLONEDX_BOM: _check_bom,
+    OPENVEX_V020: _check_vex,
 }
 
 

@@ -343,6 +343,13 @@ def _results(bound: Sequence[Found]) -> list[Result]:
         elif statement.predicate_type == attest.CYCLONEDX_BOM:
             spec = f"CycloneDX {p.get('specVersion')}"
             out.append(Result("sbom", spec, sbom.summary(p).line(), trusted))
+        elif statement.predicate_type == attest.OPENVEX_V020:
+            said = [
+                f"{jv.member(s, 'vulnerability', 'name')}: {s.get('status')}"
+                for s in jv.seq(p.get("statements") or [])
+                if isinstance(s, dict)
+            ]
+            out.append(Result("vex", "OpenVEX 0.2.0", "; ".join(said), trusted))
     return sorted(out, key=lambda r: (r.what, r.detail))
 
 

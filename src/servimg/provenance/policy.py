@@ -79,7 +79,7 @@ class _PolicyFile:
     require: tuple[str, ...] = ("provenance", "verify")
     ladders: tuple[str, ...] | dict[str, str | tuple[str, ...]] = ()
     builders: tuple[str, ...] = (provenance.DEFAULT_BUILDER_ID,)
-    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa", "rebuild", "sbom")
+    predicates: tuple[str, ...] = ("provenance", "test-result", "vsa", "rebuild", "sbom", "vex")
     keys: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     threshold: int = 1
     allow_unsigned: bool = False
@@ -134,6 +134,7 @@ class Policy:
         attest.VSA_V1,
         REBUILD_V1,
         attest.CYCLONEDX_BOM,
+        attest.OPENVEX_V020,
     )
     keys: tuple[Path, ...] = ()
     threshold: int = 1

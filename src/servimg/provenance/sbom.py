@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from servimg import __version__
-from servimg.core import canonical
+from servimg.core import canonical, fixid
 from servimg.core import jsonview as jv
 from servimg.core.distname import canonical_name
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
+from servimg.provenance import vex
 from servimg.provenance.statements import ImageFacts
 
 SPEC_VERSION = "1.6"
@@ -153,18 +154,54 @@ def _issue(ref: str) -> dict[str, object]:
     return issue
 
 
+def _advisory_source(advisory: str) -> dict[str, str]:
+    if advisory.startswith("GHSA-"):
+        return {"name": "GitHub Advisory Database", "url": f"https://github.com/advisories/{advisory}"}
+    return {"name": "NVD", "url": f"https://nvd.nist.gov/vuln/detail/{advisory}"}
+
+
 def _patches(overlays: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """Each overlay as a pedigree patch; what it `resolves`: its upstream references (defects) and the
+    fixes it declares (an advisory as a security issue: CycloneDX's VEX, with `vulnerabilities`)."""
     patches = []
     for overlay in overlays:
         upstream = [str(u) for u in jv.seq(overlay.get("upstream") or [])]
+        fixes = [str(f) for f in jv.seq(overlay.get("fixes") or []) if str(f) not in upstream]
         patch: dict[str, object] = {
-            "type": "backport" if upstream else "unofficial",
+            "type": "backport" if upstream or fixes else "unofficial",
             "diff": {"url": str(overlay["patch"])},
         }
-        if upstream:
-            patch["resolves"] = [_issue(u) for u in upstream]
+        resolves = [_issue(u) for u in upstream] + [
+            {"type": "security", "id": f, "source": _advisory_source(f)}
+            if fixid.is_advisory(f)
+            else _issue(f)
+            for f in fixes
+        ]
+        if resolves:
+            patch["resolves"] = resolves
         patches.append(patch)
     return patches
+
+
+def _vulnerabilities(facts: ImageFacts, refs: Mapping[str, str]) -> list[dict[str, object]]:
+    """CycloneDX VEX: each advisory an overlay fixes, `resolved` in the component it patches (`refs`:
+    import name → the distribution's bom-ref). Left out of the BOM when there is none."""
+    out: list[dict[str, object]] = []
+    for advisory in vex.advisories(facts):
+        package = next(o.package for o in facts.lock.overlays if o.id == advisory.overlay)
+        ref = refs.get(package)
+        if ref is None:
+            continue
+        out.append(
+            {
+                "bom-ref": f"vex:{advisory.id}:{advisory.overlay}",
+                "id": advisory.id,
+                "source": _advisory_source(advisory.id),
+                "analysis": {"state": "resolved", "detail": advisory.note()},
+                "affects": [{"ref": ref}],
+            }
+        )
+    return out
 
 
 def _overlay_property(overlay_id: str) -> str:
@@ -184,6 +221,7 @@ def _overlays_by_package(facts: ImageFacts) -> dict[str, list[dict[str, object]]
             "patch": overlay.patch,
             "sha256": overlay.patch_sha256,
             "upstream": upstream,
+            "fixes": list(overlay.fixes),
         }
         by_package.setdefault(overlay.package, []).append(entry)
     return by_package
@@ -259,9 +297,13 @@ def build_sbom(image: Image, facts: ImageFacts, fs: LayeredFS, name: str) -> dic
     )
     overlays = _overlays_by_package(facts)
     components = [_interpreter(facts), *_operating_system(release)]
+    patched: dict[str, str] = {}  # import name → the bom-ref of the distribution its overlays patch
     for dist in python_dists(fs):
         import_name = _import_name(dist, facts)
-        components.append(_dist_component(dist, overlays.get(import_name, []) if import_name else []))
+        component = _dist_component(dist, overlays.get(import_name, []) if import_name else [])
+        if import_name in overlays:
+            patched[str(import_name)] = str(component["bom-ref"])
+        components.append(component)
     components += [_deb_component(p, distro) for p in debian_packages(fs)]
     components.sort(key=lambda c: (c["type"], c["bom-ref"]))
     created = dt.datetime.fromtimestamp(facts.lock.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -283,6 +325,11 @@ def build_sbom(image: Image, facts: ImageFacts, fs: LayeredFS, name: str) -> dic
             },
         },
         "components": components,
+        **(
+            {"vulnerabilities": vulnerabilities}
+            if (vulnerabilities := _vulnerabilities(facts, patched))
+            else {}
+        ),
     }
 
 
