@@ -79,6 +79,8 @@ servimg check "$REPO:$tag" --key "$OUT/keys/servimg.pub" "${policy[@]}" --json -
   | last_json >"$OUT/check.json"
 servimg fixes "$REPO:$tag" --key "$OUT/keys/servimg.pub"
 servimg fixes "$REPO:$tag" --key "$OUT/keys/servimg.pub" --json --quiet | last_json >"$OUT/fixes.json"
+echo "which pairings of $REPO are qualified (signed evidence only, no layer read):"
+servimg matrix "$REPO" --key "$OUT/keys/servimg.pub"
 
 step 9 "what was proven"
 python3 scripts/demo_claims.py --out "$OUT" --ref "$REPO:$tag" --image "$image" --digest "$digest" \

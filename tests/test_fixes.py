@@ -230,3 +230,91 @@ def test_servimg_fixes_lists_each_fix_with_its_evidence(
     ), required
     code, other = run("check", pushed, "--key", str(keys / "servimg.pub"), "--require-fix", "CVE-2025-99999")
     assert code == 1, other
+
+
+@pytest.mark.registry
+def test_the_matrix_says_which_pairing_is_qualified_from_signed_evidence_without_a_layer(
+    registry: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`servimg matrix HOST/REPO`: one row per digest (its tags together), the ladder run on it with the
+    families and connector arms it covered, the fix its evidence proves — from signed statements only,
+    and not one layer blob read from the registry; without the key, nothing counts and it FAILs."""
+    from test_faults import FaultProxy
+
+    base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members())])
+    definition = fb.make_repo(tmp_path / "repo", base)
+    definition.write_text(
+        definition.read_text().replace(
+            "    sha256:",
+            f"    fixes: [{FIX}]\n"
+            "    sentinels: [{module: tinypkg.mod, qualname: f, name: _fixed, absent_in_base: false}]\n"
+            "    sha256:",
+            1,
+        )
+    )
+    cache = str(tmp_path / "cache")
+    keys = tmp_path / "keys"
+    report = tmp_path / "verify.json"
+    rows = [{"code": "SENTINEL", "status": "PASS", "subject": "tinypkg.mod:f", "message": "in 1 of 1"}]
+    report.write_text(json.dumps({"checks": rows}))
+    with FaultProxy(registry.host) as proxy:
+        repo = f"{proxy.host}/matrix/{tmp_path.name[-8:].lower().replace('_', '-')}"
+        built = f"oci:{tmp_path / 'built'}"
+        for argv in (
+            ["key", "generate", "--out", str(keys)],
+            ["lock", str(definition)],
+            ["build", str(definition), "--to", built],
+            ["push", built, f"{repo}:v1", "--key", str(keys / "servimg.key"), "--report", str(report)],
+            ["push", built, f"{repo}:stable", "--key", str(keys / "servimg.key"), "--report", str(report)],
+        ):
+            assert fb.main([*argv, "--cache", cache, "--quiet"]) == 0, argv
+        image = provenance_image(built, cache)
+        receipt = tmp_path / "receipt.json"
+        arm_args = ["--kv-transfer-config", '{"kv_connector": "LMCacheMPConnector"}']
+        receipt.write_text(
+            json.dumps(
+                {
+                    "ladder": "cpu-smoke",
+                    "verdict": "PASS",
+                    "image": {"digest": str(image.digest), "config_digest": str(image.config_digest)},
+                    "arms": [
+                        {
+                            "id": "lmcache-cold",
+                            "verdict": "PASS",
+                            "spec": {"model_family": "gdn", "args": arm_args},
+                        }
+                    ],
+                    "finished_at": "2026-12-04T00:00:00Z",
+                }
+            )
+        )
+        attest_argv = ["attest", f"{repo}:v1", "--predicate-type", "test-result", "--file", str(receipt)]
+        assert fb.main([*attest_argv, "--key", str(keys / "servimg.key"), "--cache", cache, "--quiet"]) == 0
+        layers = {str(d.digest) for d in image.layer_descriptors}
+        before = len(proxy.log)
+        capsys.readouterr()
+        assert fb.main(["matrix", repo, "--key", str(keys / "servimg.pub"), "--cache", cache, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        read = [path for _, path, _ in proxy.log[before:] if any(layer in path for layer in layers)]
+        assert not read, f"the matrix read layer blobs: {read}"
+        capsys.readouterr()
+        assert fb.main(["matrix", repo, "--cache", cache, "--markdown"]) == 1, "no key: nothing counts"
+        assert "none counted" in capsys.readouterr().out
+    (row,) = doc["rows"]
+    assert row["digest"] == str(image.digest) and row["tags"] == ["stable", "v1"], row
+    (run,) = row["ladders"]
+    assert (run["ladder"], run["verdict"], run["families"], run["connector_arms"], run["device"]) == (
+        "cpu-smoke",
+        "PASS",
+        ["gdn"],
+        ["lmcache-cold"],
+        "cpu",
+    )
+    assert row["fixes_proven"] == [FIX] and doc["qualified"] == 1
+
+
+def provenance_image(layout: str, cache: str) -> Any:
+    from servimg.backends import transport
+    from servimg.oci.store import BlobStore
+
+    return transport.fetch(layout, BlobStore(Path(cache)), lambda _: None)

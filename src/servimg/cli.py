@@ -227,6 +227,12 @@ COMMANDS: tuple[Command, ...] = (
         Bound(flags.fixes, "servimg.commands.provenance:fixes"),
     ),
     Command(
+        ("matrix",),
+        "which vLLM + LMCache pairings are qualified: a row per digest of a repository, from signed evidence",
+        flags.matrix_flags,
+        Bound(flags.matrix, "servimg.commands.provenance:matrix"),
+    ),
+    Command(
         ("promote",),
         "move a promotion tag only if the policy passes; attach a VSA",
         flags.promote_flags,

@@ -425,6 +425,17 @@ def fixes(a: argparse.Namespace) -> params.Fixes:
     return params.Fixes(a.ref, a.policy, lookup(a))
 
 
+def matrix_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("repository", help="HOST/REPO: every tag in it")
+    p.add_argument("--markdown", action="store_true", help="a Markdown table instead of text")
+    lookup_flags(p)
+    p.add_argument("--policy", type=Path, default=None, help="policy file (its keys and predicate types)")
+
+
+def matrix(a: argparse.Namespace) -> params.Matrix:
+    return params.Matrix(a.repository, a.markdown, a.policy, lookup(a))
+
+
 def promote_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("ref", help=REF_HELP)
     p.add_argument("--tag", required=True, help="the promotion tag, e.g. qualified")

@@ -251,6 +251,14 @@ class Fixes:
 
 
 @dataclass(frozen=True)
+class Matrix:
+    repository: str  # HOST/REPO
+    markdown: bool = False
+    policy: Path | None = None
+    lookup: Lookup = Lookup()
+
+
+@dataclass(frozen=True)
 class Promote:
     ref: str
     tag: str

@@ -19,6 +19,7 @@ from servimg.oci import treediff
 from servimg.proof.verify import VerifyReport
 from servimg.provenance import attach, card, indexcheck, keys
 from servimg.provenance import fixes as fixproof
+from servimg.provenance import matrix as qualified
 from servimg.provenance.check import (
     CheckFailed,
     Policy,
@@ -272,3 +273,29 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
         return Outcome(p.ref, fields, as_json, report if proofs else None, error=error)
 
     yield attempt(p.ref, run)
+
+
+def matrix(p: params.Matrix, ctx: Context) -> Iterator[Outcome]:
+    """`servimg matrix HOST/REPO`: one row per image digest, from its signed evidence only
+    (servimg.provenance.matrix); FAIL when the repository holds no evidence a given key verifies."""
+
+    def run() -> Outcome:
+        policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
+        rows = qualified.registry_rows(p.repository, policy, ctx.log)
+        document = qualified.markdown(rows) if p.markdown else qualified.text(rows)
+        fields: dict[str, object] = {
+            "digests": len(rows),
+            "qualified": sum(row.qualified for row in rows),
+        }
+        as_json = {**fields, "rows": [row.as_dict() for row in rows]}
+        error = None
+        if not any(row.signed for row in rows):
+            unverified = sum(row.not_counted for row in rows)
+            error = CheckError(
+                f"no image in {p.repository} has servimg evidence a given key verifies"
+                + (f" ({unverified} attestation(s) found, none counted)" if unverified else ""),
+                hint="pass the signer's public key with --key (servimg push and ladder --attach sign them)",
+            )
+        return Outcome(p.repository, fields, as_json, document=document, error=error)
+
+    yield attempt(p.repository, run)

