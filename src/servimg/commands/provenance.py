@@ -294,7 +294,8 @@ def matrix(p: params.Matrix, ctx: Context) -> Iterator[Outcome]:
             error = CheckError(
                 f"no image in {p.repository} has servimg evidence a given key verifies"
                 + (f" ({unverified} attestation(s) found, none counted)" if unverified else ""),
-                hint="pass the signer's public key with --key (`servimg push` and `servimg ladder --attach` sign them)",
+                hint="pass the signer's public key with --key "
+                "(`servimg push` and `servimg ladder --attach` sign them)",
             )
         return Outcome(p.repository, fields, as_json, document=document, error=error)
 
