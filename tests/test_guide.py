@@ -101,7 +101,8 @@ def test_the_guide_runs_as_written(small_base: wheelbase.WheelBase, registry: An
     repo = f"{registry.host}/myorg/vllm-{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        # The guide's `export PATH="$PWD/.venv/bin:$PATH"`: the servimg of the interpreter running the tests.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "BASE": small_base.ref,
         "REPO": repo,
         "KEYS": str(tmp_path / "keys"),
