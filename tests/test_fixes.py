@@ -318,3 +318,41 @@ def provenance_image(layout: str, cache: str) -> Any:
     from servimg.oci.store import BlobStore
 
     return transport.fetch(layout, BlobStore(Path(cache)), lambda _: None)
+
+
+def test_the_matrix_reads_an_oci_layout_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`servimg matrix oci:DIR`: each tagged image of a layout, its manifest and config hashed, its
+    attestations from the layout, no layer read; without the key nothing counts and it FAILs."""
+    base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members())])
+    definition = fb.make_repo(tmp_path / "repo", base)
+    cache, keys = str(tmp_path / "cache"), tmp_path / "keys"
+    report = tmp_path / "verify.json"
+    report.write_text(
+        json.dumps({"checks": [{"code": "SOURCE", "status": "PASS", "subject": "s", "message": "m"}]})
+    )
+    built, pushed = f"oci:{tmp_path / 'built'}", tmp_path / "pushed"
+    for argv in (
+        ["key", "generate", "--out", str(keys)],
+        ["lock", str(definition)],
+        ["build", str(definition), "--to", built],
+        ["push", built, f"oci:{pushed}:v1", "--key", str(keys / "servimg.key"), "--report", str(report)],
+        ["push", built, f"oci:{pushed}:stable", "--key", str(keys / "servimg.key"), "--report", str(report)],
+    ):
+        assert fb.main([*argv, "--cache", cache, "--quiet"]) == 0, argv
+    image = provenance_image(built, cache)
+    for layer in image.layer_descriptors:  # the matrix must not need them
+        (pushed / "blobs" / "sha256" / layer.digest.hex).unlink()
+    capsys.readouterr()
+    assert (
+        fb.main(["matrix", f"oci:{pushed}", "--key", str(keys / "servimg.pub"), "--cache", cache, "--json"])
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (row,) = doc["rows"]
+    assert (
+        row["digest"] == str(image.digest)
+        and row["tags"] == ["stable", "v1"]
+        and row["signed_attestations"] >= 2
+    )
+    assert row["ladders"] == [] and doc["qualified"] == 0, "no ladder ran: not qualified, and said so"
+    assert fb.main(["matrix", f"oci:{pushed}", "--cache", cache]) == 1

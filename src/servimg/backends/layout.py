@@ -45,7 +45,15 @@ from servimg.core.errors import BackendError, StoreError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import Log
 from servimg.oci import integrity
-from servimg.oci.image import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST, REF_NAME, Descriptor, Image
+from servimg.oci.image import (
+    DOCKER_MANIFEST,
+    INDEX_TYPES,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    REF_NAME,
+    Descriptor,
+    Image,
+)
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 
@@ -155,6 +163,40 @@ def _read_index(root: Path) -> dict[str, object]:
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         raise BackendError(f"{root}/index.json has no manifests list")
     return index
+
+
+def tagged_images(root: Path) -> dict[Digest, list[str]]:
+    """Every image manifest a layout names under a tag (`org.opencontainers.image.ref.name`), by digest;
+    attestations and untagged entries are left out (`servimg matrix oci:DIR`)."""
+    found: dict[Digest, list[str]] = {}
+    for entry in jv.seq(_read_index(root).get("manifests") or [], "manifests"):
+        item = jv.obj(entry, "manifests[]")
+        notes = item.get("annotations")
+        name = notes.get(REF_NAME) if isinstance(notes, dict) else None
+        kind = item.get("mediaType")
+        if (
+            isinstance(name, str)
+            and not is_artifact_tag(name)
+            and kind in (OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX)
+        ):
+            found.setdefault(Digest.parse(jv.text(item.get("digest"), "digest")), []).append(name)
+    return found
+
+
+def read_manifest_and_config(root: Path, digest: Digest) -> Image:
+    """One image of a layout by its manifest digest: its manifest and config, each hashed against its
+    name; no layer is read."""
+    manifest = _read_blob(root, digest)
+    if Digest.of_bytes(manifest) != digest:
+        raise BackendError(
+            f"{root}: blob {digest} does not match its name", hint="write the image there again"
+        )
+    descriptor = jv.obj(jv.obj(json.loads(manifest), "manifest").get("config"), "config")
+    config_digest = Digest.parse(jv.text(descriptor.get("digest"), "config.digest"))
+    config = _read_blob(root, config_digest)
+    if Digest.of_bytes(config) != config_digest:
+        raise BackendError(f"{root}: blob {config_digest} does not match its name")
+    return Image.parse(manifest, config)
 
 
 def _select(index: dict[str, object], root: Path, tag: str | None, digest: Digest | None) -> Descriptor:

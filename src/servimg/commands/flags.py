@@ -426,7 +426,9 @@ def fixes(a: argparse.Namespace) -> params.Fixes:
 
 
 def matrix_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("repository", help="HOST/REPO: every tag in it")
+    p.add_argument(
+        "repository", help="HOST/REPO (a registry repository) or oci:DIR (a layout): every tag in it"
+    )
     p.add_argument("--markdown", action="store_true", help="a Markdown table instead of text")
     lookup_flags(p)
     p.add_argument("--policy", type=Path, default=None, help="policy file (its keys and predicate types)")

@@ -276,12 +276,12 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
 
 
 def matrix(p: params.Matrix, ctx: Context) -> Iterator[Outcome]:
-    """`servimg matrix HOST/REPO`: one row per image digest, from its signed evidence only
+    """`servimg matrix HOST/REPO|oci:DIR`: one row per image digest, from its signed evidence only
     (servimg.provenance.matrix); FAIL when the repository holds no evidence a given key verifies."""
 
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
-        rows = qualified.registry_rows(p.repository, policy, ctx.log)
+        rows = qualified.rows_of(p.repository, policy, ctx.log)
         document = qualified.markdown(rows) if p.markdown else qualified.text(rows)
         fields: dict[str, object] = {
             "digests": len(rows),

@@ -15,9 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from servimg.backends import registry
+from servimg.backends import layout, registry
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.target import Target
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
@@ -241,6 +243,35 @@ def text(rows: Sequence[MatrixRow]) -> str:
     )
 
 
+def rows_of(place: str, policy: Policy, log: Log) -> list[MatrixRow]:
+    """`HOST/REPO` (a registry repository) or `oci:DIR` (an OCI layout): a row per digest its tags name."""
+    target = Target.parse(place)
+    if target.is_layout:
+        return layout_rows(Path(target.location), policy, log)
+    if target.in_registry:
+        return registry_rows(target.location, policy, log)
+    raise CheckError(
+        f"{place} is a {target.kind}, not a repository", hint="HOST/REPO (a registry) or oci:DIR (a layout)"
+    )
+
+
+class _Judge:
+    """The trusted keys, loaded once, and how one digest's attestations become its row."""
+
+    def __init__(self, policy: Policy) -> None:
+        files = policy.all_keys()
+        self.policy = policy
+        self.trusted = load_trusted(files)
+        self.keyid_of = {path: load_trusted([path])[0].keyid for path in files}
+
+    def row(self, located: Located, tags: Sequence[str], platform: str) -> MatrixRow:
+        ev = replace(
+            attestations_only(located, self.trusted, self.policy.threshold),
+            typed_trust=keyids_by_type(self.policy, self.keyid_of),
+        )
+        return row_of(str(located.digest), tags, platform, accepted(self.policy, ev), len(ev.found))
+
+
 def registry_rows(repository: str, policy: Policy, log: Log) -> list[MatrixRow]:
     """Every digest the repository's tags name (an index: each child), with its row. Reads the tag list,
     one HEAD per tag, each manifest and config (small), and the attestations; never a layer."""
@@ -249,9 +280,7 @@ def registry_rows(repository: str, policy: Policy, log: Log) -> list[MatrixRow]:
         raise CheckError(
             f"{repository} names one image; the matrix reads a whole repository", hint="HOST/REPO"
         )
-    files = policy.all_keys()
-    trusted = load_trusted(files)
-    keyid_of = {path: load_trusted([path])[0].keyid for path in files}
+    judge = _Judge(policy)
     rows: list[MatrixRow] = []
     with RegistryClient(ref.registry) as client:
         # Tags that hold attestations (the referrers fallback `sha256-<hex>`, cosign's `.att`/`.sig`) name
@@ -274,14 +303,29 @@ def registry_rows(repository: str, policy: Policy, log: Log) -> list[MatrixRow]:
             )
             for platform, child in children:
                 image, _ = registry.read_image(client, ref.repository, str(child))
-                shown = platform or _platform(image.config)
                 where = f"{ref.registry}/{ref.repository}@{child}"
                 located = Located(where, "registry", image, ref.registry, ref.repository)
-                ev = replace(
-                    attestations_only(located, trusted, policy.threshold),
-                    typed_trust=keyids_by_type(policy, keyid_of),
-                )
-                rows.append(row_of(str(child), named, shown, accepted(policy, ev), len(ev.found)))
+                rows.append(judge.row(located, named, platform or _platform(image.config)))
+    return rows
+
+
+def layout_rows(root: Path, policy: Policy, log: Log) -> list[MatrixRow]:
+    """The same over an OCI layout: each tagged manifest (an index: each child), its manifest and config
+    hashed, its attestations from the layout; never a layer."""
+    judge = _Judge(policy)
+    place = Target.layout(root).text()
+    by_digest = layout.tagged_images(root)
+    if not by_digest:
+        raise CheckError(f"{place} names no image under a tag", hint="build or push into it with a tag")
+    log(f"{place}: {sum(len(t) for t in by_digest.values())} tag(s), {len(by_digest)} digest(s)")
+    rows: list[MatrixRow] = []
+    for digest, named in sorted(by_digest.items(), key=lambda kv: sorted(kv[1])):
+        index = layout.index_at(root, digest)
+        children = [(str(p), index.child(p).digest) for p in index.platforms] if index else [("", digest)]
+        for platform, child in children:
+            image = layout.read_manifest_and_config(root, child)
+            located = Located(f"{place}@{child}", "oci", image, layout=root)
+            rows.append(judge.row(located, named, platform or _platform(image.config)))
     return rows
 
 
