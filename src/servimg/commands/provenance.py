@@ -288,6 +288,12 @@ def matrix(p: params.Matrix, ctx: Context) -> Iterator[Outcome]:
             "qualified": sum(row.qualified for row in rows),
         }
         as_json = {**fields, "rows": [row.as_dict() for row in rows]}
+        unproven = [row for row in rows if row.not_counted and not row.signed]
+        if unproven:
+            fields["not verified"] = "; ".join(
+                f"{', '.join(row.tags)} ({row.digest}): {row.not_counted} attestation(s), none verifies"
+                for row in unproven
+            )
         error = None
         if not any(row.signed for row in rows):
             unverified = sum(row.not_counted for row in rows)

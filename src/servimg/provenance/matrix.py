@@ -105,6 +105,7 @@ class MatrixRow:
             connectors,
             devices,
             ", ".join(self.fixes) or "-",
+            f"{self.signed} signed" + (f", {self.not_counted} NOT VERIFIED" if self.not_counted else ""),
         ]
 
 
@@ -119,6 +120,7 @@ HEADERS = [
     "connector",
     "device",
     "fixes",
+    "evidence",
 ]
 
 
