@@ -88,8 +88,8 @@ def is_loopback(host: str) -> bool:
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def describe(exc: BaseException) -> str:
-    """A short, secret-free reason for a transport failure (the OS error if one is in the chain)."""
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every exception in its chain (causes, contexts, urllib3's `reason`, args), once each."""
     stack: list[BaseException] = [exc]
     seen: set[int] = set()
     while stack:
@@ -97,27 +97,25 @@ def describe(exc: BaseException) -> str:
         if id(err) in seen:
             continue
         seen.add(id(err))
-        if isinstance(err, OSError) and err.strerror:
-            return err.strerror.lower()
+        yield err
         nested = [err.__cause__, err.__context__, getattr(err, "reason", None), *err.args]
         stack.extend(e for e in nested if isinstance(e, BaseException))
+
+
+def describe(exc: BaseException) -> str:
+    """A short, secret-free reason for a transport failure (the OS error if one is in the chain)."""
+    for err in _causes(exc):
+        if isinstance(err, OSError) and err.strerror:
+            return err.strerror.lower()
     return "timed out" if isinstance(exc, requests.Timeout) else "connection failed"
 
 
 def unresolvable(exc: BaseException) -> str | None:
     """The resolver's answer when a connection failed because the host name does not resolve (a typo, or
     offline: Docker Hub from a machine without it). Permanent: retrying cannot help."""
-    stack: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while stack:
-        err = stack.pop()
-        if id(err) in seen:
-            continue
-        seen.add(id(err))
+    for err in _causes(exc):
         if isinstance(err, socket.gaierror):
             return str(err.strerror or err).lower()
-        nested = [err.__cause__, err.__context__, getattr(err, "reason", None), *err.args]
-        stack.extend(e for e in nested if isinstance(e, BaseException))
     return None
 
 
