@@ -35,7 +35,7 @@ from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
 from servimg.provenance import attest, check, cosign, dsse, evidence, keys, referrers
 from servimg.provenance.attach import build_statements, image_facts, push_image
-from servimg.provenance.statements import Invocation
+from servimg.provenance.statements import DEFAULT_BUILDER_ID, Invocation
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root, pytest.mark.registry]
 
@@ -195,6 +195,11 @@ def test_clean_image_has_no_fail_even_deep(
     clean: dict[str, Any], keyring: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = check_cli(clean["ref"], keyring, capsys, "--deep")
+    assert code == 0 and out["status"] == "OK", fails(out)
+    whats = {r["what"]: r["verdict"] for r in rows_of(out)}
+    # The push named no builder: servimg's placeholder id, trusted only by default, is a WARN (issue 40).
+    assert whats["builder"] == "WARN"
+    code, out = check_cli(clean["ref"], keyring, capsys, "--deep", "--builder", DEFAULT_BUILDER_ID)
     assert code == 0 and out["status"] == "OK", fails(out)
     whats = {r["what"]: r["verdict"] for r in rows_of(out)}
     for what in ("provenance", "builder", "base digest", "patches", "dists", "changed files", "verify"):
