@@ -73,7 +73,7 @@ let
     };
     overlay = {
       required = [ "id" "package" "patch" "patch_sha256" "files" ];
-      defaults = { sentinels_absent_in_base = [ ]; };
+      defaults = { sentinels_absent_in_base = [ ]; fixes = [ ]; };
     };
     file = {
       required = [ "path" "pre_sha256" "post_sha256" "mode" ];
@@ -134,12 +134,14 @@ let
 
   # Lock.to_json(): the dataclass defaults filled in, everything else verbatim.
   fill = kind: value: schema.${kind}.defaults // value;
-  # Lock.to_json() leaves `ladder` out when there is none (so locks without a ladder keep their digest).
+  # Lock.to_json() leaves `ladder` out when there is none, and an overlay's `fixes` when it declares none
+  # (so locks without them keep their digest).
+  overlayJson = o: let filled = fill "overlay" o; in if filled.fixes == [ ] then removeAttrs filled [ "fixes" ] else filled;
   complete = raw:
     let
       filled = fill "lock" raw // {
         base = fill "base" raw.base;
-        overlays = map (fill "overlay") raw.overlays;
+        overlays = map overlayJson raw.overlays;
       };
     in
     if filled.ladder == null then removeAttrs filled [ "ladder" ] else filled;
