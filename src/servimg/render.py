@@ -185,15 +185,14 @@ def human_lines(fields: Mapping[str, object], indent: str) -> Iterator[str]:
     yes/no, None as `none`, a digest as its text. A value is never wrapped: a path or a digest stays on
     one line (tests/test_output.py renders every command's output and refuses a repr)."""
     for key, value in fields.items():
-        label = key
         if isinstance(value, Mapping):
             if not value:
-                yield f"{indent}{label}: none"
+                yield f"{indent}{key}: none"
                 continue
-            yield f"{indent}{label}:"
+            yield f"{indent}{key}:"
             yield from human_lines(value, indent + "  ")
         elif isinstance(value, list | tuple) and any(isinstance(v, Mapping) for v in value):
-            yield f"{indent}{label}:"
+            yield f"{indent}{key}:"
             for item in value:
                 if isinstance(item, Mapping):
                     lines = list(human_lines(item, indent + "    "))
@@ -202,9 +201,9 @@ def human_lines(fields: Mapping[str, object], indent: str) -> Iterator[str]:
                 else:
                     yield f"{indent}  - {_plain(item)}"
         elif isinstance(value, list | tuple | set | frozenset):
-            yield f"{indent}{label}: {', '.join(_plain(v) for v in value) or 'none'}"
+            yield f"{indent}{key}: {', '.join(_plain(v) for v in value) or 'none'}"
         else:
-            yield f"{indent}{label}: {_plain(value)}"
+            yield f"{indent}{key}: {_plain(value)}"
 
 
 def _plain(value: object) -> str:

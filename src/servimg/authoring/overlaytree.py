@@ -171,9 +171,10 @@ def save(
         )
         lock_digest = None
         if description is not None:
-            locked, _ = lock(definition, Context(store, log, seams=seams))
+            saved = ImageDefinition.load(definition)
+            locked, _ = lock(definition, Context(store, log, seams=seams), definition=saved)
             lock_digest = locked.digest
-            remember(store.root, ImageDefinition.load(definition))
+            remember(store.root, saved)
     except BaseException:
         atomic_write(definition, original, 0o644)  # nothing half-done: the definition as it was
         patch_path.unlink(missing_ok=True)

@@ -183,7 +183,8 @@ def resolve(
     sandboxes = choose_sandboxes(seams.runners, runner, base, fs, store)
     chosen = sandboxes.runner
     interpreter = interpreter_lock(definition, fs, base, packages, chosen, log, store)
-    overlays, changes = _apply_overlays(definition, repo_root_for(definition_path), fs, packages)
+    repo_root = repo_root_for(definition_path)  # overlay and ladder paths are relative to it
+    overlays, changes = _apply_overlays(definition, repo_root, fs, packages)
     lock = Lock(
         name=definition.name,
         definition_sha256=definition.digest.hex,
@@ -201,7 +202,7 @@ def resolve(
         source_date_epoch=_source_date_epoch(definition, base),
     )
     lock = _with_base_verdicts(lock, definition, fs, store, chosen)
-    ladder_lock, ladder_files = _ladder(definition, definition_path)
+    ladder_lock, ladder_files = _ladder(definition, repo_root)
     lock = replace(lock, ladder=ladder_lock)
     return Resolution(
         definition,
@@ -223,12 +224,11 @@ def base_fs(base: Image, store: BlobStore) -> LayeredFS:
     return LayeredFS.of_layers(base.layers, store, keep_chain=True)
 
 
-def _ladder(definition: ImageDefinition, definition_path: Path) -> tuple[LadderLock | None, dict[str, bytes]]:
+def _ladder(definition: ImageDefinition, repo_root: Path) -> tuple[LadderLock | None, dict[str, bytes]]:
     """The definition's `ladder:`: validated with its sha256-pinned probe set, locked by hash,
     and carried under /opt/servimg/ladder/ so the tag carries its own smoke test. None without one."""
     if definition.ladder is None:
         return None, {}
-    repo_root = repo_root_for(definition_path)
     try:
         loaded = load_ladder(repo_root / definition.ladder, root=repo_root)
     except ServimgError as exc:

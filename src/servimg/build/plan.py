@@ -1,6 +1,6 @@
 """A build's plan: everything decided before any work, decided once at the command edge.
 
-`BuildPlan.make` reads the definition once (with its repository root) and its lock once, parses the
+`BuildPlan.make` reads the definition once and its lock once, parses the
 target once into a typed value (a registry target carries its parsed reference), derives the tag once and
 names the platforms, one or several. `pipeline.build(plan, ctx)` then does the work; nothing below it
 reads either file again or re-parses the target. Every refusal the plan can make it makes here, before a
@@ -19,7 +19,7 @@ from servimg.backends.target import Target
 from servimg.core.errors import BuildError, LockError, UsageError
 from servimg.core.platform import Platform
 from servimg.definitions import naming
-from servimg.definitions.definition import ImageDefinition, repo_root_for
+from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import LOCK_VERSION, Lock, lock_path_for
 from servimg.definitions.platformlock import PlatformLocks, load_any
 from servimg.definitions.remembered import recall
@@ -29,7 +29,6 @@ from servimg.definitions.remembered import recall
 class BuildPlan:
     definition_path: Path
     definition: ImageDefinition
-    repo_root: Path  # overlay, ladder and probe paths in the definition are relative to it
     lock: Lock | PlatformLocks  # as written by `servimg lock`: one platform's, or one over every platform
     target: Target
     tag: str  # the image's tag: given, or derived from the definition's template and the lock
@@ -87,7 +86,6 @@ class BuildPlan:
         return cls(
             definition_path,
             definition,
-            repo_root_for(definition_path),
             lock,
             target,
             chosen,

@@ -76,6 +76,17 @@ def _files(path: Path) -> Iterator[os.stat_result]:
                 yield os.lstat(os.path.join(directory, name))
 
 
+def tree_size(path: Path) -> int:
+    """Bytes of the regular files at and below `path`, each inode once (hard links counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for s in _files(path):
+        if stat.S_ISREG(s.st_mode) and (s.st_dev, s.st_ino) not in seen:
+            seen.add((s.st_dev, s.st_ino))
+            total += s.st_size
+    return total
+
+
 def _last_used(path: Path) -> float:
     """When `path` was last used: a file's later of access and modification time; a directory's latest
     modification, or its direct files' access. A directory's own access time is not use: listing it

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.core.cachelayout import CacheLayout
+from servimg.core.cachestate import tree_size
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.oci.fsindex import chain_key
@@ -62,7 +62,7 @@ def cached_bases(root: Path) -> list[CachedBase]:
         labels = (config.get("config") or {}).get("Labels") or {} if isinstance(config, dict) else {}
         title = labels.get(TITLE, "") if isinstance(labels, dict) else ""
         found[key] = CachedBase(
-            Digest.parse(f"sha256:{blob.name}"), str(title), layers, _tree_size(roots[key])
+            Digest.parse(f"sha256:{blob.name}"), str(title), layers, tree_size(roots[key])
         )
     return sorted(found.values(), key=lambda b: -b.total)
 
@@ -108,17 +108,3 @@ def _size(path: Path) -> int:
     with contextlib.suppress(OSError):
         return path.stat().st_size
     return 0
-
-
-def _tree_size(path: Path) -> int:
-    """Bytes of the regular files under `path`, each inode once."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for directory, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                s = os.lstat(os.path.join(directory, name))
-                if (s.st_dev, s.st_ino) not in seen and not os.path.islink(os.path.join(directory, name)):
-                    seen.add((s.st_dev, s.st_ino))
-                    total += s.st_size
-    return total

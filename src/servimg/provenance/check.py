@@ -242,11 +242,11 @@ def evaluate(policy: Policy, ev: Evidence) -> CheckReport:
     tests = [(f, s) for f, s in good if s.predicate_type == attest.TEST_RESULT_V01]
     rows += _image_rows(ev)
     if "provenance" in policy.require or provs:
-        rows += _provenance_rows(policy, ev, provs, why_not.get("provenance", ""))
+        rows += _provenance_rows(policy, ev, provs, _why_not(why_not.get("provenance", [])))
     if "verify" in policy.require:
         verified = [s for _, s in tests if provenance.is_verify_result(s.predicate)]
-        rows.append(_verify_row(ev, verified, why_not.get("test-result", "")))
-    rows += _ladder_rows(policy, tests, why_not.get("test-result", ""))
+        rows.append(_verify_row(ev, verified, _why_not(why_not.get("test-result", []))))
+    rows += _ladder_rows(policy, tests, _why_not(why_not.get("test-result", [])))
     if policy.fixes:
         rows += [p.finding() for p in fixes.prove(ev, good, policy.fixes, why_not)]
     if "vsa" in policy.require:
@@ -351,24 +351,25 @@ def _image_rows(ev: Evidence) -> list[Finding]:
     return rows
 
 
-def not_counted(policy: Policy, evidence: Evidence) -> dict[str, str]:
-    """Per attestation kind, why what was found of it did not count (`servimg fixes` says so too)."""
+def not_counted(policy: Policy, evidence: Evidence) -> dict[str, list[str]]:
+    """Per attestation kind, why each one found of it did not count (`servimg fixes` says so too)."""
     return _not_counted(_judged(policy, evidence))
 
 
-def _not_counted(judged: Sequence[tuple[Found, list[Finding], bool]]) -> dict[str, str]:
-    """Per attestation kind, why the ones found were not counted (the first reason a FAIL row gives: a
-    wrong key shows on the FAIL line, not only in the WARN rows above it)."""
+def _not_counted(judged: Sequence[tuple[Found, list[Finding], bool]]) -> dict[str, list[str]]:
     reasons: dict[str, list[str]] = {}
     for f, found_rows, usable in judged:
         if usable or not found_rows:
             continue
         why = found_rows[-1].message.removeprefix("ignored: ").removesuffix("; not counted")
         reasons.setdefault(attest.artifact_kind(f.artifact_type), []).append(why)
-    return {
-        kind: f": {len(whys)} found, not counted: " + "; ".join(dict.fromkeys(whys))
-        for kind, whys in reasons.items()
-    }
+    return reasons
+
+
+def _why_not(reasons: Sequence[str]) -> str:
+    """The tail of a FAIL row for want of verified evidence: why the ones found did not count (a wrong key
+    shows on the FAIL line, not only in the WARN rows above it)."""
+    return f": {len(reasons)} found, not counted: " + "; ".join(dict.fromkeys(reasons)) if reasons else ""
 
 
 def _provenance_rows(

@@ -15,7 +15,7 @@ untrusted key) is named and never counts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from servimg.core import jsonview as jv
@@ -95,25 +95,17 @@ def prove(
     ev: Evidence,
     accepted: Sequence[tuple[Found, attest.Statement]],
     fixes: Sequence[str],
-    not_counted: Mapping[str, str] | None = None,
+    not_counted: Mapping[str, Sequence[str]] | None = None,
 ) -> list[FixProof]:
     """One proof per fix asked about (`fixes`), from the verified statements alone (`accepted`)."""
     facts = ev.facts
     provs = [s.predicate for _, s in accepted if s.predicate_type == attest.PROVENANCE_V1]
     tests = [s.predicate for _, s in accepted if s.predicate_type == attest.TEST_RESULT_V01]
-    spec = facts.spec_sha256 if facts is not None else None
-    verifies = [
-        p
-        for p in tests
-        if provenance.is_verify_result(p) and provenance.sha256_of(provenance.test_config(p) or {}) == spec
-    ]
-    passed = {name for p in verifies for name in jv.texts(p.get("passedTests") or [], "passedTests")}
-    failed = {name for p in verifies for name in jv.texts(p.get("failedTests") or [], "failedTests")}
+    passed = verified_sentinels(tests, {facts.spec_sha256} if facts is not None else set())
     ladders = [(provenance.ladder_name(p), provenance.test_config(p) or {}) for p in tests]
+    reasons = not_counted or {}
     ignored = tuple(
-        why.removeprefix(": ")
-        for kind, why in sorted((not_counted or {}).items())
-        if kind in ("provenance", "test-result")
+        dict.fromkeys(why for kind in ("provenance", "test-result") for why in reasons.get(kind, ()))
     )
     out = []
     for fix in fixes:
@@ -121,12 +113,8 @@ def prove(
         if overlay is None:
             out.append(FixProof(fix, None, False, (), (), (), ignored))
             continue
-        sentinels = _sentinels(facts, overlay.id if facts else "")
-        proven = tuple(
-            key
-            for key, subject in sentinels
-            if f"SENTINEL {subject}" in passed and f"SENTINEL {subject}" not in failed
-        )
+        sentinels = sentinels_of(facts.definition, overlay.id) if facts is not None else []
+        proven = tuple(key for key, subject in sentinels if subject in passed)
         named = [f"{key.split(':')[0]}:{key.rsplit('=', 1)[-1]}" for key, _ in sentinels if ":name=" in key]
         witnessed = tuple(
             sorted(
@@ -156,11 +144,23 @@ def _carrier(facts: provenance.ImageFacts | None, fix: str) -> OverlayLock | Non
     return None
 
 
-def _sentinels(facts: provenance.ImageFacts | None, overlay_id: str) -> list[tuple[str, str]]:
-    """(key, probe subject) of each sentinel the image's definition gives the overlay."""
-    if facts is None:
-        return []
-    overlays = jv.seq(facts.definition.get("overlays") or [], "overlays")
+def verified_sentinels(tests: Sequence[Mapping[str, object]], specs: Collection[str]) -> set[str]:
+    """The sentinel subjects (`module:qualname`) a verify result of one of these probe specs (sha256 hex)
+    passed and none failed."""
+    verifies = [
+        p
+        for p in tests
+        if provenance.is_verify_result(p) and provenance.sha256_of(provenance.test_config(p) or {}) in specs
+    ]
+    passed = {name for p in verifies for name in jv.texts(p.get("passedTests") or [], "passedTests")}
+    failed = {name for p in verifies for name in jv.texts(p.get("failedTests") or [], "failedTests")}
+    return {name.removeprefix("SENTINEL ") for name in passed - failed if name.startswith("SENTINEL ")}
+
+
+def sentinels_of(definition: Mapping[str, object], overlay_id: str) -> list[tuple[str, str]]:
+    """(key, probe subject) of each sentinel a definition (the image's, or the one a provenance names)
+    gives the overlay."""
+    overlays = jv.seq(definition.get("overlays") or [], "overlays")
     for item in overlays:
         spec = jv.obj(item, "overlays[]")
         if spec.get("id") != overlay_id:

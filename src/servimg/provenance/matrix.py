@@ -28,6 +28,7 @@ from servimg.provenance import attest
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import accepted
 from servimg.provenance.evidence import CheckError, Found, Located, attestations_only
+from servimg.provenance.fixes import sentinels_of, verified_sentinels
 from servimg.provenance.keys import load_trusted
 from servimg.provenance.policy import Policy, keyids_by_type
 
@@ -168,8 +169,8 @@ def _ladder_runs(tests: Sequence[Mapping[str, object]]) -> list[LadderRun]:
         if name is None:
             continue
         config = provenance.test_config(predicate) or {}
-        notes = config.get("annotations") if isinstance(config.get("annotations"), dict) else {}
-        assert isinstance(notes, dict)
+        raw = config.get("annotations")
+        notes = raw if isinstance(raw, dict) else {}
         verdict = str(notes.get("verdict") or predicate.get("result"))
         if predicate.get("result") != "PASSED" and verdict == "PASS":
             verdict = "FAIL"  # a receipt that says PASS over a failed result: fail closed, as check does
@@ -193,41 +194,22 @@ def proven_fixes(provs: Sequence[Mapping[str, object]], tests: Sequence[Mapping[
     out: list[str] = []
     for prov in provs:
         specs = {
-            str(jv.obj(d.get("digest") or {}, "digest").get("sha256"))
+            spec
             for d in provenance.provenance_dependencies(prov, provenance.ROLE_PROBE_SPEC)
+            if (spec := provenance.sha256_of(d)) is not None
         }
-        verifies = [
-            t
-            for t in tests
-            if provenance.is_verify_result(t)
-            and str(jv.obj((provenance.test_config(t) or {}).get("digest") or {}, "digest").get("sha256"))
-            in specs
-        ]
-        passed = {n for t in verifies for n in jv.texts(t.get("passedTests") or [], "passedTests")}
-        failed = {n for t in verifies for n in jv.texts(t.get("failedTests") or [], "failedTests")}
+        passed = verified_sentinels(tests, specs)
+        build = prov.get("buildDefinition")
+        named = build.get("externalParameters") if isinstance(build, dict) else None
+        definition = named if isinstance(named, dict) else {}
         for dep in provenance.provenance_dependencies(prov, provenance.ROLE_PATCH):
             notes = dep.get("annotations")
             if not isinstance(notes, dict):
                 continue
-            subjects = _sentinel_subjects(prov, str(notes.get("overlay")))
-            names = {f"SENTINEL {s}" for s in subjects}
-            if subjects and names <= passed and not names & failed:
+            subjects = {subject for _, subject in sentinels_of(definition, str(notes.get("overlay")))}
+            if subjects and subjects <= passed:
                 out += [f for f in jv.texts(notes.get("fixes") or [], "fixes") if f not in out]
     return out
-
-
-def _sentinel_subjects(prov: Mapping[str, object], overlay_id: str) -> list[str]:
-    build = prov.get("buildDefinition")
-    definition = build.get("externalParameters") if isinstance(build, dict) else None
-    overlays = definition.get("overlays") if isinstance(definition, dict) else None
-    for overlay in overlays if isinstance(overlays, list) else []:
-        if isinstance(overlay, dict) and overlay.get("id") == overlay_id:
-            return [
-                f"{s.get('module')}:{s.get('qualname')}"
-                for s in overlay.get("sentinels") or []
-                if isinstance(s, dict)
-            ]
-    return []
 
 
 def markdown(rows: Sequence[MatrixRow]) -> str:
