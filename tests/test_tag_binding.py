@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +125,45 @@ def test_lock_derived_tag_passes_and_a_re_pointed_tag_fails_naming_both_locks(
     assert [r for r in out["report"]["rows"] if r["verdict"] == "FAIL"] == [rows(out)["tag"]], (
         "every other check passes: the tag is the only thing that lies"
     )
+
+
+def test_check_of_a_pulled_tag_judges_what_the_registry_serves_not_a_stale_engine_copy(
+    images: dict[str, Any], registry: Any, keyring: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48 item 1: pull, then the tag is re-pointed in the registry; `check REF` (no --remote) must
+    judge the registry's image and FAIL naming both digests, never PASS the engine's old copy."""
+    clean, variant = images["clean"], images["variant"]
+    ref = images["refs"]["clean"]
+    tag = ref.rpartition(":")[2]
+    subprocess.run(["docker", "pull", "-q", ref], check=True, capture_output=True, text=True)
+    try:
+        code, out = run_cli("check", ref, "--key", str(keyring["pub"]), capsys=capsys)
+        assert code == 0, out
+        assert "the engine's copy is that image" in rows(out)["image"]["why"], out
+        with RegistryClient(registry.host) as client:
+            client.put_manifest(REPO, tag, variant.image.manifest_bytes, variant.image.media_type)
+        try:
+            code, out = run_cli("check", ref, "--key", str(keyring["pub"]), capsys=capsys)
+            assert main(["check", ref, "--key", str(keyring["pub"])]) == 1
+            text = capsys.readouterr()
+            save("stale-engine-copy.txt", f"$ servimg check {ref} --key trusted.pub\n" + text.out + text.err)
+            # The engine's copy on its own terms is still reachable, by asking for it explicitly.
+            own, own_out = run_cli(
+                "check", f"docker-daemon:{ref}", "--key", str(keyring["pub"]), capsys=capsys
+            )
+        finally:
+            with RegistryClient(registry.host) as client:
+                client.put_manifest(REPO, tag, clean.image.manifest_bytes, clean.image.media_type)
+        assert code == 1, out
+        stale = rows(out)["registry tag"]
+        assert stale["verdict"] == "FAIL"
+        assert str(variant.image.digest) in stale["why"] and str(clean.image.digest) in stale["why"], stale
+        assert out["report"]["digest"] == str(variant.image.digest), "the subject is the registry's image"
+        own_report = own_out.get("report", own_out)
+        assert "registry tag" not in rows(own_out) and own_report["digest"] == str(clean.image.digest)
+        assert own == 0, own_out
+    finally:
+        subprocess.run(["docker", "rmi", ref], capture_output=True)
 
 
 def test_push_and_promote_refuse_a_template_tag_naming_another_lock(

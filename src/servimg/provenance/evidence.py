@@ -119,7 +119,8 @@ def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, rem
     kind = found.kind
     if kind == "engine":
         name = found.target.location
-        located = _locate_engine(name, name, repo, store, log)
+        # `docker-daemon:NAME` asks for the engine's copy itself; a bare NAME:TAG is what a node pulls.
+        located = _locate_engine(name, name, repo, store, log, as_pulled=not found.explicit)
         if located is None:
             raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
         return located
@@ -150,7 +151,9 @@ def _locate_registry(ref_text: str, log: Log) -> Located:
     return Located(ref_text, "registry", image, ref.registry, ref.repository, notes=(note,))
 
 
-def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore, log: Log) -> Located | None:
+def _locate_engine(
+    ref: str, name: str, repo_hint: str | None, store: BlobStore, log: Log, *, as_pulled: bool = True
+) -> Located | None:
     try:
         attrs = engine.inspect(name)
     except BackendError:  # no engine, or it lacks the image
@@ -162,6 +165,11 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
         (Reference.parse(text) for text in jv.texts(attrs.get("RepoDigests") or [], "RepoDigests")),
         key=lambda r: (r.name != wanted, r.name != hint_name, str(r)),
     )
+    # A gate judges what a node would pull (issue 48): for a tag in a registry, the registry's answer is
+    # the subject, and the engine's copy stands for it only when it is the same image.
+    answer = _registry_answer(ref, image_id, candidates, log) if as_pulled else None
+    if answer is not None:
+        return answer
     notes: list[Finding] = []
     for candidate in candidates:
         assert candidate.digest is not None
@@ -184,7 +192,6 @@ def _locate_engine(ref: str, name: str, repo_hint: str | None, store: BlobStore,
                 "the registry's manifest re-hashed, its config is the local image ID)",
             )
         )
-        notes += _tag_drift(ref, candidate, image.digest)
         return Located(ref, "engine", image, candidate.registry, candidate.repository, notes=tuple(notes))
     if repo_hint:
         found = _scan_by_config(repo_hint, image_id, log)
@@ -223,24 +230,81 @@ def _name_of(ref: str | None) -> str | None:
         return None
 
 
-def _tag_drift(ref: str, candidate: Reference, digest: Digest) -> list[Finding]:
-    """A pulled tag may have moved since: say so (the check is about the local image)."""
+def _registry_tag(ref: str, pulled_from: Sequence[Reference]) -> Reference | None:
+    """The registry tag REF names, when a node would pull it from a registry: a `NAME:TAG` whose registry
+    is written (`host[:port]/…`, docker's rule) or whose engine copy came from there (a RepoDigest of the
+    same name). A bare local name (`servimg/vllm:TAG`, never pushed) is the engine's alone."""
     try:
         parsed = Reference.parse(ref)
     except ServimgError:
-        return []
-    if parsed.tag is None or parsed.name != candidate.name:
-        return []
+        return None
+    if parsed.tag is None or parsed.digest is not None or f":{parsed.tag}" not in ref:
+        return None
+    first, slash, _ = ref.partition("/")
+    written = bool(slash) and ("." in first or ":" in first or first == "localhost")
+    if written or any(candidate.name == parsed.name for candidate in pulled_from):
+        return parsed
+    return None
+
+
+def _registry_answer(ref: str, image_id: Digest, candidates: Sequence[Reference], log: Log) -> Located | None:
+    """REF as the registry serves it now, when REF is a registry tag (`_registry_tag`): the engine's copy
+    when it is that image, else the registry's image with a FAIL naming both digests (the engine holds
+    a stale pull). None when REF names no registry tag or the registry cannot be asked (the engine's copy
+    is then judged, and its rows say where it came from)."""
+    tagged = _registry_tag(ref, candidates)
+    if tagged is None or tagged.tag is None:
+        return None
     try:
-        with RegistryClient(parsed.registry) as client:
-            head = client.head_manifest(parsed.repository, parsed.tag)
-    except ServimgError:
-        return []
-    if head is None:
-        return [row("tag", WARN, f"{ref} no longer exists in the registry; checked the local image")]
-    if head[0] != digest:
-        return [row("tag", WARN, f"{ref} now points at {head[0]}; checked the local image {digest}")]
-    return [row("tag", PASS, f"{ref} still points at {digest}")]
+        with RegistryClient(tagged.registry, retries=1, backoff=0.2) as client:
+            head = client.head_manifest(tagged.repository, tagged.tag)
+            if head is None:
+                return _tag_gone(ref, tagged, image_id, candidates)
+            image, media_type = registry.read_image(client, tagged.repository, str(head[0]))
+    except ServimgError as exc:
+        log(f"{ref}: the registry could not be asked ({exc.message}); judging the engine's copy")
+        return None
+    where = (tagged.registry, tagged.repository)
+    if image.config_digest == image_id:
+        log(f"local image {image_id.short} = {tagged} ({image.digest}, the registry's answer)")
+        note = row(
+            "image",
+            PASS,
+            f"{tagged} is {image.digest} in the registry ({media_type}; manifest re-hashed), and the "
+            f"engine's copy is that image (its config {image_id} is the local image ID)",
+        )
+        return Located(ref, "engine", image, *where, notes=(note,))
+    log(f"{ref}: the registry serves {image.digest}; the engine's copy {image_id.short} is another image")
+    stale = row(
+        "registry tag",
+        FAIL,
+        f"{tagged} is {image.digest} in the registry (config {image.config_digest}), but the engine's "
+        f"copy is {_engine_copy(tagged, image_id, candidates)}: judged the registry's image, which is "
+        f"what a node pulls; `docker pull {tagged}` refreshes the engine's copy",
+    )
+    read = row("image", PASS, f"{tagged} is {image.digest} ({media_type}; manifest and config re-hashed)")
+    return Located(ref, "registry", image, *where, notes=(read, stale))
+
+
+def _engine_copy(tagged: Reference, image_id: Digest, candidates: Sequence[Reference]) -> str:
+    pulled = [c for c in candidates if c.name == tagged.name and c.digest is not None]
+    if pulled:
+        return f"{pulled[0].name}@{pulled[0].digest} (image ID {image_id})"
+    return f"image ID {image_id}"
+
+
+def _tag_gone(
+    ref: str, tagged: Reference, image_id: Digest, candidates: Sequence[Reference]
+) -> Located | None:
+    """The registry has no such tag. A copy pulled from there names an image no node can pull any more:
+    FAIL. An image only built into the engine under a registry name is judged as the engine's copy."""
+    if not any(c.name == tagged.name for c in candidates):
+        return None
+    raise CheckError(
+        f"{tagged} is not in the registry any more (the engine's copy is "
+        f"{_engine_copy(tagged, image_id, candidates)}): a node cannot pull it",
+        hint=f"check the tag that is deployed, or `servimg check docker-daemon:{ref}` for the engine's copy",
+    )
 
 
 def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, str, Reference] | None:
