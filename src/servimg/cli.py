@@ -227,6 +227,12 @@ COMMANDS: tuple[Command, ...] = (
         Bound(flags.fixes, "servimg.commands.provenance:fixes"),
     ),
     Command(
+        ("vex",),
+        "the image's OpenVEX document (the advisories its overlays fix), verified; --out writes it",
+        flags.vex_flags,
+        Bound(flags.vex, "servimg.commands.provenance:vex"),
+    ),
+    Command(
         ("matrix",),
         "which vLLM + LMCache pairings are qualified: a row per digest of a repository, from signed evidence",
         flags.matrix_flags,

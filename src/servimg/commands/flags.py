@@ -425,6 +425,19 @@ def fixes(a: argparse.Namespace) -> params.Fixes:
     return params.Fixes(a.ref, a.policy, lookup(a))
 
 
+def vex_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help=REF_HELP)
+    p.add_argument(
+        "--out", type=Path, default=None, metavar="FILE", help="write the OpenVEX document (trivy --vex FILE)"
+    )
+    lookup_flags(p)
+    p.add_argument("--policy", type=Path, default=None, help="policy file (its keys and predicate types)")
+
+
+def vex(a: argparse.Namespace) -> params.Vex:
+    return params.Vex(a.ref, a.out, a.policy, lookup(a))
+
+
 def matrix_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "repository", help="HOST/REPO (a registry repository) or oci:DIR (a layout): every tag in it"

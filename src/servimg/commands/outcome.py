@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from servimg.core.errors import ServimgError
+from servimg.core.errors import ServimgError, host_error
 from servimg.core.findings import Findings
 
 Fields = Mapping[str, object]
@@ -43,11 +43,16 @@ BUG_HINT = "this is a bug in servimg; rerun with SERVIMG_DEBUG=1 for the traceba
 
 def attempt(target: str, run: Callable[[], Outcome]) -> Outcome:
     """One target: its outcome, or its failure as an outcome. A non-servimg exception is a bug: still
-    one FAIL, with the traceback only under SERVIMG_DEBUG."""
+    one FAIL, with the traceback only under SERVIMG_DEBUG. The machine refusing (a file where a directory
+    belongs, a full disk) is the user's to mend, not a bug: named with its path and the way out."""
     try:
         return run()
     except ServimgError as exc:
         return Outcome(target, error=exc)
+    except OSError as exc:
+        if os.environ.get("SERVIMG_DEBUG"):
+            raise
+        return Outcome(target, error=host_error(exc))
     except Exception as exc:
         if os.environ.get("SERVIMG_DEBUG"):
             raise

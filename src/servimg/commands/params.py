@@ -251,6 +251,14 @@ class Fixes:
 
 
 @dataclass(frozen=True)
+class Vex:
+    ref: str
+    out: Path | None = None  # write the OpenVEX document here (what `trivy image --vex FILE` reads)
+    policy: Path | None = None
+    lookup: Lookup = Lookup()
+
+
+@dataclass(frozen=True)
 class Matrix:
     repository: str  # HOST/REPO
     markdown: bool = False

@@ -12,6 +12,9 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt, tally
 from servimg.commands.platformref import index_of, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
+from servimg.core import jsonview as jv
+from servimg.core.atomic import write_output
+from servimg.core.canonical import dumps_pretty
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import Findings
 from servimg.core.platform import Platform
@@ -20,6 +23,7 @@ from servimg.proof.verify import VerifyReport
 from servimg.provenance import attach, card, indexcheck, keys
 from servimg.provenance import fixes as fixproof
 from servimg.provenance import matrix as qualified
+from servimg.provenance.attest import OPENVEX_V020
 from servimg.provenance.check import (
     CheckFailed,
     Policy,
@@ -32,6 +36,7 @@ from servimg.provenance.check import (
 )
 from servimg.provenance.dsse import Signer
 from servimg.provenance.evidence import CheckError, Evidence, collect, locate
+from servimg.provenance.vex import advisories
 
 
 def policy_of(flags: params.PolicyFlags, trusted: Sequence[Path]) -> Policy:
@@ -271,6 +276,46 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
             else None
         )
         return Outcome(p.ref, fields, as_json, report if proofs else None, error=error)
+
+    yield attempt(p.ref, run)
+
+
+def vex(p: params.Vex, ctx: Context) -> Iterator[Outcome]:
+    """`servimg vex REF`: the OpenVEX document this digest's trusted evidence carries (servimg.provenance.vex:
+    one statement per advisory an overlay fixes), printed and with --out written where a scanner reads it
+    (`trivy image --vex FILE`). FAIL when no trusted OpenVEX statement is about this image."""
+
+    def run() -> Outcome:
+        policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
+        located = locate(p.ref, ctx.store, ctx.log, repo=p.lookup.repo, remote=p.lookup.remote)
+        evidence = gather(located, ctx.store, ctx.log, policy)
+        documents = [s.predicate for _, s in accepted(policy, evidence) if s.predicate_type == OPENVEX_V020]
+        if not documents:
+            declared = [a.id for a in advisories(evidence.facts)] if evidence.facts is not None else []
+            raise CheckError(
+                f"{p.ref} ({located.digest}): no trusted OpenVEX statement is about this image"
+                + (
+                    f" (its overlays fix {', '.join(declared)})"
+                    if declared
+                    else " (no overlay of its lock fixes an advisory: `fixes:` with CVE-… or GHSA-… ids)"
+                ),
+                hint="pass the signer's key with --key; `servimg push IMAGE HOST/REPO --key KEY` attaches "
+                "the VEX of an image whose overlays fix an advisory",
+            )
+        document = documents[0]
+        data = dumps_pretty(document)
+        if p.out is not None:
+            write_output(p.out, data)
+        said = [
+            f"{jv.member(s, 'vulnerability', 'name')}: {s.get('status')} in "
+            + ", ".join(str(jv.obj(x).get("@id")) for x in jv.seq(s.get("products") or []))
+            for s in jv.seq(document.get("statements") or [])
+            if isinstance(s, dict)
+        ]
+        fields: dict[str, object] = {"digest": str(located.digest), "statements": said}
+        if p.out is not None:
+            fields["written"] = str(p.out)
+        return Outcome(p.ref, fields, {**fields, "openvex": document})
 
     yield attempt(p.ref, run)
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from servimg.core.errors import HostError, host_error
+
 
 @contextlib.contextmanager
 def atomic_stream(path: Path, mode: int = 0o644, *, durable: bool = True) -> Iterator[BinaryIO]:
@@ -42,6 +44,22 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Atomically replace `path` with `data` (file mode `mode`; the parent directory must exist)."""
     with atomic_stream(path, mode) as fh:
         fh.write(data)
+
+
+def write_output(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """A file the user named (`--out FILE`), replaced atomically; a path of the wrong kind or a missing
+    parent is refused before anything is written, and a failed write leaves the old file as it was."""
+    if path.is_dir():
+        raise HostError(f"{path} is a directory, where a file belongs", hint="name a file, not a directory")
+    if not path.parent.is_dir():
+        what = "is not a directory" if path.parent.exists() else "does not exist"
+        raise HostError(
+            f"{path}: its parent {path.parent} {what}", hint=f"mkdir -p {path.parent}, or name another file"
+        )
+    try:
+        atomic_write(path, data, mode)
+    except OSError as exc:
+        raise host_error(exc, f"writing {path}") from None
 
 
 def sync_dir(directory: Path) -> None:

@@ -6,6 +6,7 @@ message a user reads names the input that was wrong, and `diagnostics()` names t
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 
@@ -43,6 +44,49 @@ class ServimgError(Exception):
             "problems": list(self.problems),
             "hint": self.hint,
         }
+
+
+class HostError(ServimgError):
+    """The machine refused: a path of the wrong kind (a file where a directory belongs), a missing parent,
+    no permission, a read-only file system, a full disk. A user's mistake or a machine's limit, never a bug
+    in servimg: the message names the path, the hint the way out (issue 48 item 6)."""
+
+
+FULL_DISK_HINT = (
+    "free space on that file system, or point SERVIMG_CACHE at a larger disk, or make room in the cache "
+    "with `servimg cache prune --max-size SIZE`; nothing was published, run the command again"
+)
+
+
+def host_error(exc: OSError, doing: str = "") -> HostError:
+    """`exc` as the user reads it: which path, what is wrong with it, and what to do next."""
+    path = exc.filename if exc.filename is not None else "?"
+    other = f" (and {exc.filename2})" if exc.filename2 is not None else ""
+    prefix = f"{doing}: " if doing else ""
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        message, hint = f"no space left on the device holding {path}", FULL_DISK_HINT
+    elif code == errno.EEXIST:
+        message, hint = f"{path} already exists", "choose a path that does not exist yet, or remove it first"
+    elif code == errno.ENOTDIR:
+        message = f"{path}: a file is where a directory belongs (a part of this path is not a directory)"
+        hint = "name a directory, or a new path whose parent is a directory"
+    elif code == errno.EISDIR:
+        message, hint = f"{path} is a directory, where a file belongs", "name a file, not a directory"
+    elif code == errno.ENOENT:
+        message = f"{path}: no such file or directory"
+        hint = "check the path; a new file's or directory's parent directory must exist (mkdir -p it)"
+    elif code in (errno.EACCES, errno.EPERM):
+        message, hint = (
+            f"{path}: permission denied",
+            "choose a place you may write to, or fix its permissions",
+        )
+    elif code == errno.EROFS:
+        message, hint = f"{path} is on a read-only file system", "choose a writable place"
+    else:
+        message = f"{path}: {exc.strerror or exc}"
+        hint = "check the path and the file system it is on, then run the command again"
+    return HostError(f"{prefix}{message}{other}", hint=hint)
 
 
 class DefinitionError(ServimgError):

@@ -106,16 +106,17 @@ def build_statements(
     *,
     invocation: Invocation,
     builder: str | None = None,
+    pulled_from: str | None = None,
 ) -> list[Envelope]:
     """The provenance, the verify test-result and the SBOM of `image` (every layer in `store`), as
     envelopes (deterministic when the invocation has no times: ed25519 signatures are, so a rerun
-    attaches nothing new)."""
+    attaches nothing new). `pulled_from` is the registry repository it is published to (VEX names it)."""
     name = provenance.subject_name(facts)
     subjects = provenance.subjects(name, image.digest, image.config_digest)
     prov = provenance.provenance_predicate(facts, invocation, provenance.builder_id(builder))
     verify = provenance.verify_predicate(report, facts)
     bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), name)
-    document = vex.openvex(facts, name, image.digest, provenance.builder_id(builder))
+    document = vex.openvex(facts, name, image.digest, provenance.builder_id(builder), pulled_from=pulled_from)
     vex_envelopes = (
         [_make("vex", attest.OPENVEX_V020, attest.statement(subjects, attest.OPENVEX_V020, document), key)]
         if document is not None
@@ -203,7 +204,10 @@ def push_image(
     elif not report.ok:
         raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")
     invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
-    envelopes = build_statements(image, facts, report, key, store, invocation=invocation, builder=builder)
+    pulled_from = None if target.is_layout else vex.repository_url(target.registry_ref)
+    envelopes = build_statements(
+        image, facts, report, key, store, invocation=invocation, builder=builder, pulled_from=pulled_from
+    )
     note = None
     if key is None and not unsigned:
         signed = signed_attestations(target, image.digest)

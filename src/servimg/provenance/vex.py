@@ -3,9 +3,10 @@ its base version, so scanners (Trivy, Grype, Docker Scout) still report the advi
 statement says it is fixed *in this image*.
 
 - OpenVEX v0.2.0 (https://github.com/openvex/spec, OPENVEX-SPEC.md): one document per image, one statement
-  per advisory, status `fixed`, the product `pkg:oci/<name>@sha256%3A<hex>?repository_url=<repository>`
-  with the patched distribution `pkg:pypi/<name>@<version>` as its subcomponent. Attached as a signed
-  in-toto attestation (predicate type = the OpenVEX context), in every format servimg publishes.
+  per advisory, status `fixed`, the product
+  `pkg:oci/<name>@sha256%3A<hex>?repository_url=<host[:port]/repo>` (the repository it is published to:
+  `oci_purl`) with the patched distribution `pkg:pypi/<name>@<version>` as its subcomponent. Attached as
+  a signed in-toto attestation (predicate type = the OpenVEX context), in every format servimg publishes.
 - CycloneDX 1.6 carries the same in the SBOM (`provenance.sbom`): the overlay's pedigree patch `resolves`
   the advisory, and `vulnerabilities[]` says `analysis.state: resolved` for the patched component.
 
@@ -23,6 +24,7 @@ from urllib.parse import quote
 
 from servimg.core import fixid
 from servimg.core.digest import Digest
+from servimg.core.reference import DEFAULT_REGISTRY, Reference
 from servimg.provenance import attest
 from servimg.provenance.statements import ImageFacts
 
@@ -67,20 +69,38 @@ def advisories(facts: ImageFacts) -> list[Advisory]:
     return out
 
 
-def oci_purl(name: str, digest: Digest) -> str:
-    """`pkg:oci/<last path segment>@sha256%3A<hex>?repository_url=<name>` (purl-spec, type oci)."""
-    repository = name.split("@", 1)[0].rsplit(":", 1)[0] if "/" in name else name
-    last = repository.rsplit("/", 1)[-1]
-    return f"pkg:oci/{last}@{quote(str(digest), safe='')}?repository_url={quote(repository, safe='/:')}"
+def repository_url(ref: Reference) -> str:
+    """Where a node pulls `ref`'s repository from, as purl's `repository_url` writes it: host[:port]/path,
+    Docker Hub as `docker.io` (the purl spec's own example, and what scanners print)."""
+    host = "docker.io" if ref.registry == DEFAULT_REGISTRY else ref.registry
+    return f"{host}/{ref.repository}"
 
 
-def openvex(facts: ImageFacts, name: str, digest: Digest, author: str) -> dict[str, object] | None:
-    """The OpenVEX document for the image, or None when its overlays fix no advisory."""
+def oci_purl(repository: str, digest: Digest, *, pulled_from: str | None) -> str:
+    """The image as purl-spec's `oci` type writes it (PURL-TYPES.rst, `oci`): the name is the last path
+    segment of the repository, lowercased; the version is the manifest digest (its `:` percent-encoded);
+    `repository_url` is the repository a node pulls it from, with host and port
+    (`127.0.0.1:5000/myorg/vllm`). `pulled_from` is None where the image has no such place yet (an OCI
+    layout): then the digest alone identifies it. Scanners (Trivy) name a scanned image the same way, so
+    their matching of a VEX product is a comparison of these parts (tests/test_vex.py checks it against
+    a real Trivy)."""
+    name = (pulled_from or repository).rstrip("/").rsplit("/", 1)[-1].lower()
+    purl = f"pkg:oci/{quote(name, safe='')}@{quote(str(digest), safe='')}"
+    if pulled_from is None:
+        return purl
+    return f"{purl}?repository_url={quote(pulled_from, safe='/:')}"
+
+
+def openvex(
+    facts: ImageFacts, name: str, digest: Digest, author: str, *, pulled_from: str | None
+) -> dict[str, object] | None:
+    """The OpenVEX document for the image, or None when its overlays fix no advisory. `name` is the
+    definition's repository; `pulled_from` the registry repository the image is published to (`oci_purl`)."""
     found = advisories(facts)
     if not found:
         return None
     when = dt.datetime.fromtimestamp(facts.lock.source_date_epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    product = oci_purl(name, digest)
+    product = oci_purl(name, digest, pulled_from=pulled_from)
     statements = [
         {
             "vulnerability": {"name": advisory.id},
