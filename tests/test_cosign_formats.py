@@ -207,7 +207,11 @@ def test_containers_gpg_and_sigstore_policies(tmp_path: Path) -> None:
         "transports": {
             "docker": {
                 "127.0.0.1:5000/servimg": [
-                    {"type": "signedBy", "keyType": "GPGKeys", "keyPath": str(gpg_key.resolve())}
+                    {
+                        "type": "signedBy",
+                        "keyType": "GPGKeys",
+                        "keyData": base64.b64encode(gpg_key.read_bytes()).decode(),
+                    }
                 ]
             }
         },
@@ -232,7 +236,7 @@ def test_containers_gpg_and_sigstore_policies(tmp_path: Path) -> None:
     requirement = json.loads(files["policy.json"])["transports"]["docker"]["r:5000"][0]  # type: ignore[arg-type]
     assert requirement == {
         "type": "sigstoreSigned",
-        "keyPath": str(pub.resolve()),
+        "keyData": base64.b64encode(pub.read_bytes()).decode(),
         "signedIdentity": {"type": "matchRepository"},
     }
     assert yaml.safe_load(files["registries.d/servimg.yaml"]) == {  # type: ignore[arg-type]
@@ -247,6 +251,27 @@ def test_export_refusals_write_nothing(tmp_path: Path) -> None:
     assert main([*base, "http://r:5000", "--runtime", "containers", "--key", "/dev/null"]) != 0
     assert main([*base, "r:5000", "--runtime", "containers", "--key", "/dev/null"]) != 0  # gpg, no lookaside
     assert main([*base, "r:5000"]) != 0
+    assert not out.exists()
+
+
+def test_a_key_of_the_wrong_kind_is_refused_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 48 item 3: a PEM key under --signatures gpg made a policy that refused every image, exit 0."""
+    pem = tmp_path / "servimg.pub"
+    pem.write_bytes(SigningKey.generate("ecdsa-p256").public_key.to_pem())
+    gpg = tmp_path / "a.asc"
+    gpg.write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\n")
+    out = tmp_path / "out"
+    base = ["policy", "export", "--out", str(out), "--registry", "r:5000", "--runtime", "containers"]
+    assert main([*base, "--signatures", "gpg", "--key", str(pem), "--lookaside", "https://s.invalid"]) == 1
+    said = capsys.readouterr().out
+    assert f"--key {pem} is a PEM public key, but --signatures gpg needs an OpenPGP (GPG) public key" in said
+    assert "gpg --export --armor" in said
+    assert main([*base, "--signatures", "sigstore", "--key", str(gpg)]) == 1
+    assert "is an OpenPGP (GPG) public key, but --signatures sigstore needs a PEM public key" in (
+        capsys.readouterr().out
+    )
     assert not out.exists()
     pub = tmp_path / "k.pub"
     pub.write_bytes(SigningKey.generate().public_key.to_pem())

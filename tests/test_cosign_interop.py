@@ -658,7 +658,11 @@ def podman_pull(
 
 @pytest.fixture(scope="module")
 def gpg_policy(world: dict[str, Any], signed: dict[str, Any]) -> Path:
-    out = world["root"] / "containers"
+    """The exported folder, moved somewhere else and its key file gone (issue 48 item 3): every test that
+    runs skopeo and podman under it proves it is complete and relocatable, as a copy on a node is."""
+    made = world["root"] / "exported-here"
+    key = made.parent / "export-key.asc"
+    shutil.copy(world["root"] / "a.asc", key)
     code = main(
         [
             "policy",
@@ -668,16 +672,23 @@ def gpg_policy(world: dict[str, Any], signed: dict[str, Any]) -> Path:
             "--signatures",
             "gpg",
             "--key",
-            str(world["root"] / "a.asc"),
+            str(key),
             "--registry",
             world["host"],
             "--lookaside",
             f"file://{world['lookaside']}",
             "--out",
-            str(out),
+            str(made),
         ]
     )
     assert code == 0
+    key.unlink()
+    out = world["root"] / "containers"
+    shutil.move(made, out)
+    assert (
+        str(made) not in (out / "policy.json").read_text()
+        and "export-key" not in (out / "policy.json").read_text()
+    )
     return out
 
 

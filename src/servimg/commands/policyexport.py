@@ -40,9 +40,9 @@ def _documents(p: params.PolicyExport) -> dict[str, bytes]:
     if p.runtime == "containers":
         if len(p.key) != 1:
             raise UsageError(f"--runtime containers takes exactly one --key, not {len(p.key)}")
-        key = str(p.key[0].resolve())
         if not p.key[0].is_file():
-            raise UsageError(f"--key {p.key[0]}: no such file")
+            raise UsageError(f"--key {p.key[0]}: no such file", hint="the path of a public key file")
+        key = export.containers_key(p.signatures, str(p.key[0]), p.key[0].read_bytes())
         policy = export.containers_policy(p.signatures, key, p.registry)
         files["policy.json"] = json.dumps(policy, indent=2).encode() + b"\n"
         files["registries.d/servimg.yaml"] = export.to_yaml(

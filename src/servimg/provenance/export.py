@@ -18,6 +18,7 @@ Pure: documents in, documents out; the command writes them (atomically).
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -54,15 +55,57 @@ def check_scope(registry: str) -> str:
 # ------------------------------------------------------------------------------------------- containers
 
 
-def containers_policy(signatures: str, key_path: str, registry: str) -> dict[str, object]:
-    """policy.json: the servimg registry scope needs a signature by the key, every other image is refused."""
+_PGP_ARMOR = b"-----BEGIN PGP PUBLIC KEY BLOCK-----"
+_PEM_PUBLIC = b"-----BEGIN PUBLIC KEY-----"
+
+
+def key_kind(data: bytes) -> str | None:
+    """`gpg` for an OpenPGP public key (armored, or binary: its first packet a public key, tag 6), `pem` for
+    a PEM public key, None for anything else."""
+    text = data.lstrip()
+    if text.startswith(_PGP_ARMOR):
+        return "gpg"
+    if text.startswith(_PEM_PUBLIC):
+        return "pem"
+    if data[:1] and data[0] & 0x80:  # an OpenPGP packet header (RFC 4880 §4.2): old or new format
+        tag = data[0] & 0x3F if data[0] & 0x40 else (data[0] >> 2) & 0x0F
+        return "gpg" if tag == 6 else None
+    return None
+
+
+def containers_key(signatures: str, key_file: str, data: bytes) -> bytes:
+    """The key a containers policy can use for `signatures`, refused with the way out when it is of the
+    other kind: a PEM key under `signedBy` (GPGKeys) makes skopeo and podman refuse every image ("No public
+    keys imported") while the export looked fine (issue 48 item 3)."""
+    wanted = "gpg" if signatures == "gpg" else "pem"
+    found = key_kind(data)
+    if found == wanted:
+        return data
+    said = {"gpg": "an OpenPGP (GPG) public key", "pem": "a PEM public key", None: "no public key we know"}
+    hint = (
+        "pass the armored GPG public key of the key `servimg push --gpg-key FPR` signs with "
+        "(gpg --export --armor FPR > key.asc), or use --signatures sigstore for a PEM key"
+        if wanted == "gpg"
+        else "pass the PEM public key (`servimg key generate` writes it as NAME.pub), or use "
+        "--signatures gpg for a GPG key"
+    )
+    raise ExportError(
+        f"--key {key_file} is {said[found]}, but --signatures {signatures} needs {said[wanted]}", hint=hint
+    )
+
+
+def containers_policy(signatures: str, key: bytes, registry: str) -> dict[str, object]:
+    """policy.json: the servimg registry scope needs a signature by the key, every other image is refused.
+    The key is in the file (`keyData`, containers-policy.json(5)), not a path on this machine: the folder is
+    complete and can be copied to the nodes as it is."""
+    key_data = base64.b64encode(key).decode()
     if signatures == "gpg":
-        requirement: dict[str, object] = {"type": "signedBy", "keyType": "GPGKeys", "keyPath": key_path}
+        requirement: dict[str, object] = {"type": "signedBy", "keyType": "GPGKeys", "keyData": key_data}
     else:
         # cosign's identity is the repository (its payload's docker-reference has no tag).
         requirement = {
             "type": "sigstoreSigned",
-            "keyPath": key_path,
+            "keyData": key_data,
             "signedIdentity": {"type": "matchRepository"},
         }
     return {"default": [{"type": "reject"}], "transports": {"docker": {check_scope(registry): [requirement]}}}
