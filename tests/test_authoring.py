@@ -103,6 +103,28 @@ def test_edit_change_save_build_verify(
     # A second overlay whose hunk's context is the first one's line: the first cannot be dropped alone.
     more = "        self._servimg_schedule_more = True\n"
     (tree / SCHEDULER).write_text(source.replace(ADDED, ADDED + more, 1))
+    # Issue 48: an id in use names the way out; a malformed fix id says what is allowed. Nothing written.
+    taken = run(
+        "overlay", "save", str(definition), "vllm", "--dir", str(tree), "--id", "count-calls", capsys=capsys
+    )
+    assert taken["status"] == "FAIL" and f"servimg overlay drop {definition} count-calls" in taken["hint"]
+    bad = run(
+        "overlay",
+        "save",
+        str(definition),
+        "vllm",
+        "--dir",
+        str(tree),
+        "--id",
+        "more",
+        "--description",
+        "d",
+        "--fixes",
+        "GHSA-0000-1111-aaaa",
+        capsys=capsys,
+    )
+    assert bad["status"] == "FAIL" and "23456789cfghjmpqrvwx" in bad["problems"][0], bad
+    assert {p: p.read_bytes() for p in kept} == kept and not (repo / "overlays/vllm/more.patch").exists()
     saved_more = run(
         "overlay",
         "save",
@@ -114,9 +136,17 @@ def test_edit_change_save_build_verify(
         "more",
         "--description",
         "sets a second attribute (a test)",
+        "--fixes",
+        "vllm-project/vllm#99999",
+        "--upstream",
+        "https://github.com/vllm-project/vllm/pull/99999",
         capsys=capsys,
     )
     assert saved_more["status"] == "OK", saved_more
+    entry = ImageDefinition.load(definition).overlays[-1]
+    assert entry.fixes == ("vllm-project/vllm#99999",), "written by save: no YAML edited by hand"
+    assert entry.upstream == ("https://github.com/vllm-project/vllm/pull/99999",)
+    assert json.loads(lock_file.read_text())["overlays"][-1]["fixes"] == ["vllm-project/vllm#99999"]
     kept = {p: p.read_bytes() for p in (definition, lock_file)}
     refused = run("overlay", "drop", str(definition), "count-calls", capsys=capsys)
     assert refused["status"] == "FAIL" and "no longer applies without it" in refused["message"], refused

@@ -67,7 +67,9 @@ def test_a_malformed_fix_is_refused_with_the_accepted_forms() -> None:
     assert any("'PR-54505' is not a fix id: use OWNER/REPO#NUMBER" in p for p in refused.value.problems)
 
 
-def test_fixes_are_left_out_when_empty_and_carried_when_given(tmp_path: Path) -> None:
+def test_fixes_are_left_out_when_empty_and_carried_when_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A definition and a lock without fixes keep their bytes; with them, the lock carries them."""
     base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members())])
     definition = fb.make_repo(tmp_path / "repo", base)
@@ -79,6 +81,15 @@ def test_fixes_are_left_out_when_empty_and_carried_when_given(tmp_path: Path) ->
     with_fix = text.replace("    sha256:", f"    fixes: [{FIX}, CVE-2025-12345]\n    sha256:", 1)
     assert with_fix != text
     definition.write_text(with_fix)
+    # Issue 48 item 4: a fix no sentinel can prove is refused where it is written, and nothing moves.
+    before = lock_file.read_bytes()
+    assert fb.main(["lock", str(definition), "--cache", cache]) == 1
+    said = capsys.readouterr()
+    assert "overlays[0].fixes: overlay 'tiny-fix' says it fixes" in said.out + said.err
+    assert "has no sentinel to prove it by" in said.out + said.err
+    assert lock_file.read_bytes() == before, "the lock was not rewritten"
+    sentinel = "    sentinels: [{module: tinypkg.mod, qualname: answer, const: 42}]\n    sha256:"
+    definition.write_text(with_fix.replace("    sha256:", sentinel, 1))
     assert fb.main(["lock", str(definition), "--cache", cache, "--quiet"]) == 0
     locked = Lock.load(lock_file)
     assert locked.overlays[0].fixes == (FIX, "CVE-2025-12345")

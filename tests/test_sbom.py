@@ -82,7 +82,9 @@ def _pushed(root: Path, *, upstream: bool, fixes: tuple[str, ...] = ()) -> dict[
         definition.write_text(text)
     if fixes:
         text = definition.read_text().replace(
-            "    package: tinypkg\n", f"    package: tinypkg\n    fixes: [{', '.join(fixes)}]\n"
+            "    package: tinypkg\n",
+            f"    package: tinypkg\n    fixes: [{', '.join(fixes)}]\n"
+            "    sentinels: [{module: tinypkg.mod, qualname: answer, const: 42}]\n",
         )
         definition.write_text(text)
     pair = keys.generate(root / "keys", "sbom")

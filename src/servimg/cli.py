@@ -142,7 +142,9 @@ COMMANDS: tuple[Command, ...] = (
         "turn the edits in --dir into overlays/PACKAGE/ID.patch, add it with a sentinel, lock again",
         flags.overlay_flags(save=True),
         Bound(
-            lambda a: params.OverlaySave(a.definition, a.package, a.dir, a.id, a.description),
+            lambda a: params.OverlaySave(
+                a.definition, a.package, a.dir, a.id, a.description, tuple(a.fixes), tuple(a.upstream)
+            ),
             "servimg.commands.overlay:save",
         ),
     ),

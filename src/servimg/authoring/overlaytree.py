@@ -29,6 +29,7 @@ from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.build.context import Context
 from servimg.build.pipeline import Resolution, lock, resolve
 from servimg.build.seams import DEFAULT, Seams
+from servimg.core import fixid
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest, sha256_hex
@@ -119,13 +120,20 @@ def save(
     log: Log,
     *,
     description: str | None = None,
+    fixes: tuple[str, ...] = (),
+    upstream: tuple[str, ...] = (),
     seams: Seams = DEFAULT,
 ) -> Saved:
     """The edits as overlays/PACKAGE/ID.patch, added to the definition and locked. Without `description`
     the entry gets the placeholder and the definition is not locked (lock and build refuse it until the
-    description says what the overlay fixes)."""
+    description says what the overlay fixes). `fixes` and `upstream` are written into the entry, so no
+    YAML is edited by hand; a fix needs a sentinel to be proven by, so one without is refused."""
     if description is not None and not description.strip():
         raise OverlayError("--description is empty", hint="say what the overlay fixes and why")
+    bad = [f"--fixes {fix}: {fixid.why_not(fix)}" for fix in fixes if fixid.kind(fix) is None]
+    bad += [f"--upstream {ref!r} is empty" for ref in upstream if not ref.strip()]
+    if bad:
+        raise OverlayError(f"{len(bad)} bad value(s); nothing was written", problems=bad, hint=fixid.HINT)
     manifest = _manifest(directory, package)
     changed = [rel for rel, sha in sorted(manifest.files.items()) if _changed(directory / rel, sha)]
     missing = [rel for rel in manifest.files if not (directory / rel).is_file()]
@@ -143,7 +151,11 @@ def save(
     repo = definition.resolve().parent.parent
     patch_path = repo / "overlays" / package / f"{overlay_id}.patch"
     if patch_path.exists():
-        raise OverlayError(f"{patch_path} exists; nothing was written", hint="choose another --id")
+        raise OverlayError(
+            f"{patch_path} exists; nothing was written",
+            hint=f"choose another --id, or take the old overlay out first: servimg overlay drop {definition} "
+            f"{overlay_id}",
+        )
     resolution = resolve(definition, Context(store, log, seams=seams))
     site = _site(resolution, package)
     stacked = {c.path: c.content for c in resolution.changes}
@@ -156,6 +168,13 @@ def save(
         )
     _refuse_what_does_not_compile(resolution, site, directory, changed, store)
     sentinels = _proposals(resolution, site, old, directory, changed, log)
+    if fixes and not sentinels:
+        raise OverlayError(
+            f"--fixes {', '.join(fixes)}: no sentinel could be proposed for this change, and a fix is proven "
+            "by its overlay's sentinels; nothing was written",
+            hint="save without --fixes, add `sentinels:` to the entry by hand (docs/getting-started.md), "
+            "then add `fixes:` and run `servimg lock`",
+        )
     patch_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(patch_path, patch, 0o644)
     original = definition.read_bytes()
@@ -168,6 +187,8 @@ def save(
             sha256_hex(patch),
             sentinels,
             description or PLACEHOLDER_DESCRIPTION,
+            fixes=fixes,
+            upstream=upstream,
         )
         lock_digest = None
         if description is not None:
@@ -428,6 +449,9 @@ def _add_overlay(
     sha: str,
     sentinels: tuple[Sentinel, ...],
     description: str,
+    *,
+    fixes: tuple[str, ...] = (),
+    upstream: tuple[str, ...] = (),
 ) -> None:
     """Add the overlay to the definition's text (its comments and order kept) and check it parses."""
     text = definition.read_text()
@@ -438,6 +462,10 @@ def _add_overlay(
         f"    sha256: {sha}",
         f"    description: {_yaml_scalar(description)}",
     ]
+    if upstream:
+        entry.append(f"    upstream: [{', '.join(_yaml_scalar(u) for u in upstream)}]")
+    if fixes:
+        entry.append(f"    fixes: [{', '.join(_yaml_scalar(f) for f in fixes)}]")
     if sentinels:
         entry.append("    sentinels:")
         for s in sentinels:

@@ -302,6 +302,20 @@ def overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
                 default=None,
                 help="what the overlay fixes and why (without it: a placeholder that lock and build refuse)",
             )
+            p.add_argument(
+                "--fixes",
+                action="append",
+                default=[],
+                metavar="ID",
+                help="what it fixes: OWNER/REPO#N, CVE-…, GHSA-… (repeatable; proven by its sentinels)",
+            )
+            p.add_argument(
+                "--upstream",
+                action="append",
+                default=[],
+                metavar="REF",
+                help="upstream reference (repeatable)",
+            )
         else:
             p.add_argument(
                 "--with-stack", action="store_true", help="as the definition's overlays leave them"

@@ -44,6 +44,8 @@ def save(p: params.OverlaySave, ctx: Context) -> Iterator[Outcome]:
             ctx.store,
             ctx.log,
             description=p.description,
+            fixes=p.fixes,
+            upstream=p.upstream,
             seams=ctx.seams,
         )
         sentinels = [f"{s.module}:{s.qualname}:{s.name}" for s in saved.sentinels]

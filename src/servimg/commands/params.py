@@ -57,6 +57,8 @@ class OverlaySave:
     dir: Path
     id: str
     description: str | None = None  # None: the placeholder, and no lock until it is replaced
+    fixes: tuple[str, ...] = ()  # `fixes:` of the new entry (core.fixid)
+    upstream: tuple[str, ...] = ()  # `upstream:` of the new entry
 
 
 @dataclass(frozen=True)

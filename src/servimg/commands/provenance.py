@@ -270,7 +270,8 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
             CheckError(
                 f"{len(unproven)} fix(es) not proven by this digest's trusted evidence: "
                 + ", ".join(unproven),
-                hint="each FAIL row says what the proof lacks; pass the signer's key with --key",
+                hint="each FAIL row says what the proof lacks"
+                + ("" if p.lookup.keys or p.policy else "; pass the signer's key with --key"),
             )
             if unproven
             else None

@@ -281,6 +281,16 @@ def _cross_problems(
             if overlay.package not in packages:
                 where = f"overlays[{i}].package"
                 problems.append(f"{where}: {overlay.package!r} is not declared under `packages` (add it)")
+    if overlays is not None:
+        # A fix is proven by a verify result that passed the overlay's sentinels (provenance.fixes): one
+        # declared without a sentinel could never be proven, and would be signed into the image anyway.
+        for i, overlay in enumerate(overlays):
+            if overlay.fixes and not overlay.sentinels:
+                problems.append(
+                    f"overlays[{i}].fixes: overlay {overlay.id!r} says it fixes {', '.join(overlay.fixes)} "
+                    "but has no sentinel to prove it by: add `sentinels:` (a name the patched code "
+                    "holds: `servimg overlay save` proposes them), or take `fixes:` out"
+                )
     if tag is not None and packages is not None:
         for field_name in re.findall(r"{([^}]*)}", tag):
             if field_name not in TAG_FIELDS and field_name not in packages:
@@ -412,7 +422,7 @@ def _sentinel(value: object, path: str, problems: list[str]) -> Sentinel:
 def _fix_id(value: object, path: str, problems: list[str]) -> str:
     got = _string(value, path, problems)
     if fixid.kind(got) is None:
-        raise Invalid(f"{got!r} is not a fix id: use {fixid.ACCEPTED}")
+        raise Invalid(fixid.why_not(got))
     return got
 
 
