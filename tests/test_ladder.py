@@ -496,6 +496,14 @@ def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) ->
     svg = (tmp_path / "receipt.svg").read_text()
     assert svg.startswith("<svg") and "3/9" in svg
     assert receipt.plot_svg(receipt.read(path)) == svg
+    # Issue 48 item 5: one name, one hash. What `servimg ladder` prints as receipt_sha256 is what the
+    # attached test-result (and so `check` and `show`) names; the seal has a name of its own.
+    from servimg.ladder.runner import summary
+    from servimg.provenance.statements import LadderReceipt
+
+    printed = summary(receipt.read(path), path)
+    assert printed["receipt_sha256"] == f"sha256:{LadderReceipt.parse(path.read_bytes()).sha256}"
+    assert printed["receipt_seal"] == f"sha256:{doc.sealed().sha256}" != printed["receipt_sha256"]
     tampered = json.loads(path.read_bytes())
     tampered["verdict"] = "PASS"
     path.write_text(json.dumps(tampered))

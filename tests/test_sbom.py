@@ -10,11 +10,13 @@ upstream refs), is the same bytes for the same image, and `check` / `show` verif
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,14 @@ import fakebase as fb
 from conftest import _require
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
+from servimg.backends.target import Target
 from servimg.core.digest import Digest
 from servimg.oci.store import BlobStore
+from servimg.proof.verify import VerifyReport
 from servimg.provenance import attest, keys, referrers, sbom
+from servimg.provenance.attach import push_image
 from servimg.provenance.evidence import top_layer
-from servimg.provenance.statements import read_facts
+from servimg.provenance.statements import Invocation, read_facts
 
 DPKG_STATUS = b"""Package: libc6
 Status: install ok installed
@@ -324,3 +329,51 @@ def test_no_advisory_no_vex(pushed: dict[str, Any]) -> None:
     assert _bom_envelopes(pushed["root"] / "pushed", pushed["image"], "vex") == []
     (envelope,) = _bom_envelopes(pushed["root"] / "pushed", pushed["image"])
     assert "vulnerabilities" not in _statement(envelope)["predicate"]
+
+
+# ------------------------------------------------------------------------------ idempotent push (issue 48)
+
+
+def test_pushing_the_same_image_again_states_nothing_twice(
+    registry: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`build --sign` published a provenance with its own invocation id and times; pushing the same image
+    again (an ECDSA key: randomised signatures) must not add a second record of the same statements."""
+    root = tmp_path
+    cache = ["--cache", str(root / "cache")]
+    definition = fb.make_repo(root / "repo", fb.make_base(root / "base", [fb.tar(_members())]))
+    assert fb.main(["lock", str(definition), *cache]) == 0
+    assert fb.main(["build", str(definition), "--to", f"oci:{root / 'built'}", *cache]) == 0
+    assert fb.main(["key", "generate", "--out", str(root / "keys"), "--algorithm", "ecdsa-p256"]) == 0
+    private, public = root / "keys" / "servimg.key", root / "keys" / "servimg.pub"
+    store = BlobStore(root / "cache")
+    image = transport.fetch(f"oci:{root / 'built'}", store, print)
+    report_file = root / "verify.json"
+    report_file.write_text(
+        json.dumps({"checks": [{"code": "SOURCE", "status": "PASS", "subject": "s", "message": "m"}]})
+    )
+    ref = f"{registry.host}/dup48/tiny:t"
+    as_built = Invocation(f"urn:uuid:{uuid.uuid4()}", "2026-12-01T00:00:00Z", "2026-12-01T00:01:00Z")
+    push_image(
+        image,
+        ref,
+        store,
+        print,
+        key=keys.load_signing(private),
+        report=VerifyReport.from_json(json.loads(report_file.read_text())),
+        invocation=dataclasses.replace(as_built, command=("servimg", "build", "tiny.yaml", "--sign")),
+    )
+
+    def listed() -> int:
+        with transport.referrers(Target.parse(f"{registry.host}/dup48/tiny")) as place:
+            return len(place.discover(image.digest)[0])
+
+    first = listed()
+    push = ["push", f"oci:{root / 'built'}", ref, "--key", str(private), "--report", str(report_file)]
+    for _ in range(2):
+        assert fb.main([*push, *cache]) == 0
+    assert listed() == first, "a re-push attached nothing"
+    capsys.readouterr()
+    assert fb.main(["check", ref, "--remote", "--key", str(public), "--json", *cache]) == 0
+    rows = {r["what"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["provenance"]["why"].startswith("1 verified provenance"), rows["provenance"]

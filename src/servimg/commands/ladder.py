@@ -107,7 +107,10 @@ def _emit_k8s(p: params.Ladder, loaded: LoadedLadder, config: server.RunConfig, 
 
 def _ladder_outcome(p: params.Ladder, doc: Receipt, out: Path, on: str, ctx: Context) -> Outcome:
     """OK only on PASS (FAIL and NOT_EXERCISED fail); the receipt attached when asked."""
-    fields: dict[str, object] = {**runner.summary(doc), "receipt": str(out / "receipt.json")}
+    fields: dict[str, object] = {
+        **runner.summary(doc, out / "receipt.json"),
+        "receipt": str(out / "receipt.json"),
+    }
     if on != "local" and doc.placement is not None:
         fields["placement"] = doc.placement.to_json()
     if p.attach:

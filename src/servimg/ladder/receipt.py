@@ -248,9 +248,7 @@ def plot_svg(sealed: Receipt) -> str:
         _el(
             "text", f"ladder {name} — {receipt.get('verdict')}", x=10, y=20, font_size=15, font_weight="bold"
         ),
-        _el(
-            "text", f"receipt sha256 {str(receipt.get('sha256', ''))[:16]}…  image {config[:19]}…", x=10, y=38
-        ),
+        _el("text", f"receipt seal {str(receipt.get('sha256', ''))[:16]}…  image {config[:19]}…", x=10, y=38),
     ]
     requests = max((len(jv.seq(a.get("requests") or [])) for a in arms), default=1) or 1
     max_corrupted = thresholds.get("max_corrupted")

@@ -211,8 +211,8 @@ def finish(
     doc = dataclasses.replace(doc, timing={**doc.timing, "run_wall_s": round(wall_s, 3)}, placement=placement)
     receipt.write(out, doc)
     sealed = receipt.read(out / "receipt.json")
-    seal = sealed.sha256 or ""
-    log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256 {seal[:16]}…)")
+    file_sha = sha256_hex((out / "receipt.json").read_bytes())
+    log(f"ladder {ladder.name}: {verdict.result} — {out / 'receipt.json'} (sha256:{file_sha[:12]}…)")
     return sealed
 
 
@@ -539,14 +539,18 @@ def bundled_ladder(image: str, dest: Path) -> Path:
     return found[0]
 
 
-def summary(doc: Receipt) -> dict[str, object]:
-    """The CLI's one-line result: verdict, reasons, per-arm verdicts, receipt hash."""
+def summary(doc: Receipt, receipt_file: Path) -> dict[str, object]:
+    """The CLI's one-line result: verdict, reasons, per-arm verdicts, the receipt's two hashes, each named
+    for what it hashes (docs/ladder.md, "The receipt's hashes"): `receipt_sha256` is the file's (what
+    `sha256sum`, `check`, `show` and the attached test-result's configuration digest say), `receipt_seal`
+    the seal inside it (sha256 of the canonical JSON of everything else: it survives reformatting)."""
     return {
         "verdict": doc.verdict,
         "valid": doc.valid,
         "reasons": list(doc.verdict_reasons[:10]),
         "arms": {a.id: a.verdict for a in doc.arms},
-        "receipt_sha256": doc.sha256,
+        "receipt_sha256": f"sha256:{sha256_hex(receipt_file.read_bytes())}",
+        "receipt_seal": f"sha256:{doc.sha256}",
         "harness_fraction": doc.timing.get("harness_fraction"),
         "image": doc.image.get("config_digest"),
     }

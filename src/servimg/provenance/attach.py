@@ -208,6 +208,8 @@ def push_image(
     envelopes = build_statements(
         image, facts, report, key, store, invocation=invocation, builder=builder, pulled_from=pulled_from
     )
+    if key is not None:
+        envelopes = _not_yet_stated(target, image.digest, envelopes, key, log)
     note = None
     if key is None and not unsigned:
         signed = signed_attestations(target, image.digest)
@@ -298,6 +300,45 @@ def _gpg_write(
         client.put_signature(repository, prepared.digest, name, prepared.data)
         out.append(gpgsign.GpgSigned(prepared.reference, f"registry:{name}", False))
     return tuple(out)
+
+
+def _not_yet_stated(
+    target: Target, subject: Digest, envelopes: Sequence[Envelope], key: dsse.Signer, log: Log
+) -> list[Envelope]:
+    """The envelopes whose statement this key has not already made about `subject` at the destination.
+
+    A push is idempotent (issue 48 item 5): pushing the same image again, or pushing what `build --sign`
+    already published, states nothing new, so it attaches nothing new, even where the signature bytes
+    would differ (ECDSA is randomised; a build's provenance carries its own invocation id and times). The
+    same statement is `attest.statement_identity`: what it says, without when or by which command it was
+    said. Only envelopes this key verifiably signed count: anyone may attach bytes claiming to be ours."""
+    stated = _stated_by(target, subject, key.public_key)
+    kept = []
+    for envelope in envelopes:
+        identity = attest.statement_identity(dsse.Envelope.parse(envelope.data).payload)
+        if identity is not None and identity in stated:
+            log(f"{envelope.kind}: this key already stated the same about {subject.short} here: not added")
+            continue
+        kept.append(envelope)
+    return kept
+
+
+def _stated_by(target: Target, subject: Digest, key: dsse.VerifyKey) -> frozenset[bytes]:
+    """The identities of the statements about `subject` at `target` that `key` verifiably signed."""
+    out: set[bytes] = set()
+    with transport.referrers(target) as place:
+        listed, _ = place.discover(subject)
+        for descriptor in listed:
+            try:
+                data = referrers.fetch_envelope(place, subject, Digest.parse(str(descriptor.get("digest"))))
+                envelope = dsse.Envelope.parse(data)
+            except ServimgError:
+                continue  # unreadable or foreign: `check` reports it; here it simply states nothing
+            if dsse.verify(envelope, [key]).verified:
+                identity = attest.statement_identity(envelope.payload)
+                if identity is not None:
+                    out.add(identity)
+    return frozenset(out)
 
 
 def signed_attestations(target: Target, subject: Digest) -> int:

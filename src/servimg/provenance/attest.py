@@ -14,6 +14,7 @@ applies to input, so what servimg signs is exactly what it would accept.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import re
@@ -652,3 +653,26 @@ def open_envelope(
     if predicate_type is not None and parsed.predicate_type != predicate_type:
         raise AttestationError(f"predicateType is {parsed.predicate_type!r}, not {predicate_type!r}")
     return parsed
+
+
+def statement_identity(payload: bytes) -> bytes | None:
+    """What a statement says, as bytes two equal statements share: its type, subjects and predicate,
+    without when or by which command it was made (SLSA provenance's `runDetails.metadata` — invocation id,
+    start and finish — and servimg's `internalParameters.invocation`). None for a payload that is no
+    statement. Used so a push attaches no second copy of what is already stated (attach.push_image)."""
+    try:
+        statement = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(statement, dict) or not isinstance(statement.get("predicate"), dict):
+        return None
+    predicate = copy.deepcopy(statement["predicate"])
+    if statement.get("predicateType") == PROVENANCE_V1:
+        run = predicate.get("runDetails")
+        if isinstance(run, dict):
+            run.pop("metadata", None)
+        build = predicate.get("buildDefinition")
+        internal = build.get("internalParameters") if isinstance(build, dict) else None
+        if isinstance(internal, dict):
+            internal.pop("invocation", None)
+    return canonical.dumps({**statement, "predicate": predicate})

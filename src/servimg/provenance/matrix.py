@@ -8,6 +8,11 @@ resolved, each ladder run on that digest with its verdict, the model families it
 that served through a KV connector, the device, and the fixes the evidence proves (`provenance.fixes`,
 from the provenance's patches and the verify result alone). Unsigned or untrusted evidence is counted
 as such and shows nothing.
+
+**Qualified** (the count `servimg matrix` prints; docs/ladder.md, "Qualified"): a digest is qualified when
+at least one ladder test-result about that digest, signed by a trusted key, says PASS. Nothing else
+qualifies it: a passing verify result, a signed provenance or a proven fix is not a qualification, and
+FAIL or NOT_EXERCISED runs never count, however many.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class MatrixRow:
 
     @property
     def qualified(self) -> bool:
+        """At least one trusted ladder test-result about this digest says PASS (the module's definition)."""
         return any(run.verdict == "PASS" for run in self.ladders)
 
     def as_dict(self) -> dict[str, object]:
