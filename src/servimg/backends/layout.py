@@ -41,7 +41,7 @@ from servimg.core import canonical
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
-from servimg.core.errors import BackendError, StoreError
+from servimg.core.errors import BackendError, StoreError, host_error
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import Log
 from servimg.oci import integrity
@@ -485,7 +485,12 @@ class LayoutBackend:
 
     def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
         chosen = target.tag or options.get("tag")
-        mended = write_layout(image, Path(target.location), store, tag=chosen)
+        try:
+            mended = write_layout(image, Path(target.location), store, tag=chosen)
+        except OSError as exc:  # a full disk, a read-only place: the destination's, named (issue 48)
+            raise host_error(
+                exc, f"writing the OCI layout {target.location}", where=target.location
+            ) from None
         where = f"oci:{target.location}" + (f":{chosen}" if chosen else "")
         if mended:
             log(f"{where}: mended {len(mended)} blob(s) whose bytes did not match their names")

@@ -16,6 +16,7 @@ from servimg.commands import context
 from servimg.commands.outcome import Outcome
 from servimg.core import cachehold, cachelayout, cachestate
 from servimg.core.cachedir import default_cache_dir
+from servimg.core.errors import host_error
 from servimg.core.progress import Log
 from servimg.render import Reporter
 
@@ -37,6 +38,13 @@ def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:
         reporter.settle()
         print("FAIL: interrupted; nothing was published", file=sys.stderr)
         return 130
+    except OSError as exc:
+        # Outside any one target (the cache opened, held, or its store made): still the machine's word,
+        # with the path (issue 48 item 6), never a traceback.
+        if os.environ.get("SERVIMG_DEBUG"):
+            raise
+        where = f"the cache {root} (--cache, or SERVIMG_CACHE)"
+        failures += reporter.outcome(Outcome(str(root), error=host_error(exc, where)))
     finally:
         reporter.settle()
     if holds:

@@ -7,6 +7,7 @@ message a user reads names the input that was wrong, and `diagnostics()` names t
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Sequence
 
 
@@ -58,16 +59,21 @@ FULL_DISK_HINT = (
 )
 
 
-def host_error(exc: OSError, doing: str = "") -> HostError:
-    """`exc` as the user reads it: which path, what is wrong with it, and what to do next."""
-    path = exc.filename if exc.filename is not None else "?"
+def host_error(exc: OSError, doing: str = "", *, where: object = None) -> HostError:
+    """`exc` as the user reads it: which path, what is wrong with it, and what to do next. `where` names
+    the place written to when the error itself names no file (a `write` that ran out of space)."""
+    path = exc.filename if exc.filename is not None else (where if where is not None else "a path")
     other = f" (and {exc.filename2})" if exc.filename2 is not None else ""
     prefix = f"{doing}: " if doing else ""
     code = exc.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
-        message, hint = f"no space left on the device holding {path}", FULL_DISK_HINT
+        held = f"the device holding {path}" if exc.filename is not None or where is not None else "a device"
+        message, hint = f"no space left on {held}", FULL_DISK_HINT
     elif code == errno.EEXIST:
-        message, hint = f"{path} already exists", "choose a path that does not exist yet, or remove it first"
+        kind = " (a file)" if os.path.isfile(str(path)) else ""
+        message = f"{path} already exists{kind}"
+        hint = "choose a path that does not exist yet (a new directory's parents must be directories), "
+        hint += "or remove it"
     elif code == errno.ENOTDIR:
         message = f"{path}: a file is where a directory belongs (a part of this path is not a directory)"
         hint = "name a directory, or a new path whose parent is a directory"

@@ -12,6 +12,7 @@ fault injection, so tests freeze a build inside a blob or diff write (then kill 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -25,7 +26,7 @@ from typing import IO, BinaryIO
 from servimg.core.cachedir import default_cache_dir
 from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
-from servimg.core.errors import LayerError, StoreError
+from servimg.core.errors import LayerError, StoreError, host_error
 from servimg.oci import integrity
 from servimg.oci.layer import open_uncompressed
 
@@ -238,11 +239,19 @@ class BlobStore:
         """A temp file in `directory`, removed on any failure; the caller renames it. Not `atomic_write`:
         a blob's name is its digest, known (and checked) only once every byte is written, and a blob is
         not fsynced (a short one is caught by `has(digest, size)` and fetched again)."""
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        try:
+            fd, name = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        except OSError as exc:
+            raise host_error(exc, "writing the cache", where=self.root) from None
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as fh:
                 yield self.tap(directory, fh), tmp
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the cache filled, not the source we read
+                raise host_error(exc, "writing the cache", where=self.root) from None
+            raise
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

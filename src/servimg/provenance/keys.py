@@ -68,9 +68,12 @@ def refuse_tracked(private: Path) -> None:
     top = next((d for d in (here, *here.parents) if (d / ".git").exists()), None)
     if top is None:
         return
+    # The work tree's own .gitignore exists to be appended to, even when the key folder does not yet.
+    folder = here.relative_to(top).as_posix()
+    pattern = f"/{folder}/" if folder != "." else f"/{private.name}"
     hint = (
         f"write keys outside the repository (--out ~/.config/servimg/keys), or ignore the path first "
-        f"(echo '{private.name}' >> {private.parent}/.gitignore)"
+        f"(echo '{pattern}' >> {top}/.gitignore)"
     )
     git = shutil.which("git")
     if git is None:
