@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -306,8 +307,14 @@ def test_the_matrix_says_which_pairing_is_qualified_from_signed_evidence_without
         capsys.readouterr()
         assert fb.main(["matrix", repo, "--key", str(keys / "servimg.pub"), "--cache", cache, "--json"]) == 0
         doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        read = [path for _, path, _ in proxy.log[before:] if any(layer in path for layer in layers)]
+        requests = proxy.log[before:]
+        read = [path for _, path, _ in requests if any(layer in path for layer in layers)]
         assert not read, f"the matrix read layer blobs: {read}"
+        # Issue 48 item 7: each statement is read once, whatever number of formats carry it (a referrer's
+        # envelope and the `.att` layer are one blob), and nothing addressed by digest is fetched twice.
+        by_digest = Counter(path for method, path, _ in requests if method == "GET" and "sha256:" in path)
+        assert [p for p, n in by_digest.items() if n > 1] == [], by_digest
+        assert not any(method == "GET" and ".sig" in path for method, path, _ in requests), "no .sig read"
         capsys.readouterr()
         assert fb.main(["matrix", repo, "--cache", cache, "--markdown"]) == 1, "no key: nothing counts"
         assert "none counted" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from servimg.backends.registrywire import (
     IO_BLOCK,
     MANIFEST_LIMIT,
     MAX_BACKOFF,
+    READ_ONCE_ITEM,
+    READ_ONCE_LIMIT,
     Body,
     Transient,
     declared_media_type,
@@ -106,6 +109,16 @@ class RegistryClient:
             self._session.trust_env = False
         config = creds_module.config_path(docker_config)
         self._auth = Auth(registry, config, self._session, timeout, helpers)
+        # What this client already fetched by digest, verified on the way in: a manifest or a small blob
+        # (an attestation's envelope, a config) is read once per client, however many readers ask for it
+        # (check and the matrix reach one envelope through a referrer, an `.att` layer and an index
+        # entry). Content-addressed, so it can never answer with other bytes; it lives as long as the
+        # client (one command), and holds at most READ_ONCE_LIMIT bytes.
+        self._read_once: dict[tuple[str, str, str], tuple[bytes, str]] = {}
+        self._read_once_bytes = 0
+        # Concurrent readers of one digest (core.parallel) wait for the first one's bytes, not a 2nd GET.
+        self._reading: dict[tuple[str, str, str], threading.Lock] = {}
+        self._reading_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RegistryClient({self.base_url!r})"
@@ -391,9 +404,36 @@ class RegistryClient:
         url = self._url(f"{repo}/blobs/{digest}")
         # identity: a transfer encoding would make the bytes we hash differ from the stored blob's.
         headers = {"Accept-Encoding": "identity"}
-        return self._call(
-            "GET", url, what=what, scopes=pull_scopes(repo), expect={200}, consume=consume, headers=headers
-        )
+
+        def fetch() -> tuple[bytes, str]:
+            data: bytes = self._call(
+                "GET",
+                url,
+                what=what,
+                scopes=pull_scopes(repo),
+                expect={200},
+                consume=consume,
+                headers=headers,
+            )
+            return data, ""
+
+        return self._once((repo, str(digest), "blob"), fetch)[0]
+
+    def _once(self, key: tuple[str, str, str], fetch: Callable[[], tuple[bytes, str]]) -> tuple[bytes, str]:
+        """What `fetch` returns for content-addressed `key`, fetched at most once by this client while it
+        fits the read-once bound (`__init__`); a concurrent reader of the same key waits for it."""
+        if key in self._read_once:
+            return self._read_once[key]
+        with self._reading_guard:
+            lock = self._reading.setdefault(key, threading.Lock())
+        with lock:
+            if key in self._read_once:
+                return self._read_once[key]
+            data, media = fetch()
+            if len(data) <= READ_ONCE_ITEM and self._read_once_bytes + len(data) <= READ_ONCE_LIMIT:
+                self._read_once[key] = (data, media)
+                self._read_once_bytes += len(data)
+            return data, media
 
     def hash_blob(self, repo: str, digest: Digest) -> None:
         """GET a blob and hash it as it streams, keeping nothing (§Pulling blobs): raise when the registry
@@ -611,9 +651,23 @@ class RegistryClient:
 
         url = self._url(f"{repo}/manifests/{reference}")
         headers = {"Accept": ", ".join(accept)}
-        return self._call(
-            "GET", url, what=what, scopes=pull_scopes(repo), expect={200}, consume=consume, headers=headers
-        )
+
+        def fetch() -> tuple[bytes, str, Digest]:
+            found: tuple[bytes, str, Digest] = self._call(
+                "GET",
+                url,
+                what=what,
+                scopes=pull_scopes(repo),
+                expect={200},
+                consume=consume,
+                headers=headers,
+            )
+            return found
+
+        if pinned is None:  # a tag: what it names may move; only a digest's bytes are read once
+            return fetch()
+        data, media = self._once((repo, str(pinned), ", ".join(accept)), lambda: fetch()[:2])
+        return data, media, pinned
 
     def head_manifest(
         self, repo: str, reference: str, accept: Sequence[str] = DEFAULT_ACCEPT

@@ -38,6 +38,7 @@ from servimg.core import canonical
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError, ServimgError
+from servimg.core.parallel import map_ordered
 from servimg.oci.image import OCI_INDEX, OCI_MANIFEST
 
 ATTACH_ATTEMPTS = 8
@@ -284,7 +285,8 @@ def _fallback_entries(
     entries = _index_entries(data, media_type)
     if entries is None:
         return [], f"{tag} holds a {media_type}, not a referrers image index; treated as no referrers"
-    named = [e for e in entries if _names_subject(client, repo, e, subject)]
+    names = map_ordered(lambda e: _names_subject(client, repo, e, subject), entries)
+    named = [e for e, names_it in zip(entries, names, strict=True) if names_it]
     if len(named) == len(entries):
         return named, None
     stray = f"{len(entries) - len(named)} of {len(entries)} entries under {tag}"

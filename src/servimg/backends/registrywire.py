@@ -42,6 +42,10 @@ CHUNK_SIZE = 16 << 20
 # §Pushing manifests: registries SHOULD accept manifests of at least 4 MiB; refusing to read more keeps a
 # hostile or broken registry from filling memory.
 MANIFEST_LIMIT = 4 << 20
+# What one RegistryClient keeps of what it fetched by digest (registryclient: read once): items up to
+# READ_ONCE_ITEM bytes (manifests, configs, attestation envelopes; never a layer), READ_ONCE_LIMIT in all.
+READ_ONCE_ITEM = 1 << 20
+READ_ONCE_LIMIT = 64 << 20
 MAX_BACKOFF = 30.0
 
 IO_BLOCK = 1 << 20

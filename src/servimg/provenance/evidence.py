@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -25,6 +26,7 @@ from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
+from servimg.core.parallel import map_ordered
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.definitions.lock import Lock
@@ -422,11 +424,11 @@ def collect(
 
 
 def attestations_only(
-    located: Located, trusted: Sequence[dsse.VerifyKey] = (), threshold: int = 1
+    located: Located, trusted: Sequence[dsse.VerifyKey] = (), threshold: int = 1, *, signatures: bool = True
 ) -> Evidence:
     """The attestations of `located`, fetched and signature-checked, and nothing else: no layer is read
-    (`servimg matrix` answers from the signed statements alone)."""
-    found, discovery, signatures = _attestations(located, trusted, threshold)
+    (`servimg matrix` answers from the signed statements alone, and needs no `.sig`: `signatures=False`)."""
+    found, discovery, signed = _attestations(located, trusted, threshold, signatures=signatures)
     return Evidence(
         located,
         tuple(found),
@@ -436,7 +438,7 @@ def attestations_only(
         None,
         tuple(sorted(k.keyid for k in set(trusted))),
         threshold,
-        signatures=signatures,
+        signatures=signed,
     )
 
 
@@ -466,7 +468,7 @@ def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None =
 
 
 def _attestations(
-    located: Located, trusted: Sequence[dsse.VerifyKey], threshold: int
+    located: Located, trusted: Sequence[dsse.VerifyKey], threshold: int, *, signatures: bool = True
 ) -> tuple[list[Found], str, tuple[cosignread.CosignSignature, ...]]:
     """Every attestation in every format (servimg's referrers, sigstore bundles, cosign's `.att`), one
     `Found` per statement (`merged`), and cosign's simple signatures of the manifest."""
@@ -476,13 +478,13 @@ def _attestations(
     with located.referrers() as place:
         descriptors, via = place.discover(subject)
         entries = cosignread.listed(place, subject, descriptors, via)
-        found = [
-            replace(found_from(e.descriptor, e.via, e.fetch, trusted, threshold), forms=(e.form,))
-            for e in entries
-        ]
-        signatures = cosignread.signatures(place, subject, trusted)
+        found = map_ordered(
+            lambda e: replace(found_from(e.descriptor, e.via, e.fetch, trusted, threshold), forms=(e.form,)),
+            entries,
+        )
+        signed = cosignread.signatures(place, subject, trusted) if signatures else ()
     tags = sorted({e.via for e in entries if e.form == cosignread.ATT})
-    return merged(found), "; ".join([via, *tags]), signatures
+    return merged(found), "; ".join([via, *tags]), signed
 
 
 # The better of two copies of one statement: the one whose signature verified, then unsigned, …
@@ -567,6 +569,16 @@ def found_from(
 
 def _signature(
     envelope: dsse.Envelope, trusted: Sequence[dsse.VerifyKey], threshold: int
+) -> tuple[str, tuple[str, ...]]:
+    return _signature_of(envelope, tuple(trusted), threshold)
+
+
+# One statement reaches `check` and the matrix in up to three formats (a referrer, an `.att` layer, a
+# bundle's envelope): each signature is verified once per process. The key is every input of the answer
+# (the envelope's bytes, the keys, the threshold), so the answer is the one a fresh verification gives.
+@functools.lru_cache(maxsize=4096)
+def _signature_of(
+    envelope: dsse.Envelope, trusted: tuple[dsse.VerifyKey, ...], threshold: int
 ) -> tuple[str, tuple[str, ...]]:
     if not envelope.signatures:
         return "unsigned", ()

@@ -18,17 +18,22 @@ FAIL or NOT_EXERCISED runs never count, however many.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 from servimg.backends import layout, registry
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import Target
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
+from servimg.core.parallel import READS_IN_FLIGHT, map_ordered
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
+from servimg.oci.image import INDEX_TYPES
+from servimg.oci.index import ImageIndex
 from servimg.provenance import attest
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import accepted
@@ -256,47 +261,74 @@ class _Judge:
 
     def row(self, located: Located, tags: Sequence[str], platform: str) -> MatrixRow:
         ev = replace(
-            attestations_only(located, self.trusted, self.policy.threshold),
+            attestations_only(located, self.trusted, self.policy.threshold, signatures=False),
             typed_trust=keyids_by_type(self.policy, self.keyid_of),
         )
         return row_of(str(located.digest), tags, platform, accepted(self.policy, ev), len(ev.found))
 
 
+# Digests judged at once (each reads its attestations a few at a time too: core.parallel).
+PARALLEL = 4
+
+
 def registry_rows(repository: str, policy: Policy, log: Log) -> list[MatrixRow]:
     """Every digest the repository's tags name (an index: each child), with its row. Reads the tag list,
-    one HEAD per tag, each manifest and config (small), and the attestations; never a layer."""
+    one HEAD per tag, each manifest and config (small) once, and each attestation once; never a layer.
+    Tags are resolved `READS_IN_FLIGHT` and digests judged `PARALLEL` at a time, each worker with its own
+    client."""
     ref = Reference.parse(repository)
     if ref.tag or ref.digest:
         raise CheckError(
             f"{repository} names one image; the matrix reads a whole repository", hint="HOST/REPO"
         )
     judge = _Judge(policy)
-    rows: list[MatrixRow] = []
     with RegistryClient(ref.registry) as client:
         # Tags that hold attestations (the referrers fallback `sha256-<hex>`, cosign's `.att`/`.sig`) name
         # no image of their own.
         tags = [tag for tag in client.list_tags(ref.repository) if not _ATTESTATION_TAG.fullmatch(tag)]
-        if not tags:
-            raise CheckError(f"{repository} has no tags", hint="push an image there first (servimg push)")
+    if not tags:
+        raise CheckError(f"{repository} has no tags", hint="push an image there first (servimg push)")
+    local = threading.local()
+
+    def client_here() -> RegistryClient:
+        if not hasattr(local, "client"):
+            local.client = RegistryClient(ref.registry)
+            opened.append(local.client)
+        return cast(RegistryClient, local.client)
+
+    def head(tag: str) -> tuple[str, Digest | None]:
+        found = client_here().head_manifest(ref.repository, tag)
+        return tag, found[0] if found is not None else None
+
+    def rows_for(digest: Digest, named: list[str]) -> list[MatrixRow]:
+        here = client_here()
+        data, media_type, _ = here.get_manifest(ref.repository, str(digest))
+        name = f"{ref.registry}/{ref.repository}@{digest}"
+        if media_type in INDEX_TYPES:
+            index = ImageIndex.parse(data, name)
+            children = [(str(p), index.child(p).digest) for p in index.platforms]
+        else:
+            children = [("", digest)]
+        out = []
+        for platform, child in children:
+            image, _ = registry.read_image(here, ref.repository, str(child))
+            where = f"{ref.registry}/{ref.repository}@{child}"
+            located = Located(where, "registry", image, ref.registry, ref.repository)
+            out.append(judge.row(located, named, platform or _platform(image.config)))
+        return out
+
+    opened: list[RegistryClient] = []
+    try:
         by_digest: dict[Digest, list[str]] = {}
-        for tag in tags:
-            head = client.head_manifest(ref.repository, tag)
-            if head is not None:
-                by_digest.setdefault(head[0], []).append(tag)
+        for tag, digest in map_ordered(head, tags, READS_IN_FLIGHT):
+            if digest is not None:
+                by_digest.setdefault(digest, []).append(tag)
         log(f"{repository}: {len(tags)} tag(s), {len(by_digest)} digest(s)")
-        for digest, named in sorted(by_digest.items(), key=lambda kv: sorted(kv[1])):
-            index = registry.read_index(f"{ref.registry}/{ref.repository}@{digest}")
-            children = (
-                [(str(p), index.child(p).digest) for p in index.platforms]
-                if index is not None
-                else [("", digest)]
-            )
-            for platform, child in children:
-                image, _ = registry.read_image(client, ref.repository, str(child))
-                where = f"{ref.registry}/{ref.repository}@{child}"
-                located = Located(where, "registry", image, ref.registry, ref.repository)
-                rows.append(judge.row(located, named, platform or _platform(image.config)))
-    return rows
+        ordered = sorted(by_digest.items(), key=lambda kv: sorted(kv[1]))
+        return [row for rows in map_ordered(lambda kv: rows_for(*kv), ordered, PARALLEL) for row in rows]
+    finally:
+        for opened_client in opened:
+            opened_client.close()
 
 
 def layout_rows(root: Path, policy: Policy, log: Log) -> list[MatrixRow]:
