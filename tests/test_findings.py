@@ -130,7 +130,7 @@ def test_the_cli_has_one_registry_of_commands() -> None:
         argv = [*name, *{"diff": ["a", "b"], "key": ["--out", "k"]}.get(name[0], [])]
         if name[0] in ("lock", "build"):
             argv.append("x.yaml")
-        elif name[0] in ("verify", "push", "show", "check", "ladder", "fixes", "matrix"):
+        elif name[0] in ("verify", "push", "show", "check", "ladder", "fixes", "vex", "matrix"):
             argv += ["ref", "dest"] if name[0] == "push" else ["ref"]
         elif name[0] == "witness":
             argv.append("container")
