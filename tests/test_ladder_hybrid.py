@@ -44,11 +44,13 @@ def family_ladder(repo: Path, name: str, family: str) -> Path:
     doc["name"] = name
     doc["server"]["args"] = [*doc["server"]["args"], "--enforce-eager"]
     model = ["--model", f"/models/{family}"]
+    # the family's pre-registered run variables (the Mamba2 arms' ISA cap), as the real ladder sets them
+    env = next(a.get("env", {}) for a in doc["arms"] if a["id"] == f"{family}-control")
     doc["arms"] = [
         {"id": f"{family}-control", "model_family": family, "role": "control",
-         "args": [*model, "--no-enable-prefix-caching"]},
+         "args": [*model, "--no-enable-prefix-caching"], "env": env},
         {"id": f"{family}-cold", "model_family": family, "role": "cold",
-         "args": [*model, "--enable-prefix-caching"], "exercise": HITS},
+         "args": [*model, "--enable-prefix-caching"], "env": env, "exercise": HITS},
         {"id": f"{family}-warm", "model_family": family, "role": "warm", "server": f"reuse:{family}-cold",
          "exercise": HITS},
     ]  # fmt: skip
