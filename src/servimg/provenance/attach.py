@@ -39,7 +39,7 @@ from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import VerifyFailed, VerifyReport
-from servimg.provenance import attest, binding, dsse, gpgsign, indexcheck, referrers, sbom, vex
+from servimg.provenance import attest, binding, cosign, dsse, gpgsign, indexcheck, referrers, sbom, vex
 from servimg.provenance import rebuild as rebuilds
 from servimg.provenance import statements as provenance
 from servimg.provenance.check import CheckFailed, CheckReport, Policy, evaluate, gather
@@ -305,30 +305,38 @@ def _gpg_write(
 def _not_yet_stated(
     target: Target, subject: Digest, envelopes: Sequence[Envelope], key: dsse.Signer, log: Log
 ) -> list[Envelope]:
-    """The envelopes whose statement this key has not already made about `subject` at the destination.
+    """The envelopes to publish, each one this key already made about `subject` at the destination
+    replaced by the copy that is there.
 
     A push is idempotent (issue 48 item 5): pushing the same image again, or pushing what `build --sign`
-    already published, states nothing new, so it attaches nothing new, even where the signature bytes
-    would differ (ECDSA is randomised; a build's provenance carries its own invocation id and times). The
-    same statement is `attest.statement_identity`: what it says, without when or by which command it was
-    said. Only envelopes this key verifiably signed count: anyone may attach bytes claiming to be ours."""
+    already published, states nothing new, so nothing new is attached, even where the signature bytes
+    would differ (ECDSA is randomised; a build's provenance carries its own invocation id and times).
+    Publishing the copy that is there reports it as already attached, and completes any format it is
+    still missing from. The same statement is `attest.statement_identity`: what it says, without when or
+    by which command it was said. Only envelopes this key verifiably signed count: anyone may attach
+    bytes claiming to be ours."""
     stated = _stated_by(target, subject, key.public_key)
-    kept = []
+    out = []
     for envelope in envelopes:
         identity = attest.statement_identity(dsse.Envelope.parse(envelope.data).payload)
-        if identity is not None and identity in stated:
-            log(f"{envelope.kind}: this key already stated the same about {subject.short} here: not added")
-            continue
-        kept.append(envelope)
-    return kept
+        there = stated.get(identity) if identity is not None else None
+        if there is not None and there != envelope.data:
+            log(
+                f"{envelope.kind}: this key already stated the same about {subject.short} here: kept as it is"
+            )
+            envelope = replace(envelope, data=there)
+        out.append(envelope)
+    return out
 
 
-def _stated_by(target: Target, subject: Digest, key: dsse.VerifyKey) -> frozenset[bytes]:
-    """The identities of the statements about `subject` at `target` that `key` verifiably signed."""
-    out: set[bytes] = set()
+def _stated_by(target: Target, subject: Digest, key: dsse.VerifyKey) -> dict[bytes, bytes]:
+    """The statements about `subject` at `target` that `key` verifiably signed: identity → envelope."""
+    out: dict[bytes, bytes] = {}
     with transport.referrers(target) as place:
         listed, _ = place.discover(subject)
         for descriptor in listed:
+            if descriptor.get("artifactType") == cosign.BUNDLE_V03:
+                continue  # a bundle wraps the same envelope as a referrer of its own
             try:
                 data = referrers.fetch_envelope(place, subject, Digest.parse(str(descriptor.get("digest"))))
                 envelope = dsse.Envelope.parse(data)
@@ -337,8 +345,8 @@ def _stated_by(target: Target, subject: Digest, key: dsse.VerifyKey) -> frozense
             if dsse.verify(envelope, [key]).verified:
                 identity = attest.statement_identity(envelope.payload)
                 if identity is not None:
-                    out.add(identity)
-    return frozenset(out)
+                    out.setdefault(identity, data)
+    return out
 
 
 def signed_attestations(target: Target, subject: Digest) -> int:
