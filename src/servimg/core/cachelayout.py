@@ -110,9 +110,9 @@ class CacheLayout:
 
 # SERVIMG_CACHE_MAX_SIZE: after each command, the cache is pruned (least recently used first) to this
 # size when no other command holds it. Same syntax as `servimg cache prune --max-size`; `none` lifts the
-# bound. Unset: DEFAULT_MAX_SIZE. Why 30 GiB: a whole CI run leaves 12 GiB (the demo base's blobs and
-# its warm root, 5 GiB each; the test bases, wheels and packages), and a second serving base of the same
-# size fits beside it; a third, older one is what least-recently-used pruning removes (README, "Cache").
+# bound. Unset: DEFAULT_MAX_SIZE. Why 30 GiB: a whole CI run leaves 27.9 GiB (2026-12-06: the demo base,
+# 8.2 GiB with its warm root, the seed-era base, 13.4 GiB, the test bases, wheels and packages); a third
+# serving base is what least-recently-used pruning removes (README, "Set-up").
 MAX_SIZE_ENV = "SERVIMG_CACHE_MAX_SIZE"
 DEFAULT_MAX_SIZE = 30 << 30
 
