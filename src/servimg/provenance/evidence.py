@@ -240,7 +240,7 @@ def _registry_tag(ref: str, pulled_from: Sequence[Reference]) -> Reference | Non
         parsed = Reference.parse(ref)
     except ServimgError:
         return None
-    if parsed.tag is None or parsed.digest is not None or f":{parsed.tag}" not in ref:
+    if parsed.tag is None or parsed.digest is not None:
         return None
     first, slash, _ = ref.partition("/")
     written = bool(slash) and ("." in first or ":" in first or first == "localhost")
