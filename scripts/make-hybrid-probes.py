@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""Generate verify/probes/cpu-hybrid.json: the hybrid ladder's frozen probe set (run once; the ladder pins it).
+"""Generate the hybrid ladders' frozen probe sets (run once; the ladder pins each by sha256).
 
-    .venv/bin/python scripts/make-hybrid-probes.py    # prints the sha256 to pin in verify/ladders/cpu-hybrid.yaml
+    .venv/bin/python scripts/make-hybrid-probes.py                    # verify/probes/cpu-hybrid.json
+    .venv/bin/python scripts/make-hybrid-probes.py --set cpu-connector  # verify/probes/cpu-connector.json
+
+`cpu-connector` is the seed incident's order (issue 47; verify/ladders/cpu-connector.yaml): P900, P600 and
+P300 are prefixes of one token sequence, Q750 is 640 of P900's tokens and 110 others; an arm sends the four,
+then the four again. After P900's one prefill the attention group holds 256-token blocks the recurrent
+group has no state for, so P600 and P300 (and Q750's 512) are local hits deeper than the recurrent state.
 
 The hybrid models (servimg.ladder.tinymodel: `tiny-hybrids`) cache in 256-token blocks on CPU (vLLM's align
 mode), and a prefix-cache hit must restore the recurrent state at the block edge, not only the attention
@@ -79,12 +85,46 @@ def build(recipe: TinyModelRecipe) -> dict[str, object]:
     }
 
 
+def build_connector(recipe: TinyModelRecipe) -> dict[str, object]:
+    rng = random.Random(SEED + 1)
+    sequence, others = words(rng, recipe, 899), words(rng, recipe, 110)
+    prompts = [
+        {"id": f"p{n}", "token_ids": ids, "text": decode(recipe, ids)}
+        for n, ids in (
+            (900, [BOS, *sequence]),
+            (600, [BOS, *sequence[:599]]),
+            (300, [BOS, *sequence[:299]]),
+            (750, [BOS, *sequence[:639], *others]),
+        )
+    ]
+    prompts[3]["id"] = "q750"
+    return {
+        "probe_set_version": 1,
+        "name": "cpu-connector",
+        "description": "the seed incident's prompts (issue 47): P900, P600, P300 (prefixes of one sequence), "
+        "Q750 (640 of P900's tokens + 110 others); random weights: compared with the control bit-exactly",
+        "tokenizer": f"servimg tiny-copy vocabulary sha256:{recipe.tokenizer_key()}",
+        "families": [
+            {
+                "id": "s0",
+                "description": "one sequence: its prefixes, longest first, then a diverging prompt",
+                "prompts": prompts,
+            }
+        ],
+    }
+
+
+BUILDERS = {"cpu-hybrid": build, "cpu-connector": build_connector}
+
+
 def main() -> int:
     repo = Path(__file__).resolve().parent.parent
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=repo / "verify" / "probes" / "cpu-hybrid.json")
+    ap.add_argument("--set", choices=sorted(BUILDERS), default="cpu-hybrid")
+    ap.add_argument("--out", type=Path, help="default: verify/probes/<set>.json")
     args = ap.parse_args()
-    data = (json.dumps(build(TinyModelRecipe()), indent=1, sort_keys=True) + "\n").encode()
+    args.out = args.out or repo / "verify" / "probes" / f"{args.set}.json"
+    data = (json.dumps(BUILDERS[args.set](TinyModelRecipe()), indent=1, sort_keys=True) + "\n").encode()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(data)
     print(f"{args.out}: sha256 {hashlib.sha256(data).hexdigest()}")

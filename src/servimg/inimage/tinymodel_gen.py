@@ -203,10 +203,12 @@ def hybrid_config(recipe):
             linear_value_head_dim=64,
             linear_num_key_heads=2,
             linear_num_value_heads=2,
-            # one MoE layer (the last); the others are dense MLPs
+            # MoE on the recipe's layers (default: the last one); the others are dense MLPs
             decoder_sparse_step=1,
-            mlp_only_layers=list(range(len(layers) - 1)),
-            num_experts=2,
+            mlp_only_layers=[
+                i for i in range(len(layers)) if i not in recipe.get("moe_layers", [len(layers) - 1])
+            ],
+            num_experts=recipe.get("num_experts", 2),
             num_experts_per_tok=1,
             moe_intermediate_size=recipe["intermediate_size"],
             shared_expert_intermediate_size=recipe["intermediate_size"],
@@ -278,6 +280,8 @@ def write_hybrid(recipe, out):
             if name.endswith("A_log"):
                 a = torch.linspace(recipe["a_min"], recipe["a_max"], param.numel(), dtype=torch.float64)
                 param.copy_(a.log().reshape(param.shape))
+            if name.endswith("dt_bias") and recipe.get("dt_bias") is not None:
+                param.fill_(recipe["dt_bias"])
     moved = recurrent_dependence(model, recipe)
     print(f"self-check: recurrent state moves the last logits by {moved:.4g} (cut attention)")
     if moved < recipe["min_recurrent_dependence"]:

@@ -105,9 +105,22 @@ class HybridModelRecipe:
     # position's logits by at least this much (what only the recurrent state carries).
     min_recurrent_dependence: float = 1e-3
     seed: int = 20261204
+    # Qwen3Next's MoE: the layers (0-based) that carry `num_experts` experts; () = the last layer only.
+    # vLLM refuses a Qwen3Next without a MoE layer.
+    moe_layers: tuple[int, ...] = ()
+    num_experts: int = 2
+    # The recurrent layers' dt bias; None = HF's initialisation. 0 with A in [1e-3, 1e-2] is the seed
+    # incident's slow decay (issue 47), so a state missing at a block edge shows in the answer.
+    dt_bias: float | None = None
 
     def as_json(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "layers": list(self.layers)}
+        # The fields added later are left out at their defaults: the models generated before keep their
+        # cache keys (and bytes).
+        later = {"moe_layers": (), "num_experts": 2, "dt_bias": None}
+        doc = {k: v for k, v in dataclasses.asdict(self).items() if k not in later or v != later[k]}
+        return {**doc, "layers": list(self.layers)} | (
+            {"moe_layers": list(self.moe_layers)} if self.moe_layers else {}
+        )
 
 
 GDN_HYBRID = HybridModelRecipe(
@@ -141,9 +154,26 @@ class Recipe(Protocol):
     def cache_key(self, image_config_digest: str) -> str: ...
 
 
+# The seed incident's model (issue 47): a Qwen3Next of three gated-delta-net layers before one full
+# attention layer, hidden 256, 4 experts on layers 2-3, A in [1e-3, 1e-2] and dt bias 0. After one 900-token
+# prefill its attention group holds 256-token blocks the recurrent group has no state for: the window
+# the seed bug acts in (verify/ladders/cpu-connector.yaml).
+SEED_GDN = HybridModelRecipe(
+    "gdn-hybrid",
+    ("linear_attention", "linear_attention", "linear_attention", "full_attention"),
+    hidden_size=256,
+    moe_layers=(2, 3),
+    num_experts=4,
+    dt_bias=0.0,
+)
 TINY_HYBRIDS = ModelSet("tiny-hybrids", (("gdn", GDN_HYBRID), ("mamba2", MAMBA2_HYBRID)))
+SEED_HYBRID = ModelSet("seed-hybrid", (("gdn", SEED_GDN),))
 # What a ladder's `model.generate` names (ladder.definition.ModelSpec).
-GENERATED: dict[str, Recipe] = {"tiny-copy": TinyModelRecipe(), "tiny-hybrids": TINY_HYBRIDS}
+GENERATED: dict[str, Recipe] = {
+    "tiny-copy": TinyModelRecipe(),
+    "tiny-hybrids": TINY_HYBRIDS,
+    "seed-hybrid": SEED_HYBRID,
+}
 
 
 def vocabulary(recipe: TinyModelRecipe) -> list[str]:
