@@ -107,7 +107,7 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield server
 
 
-CHECKOUT = ("images", "overlays", "verify/ladders", "verify/probes")
+CHECKOUT = ("images", "overlays", "verify/ladders", "verify/probes", "verify/instruments")
 
 
 def copy_checkout(dest: Path, parts: tuple[str, ...] = CHECKOUT) -> Path:

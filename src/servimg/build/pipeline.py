@@ -244,6 +244,8 @@ def _ladder(definition: ImageDefinition, repo_root: Path) -> tuple[LadderLock | 
         f"{image_dir}/{loaded.ladder_path.name}": loaded.ladder_bytes,
         f"{image_dir}/{loaded.probes_path.name}": loaded.probes_bytes,
     }
+    if loaded.instrument_path is not None:  # data beside the ladder, on no Python path of the image
+        files[f"{image_dir}/{loaded.instrument_path.name}"] = loaded.instrument_bytes
     return locked, files
 
 

@@ -8,6 +8,8 @@ validates; every problem is reported at once with its YAML path, like image defi
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,18 +74,41 @@ class ProbeRef:
 
 
 @dataclass(frozen=True, kw_only=True)
+class InstrumentRef:
+    """A Python module that belongs to the ladder, not to the image under test (e.g. the connector
+    instrument, verify/instruments/servimg_hybrid_connector.py): pinned by sha256 like the probe set,
+    mounted read-only into every fresh server at `INSTRUMENT_TARGET` on PYTHONPATH, with a writable
+    directory for what it reports (`$SERVIMG_INSTRUMENT_DIR`, read beside the server's /metrics)."""
+
+    path: str
+    sha256: str
+
+    @property
+    def module(self) -> str:
+        return Path(self.path).stem
+
+    @classmethod
+    def read(cls, value: object, path: str, problems: list[str]) -> InstrumentRef:
+        f = r.shape(value, path, problems, "path, sha256")
+        sha256 = r.text(pattern=_SHA, meaning="a sha256: 64 lowercase hex digits")
+        module = r.text(pattern=r"([^/]+/)*[A-Za-z_][A-Za-z0-9_]*\.py", meaning="a path to a Python module")
+        return f.made(cls(path=f.take("path", module), sha256=f.take("sha256", sha256)))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     served_name: str
     # When no host directory is given for the `model_dir` mount, servimg generates this inside the image
     # under test (servimg.ladder.tinymodel) and mounts that: `tiny-copy`, its tiny copy model, or
-    # `tiny-hybrids`, a directory holding a GDN hybrid (gdn/) and a Mamba2 hybrid (mamba2/).
-    generate: Literal["tiny-copy", "tiny-hybrids"] | None = None
+    # `tiny-hybrids`, a directory holding a GDN hybrid (gdn/) and a Mamba2 hybrid (mamba2/), or
+    # `seed-hybrid`, the seed incident's slow-decay GDN hybrid (gdn/).
+    generate: Literal["tiny-copy", "tiny-hybrids", "seed-hybrid"] | None = None
 
     @classmethod
     def read(cls, value: object, path: str, problems: list[str]) -> ModelSpec:
         f = r.shape(value, path, problems, "served_name, generate")
         served_name = f.take("served_name", r.text(min_length=1))
-        generate = f.take("generate", r.optional(r.choice("tiny-copy", "tiny-hybrids")), None)
+        generate = f.take("generate", r.optional(r.choice("tiny-copy", "tiny-hybrids", "seed-hybrid")), None)
         return f.made(cls(served_name=served_name, generate=generate))  # type: ignore[arg-type]
 
 
@@ -313,11 +338,17 @@ class LadderDefinition:
     engine: Literal["vllm"] = "vllm"
     image: ImagePin | None = None
     probes: ProbeRef
+    # Left out of the canonical form when unset, so a ladder without one keeps its bytes.
+    instrument: InstrumentRef | None = field(default=None, metadata={"omit_default": True})
     model: ModelSpec
     server: ServerSpec
     caches: dict[str, CacheSpec] = field(default_factory=dict)
     vars: dict[str, str] = field(default_factory=dict)
     cache_block_tokens: int = 16
+    # CPU flags (/proc/cpuinfo names) a host must have to serve this ladder's model at all, e.g.
+    # avx512_bf16 for vLLM's bf16-only CPU GDN kernels; checked before the first arm. Left out of the
+    # canonical form when empty.
+    requires_cpu_flags: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
     # frozen: prompts are sent as their token ids; server: as text, tokenized by the server (real
     # checkpoints bring their own tokenizer), and the ids every arm saw are recorded in the receipt.
     probe_tokens: Literal["frozen", "server"] = "frozen"
@@ -385,11 +416,15 @@ class LadderDefinition:
             engine=f.take("engine", r.choice("vllm"), "vllm"),  # type: ignore[arg-type]
             image=f.take("image", r.optional(ImagePin.read), None),
             probes=f.take("probes", ProbeRef.read),
+            instrument=f.take("instrument", r.optional(InstrumentRef.read), None),
             model=f.take("model", ModelSpec.read),
             server=f.take("server", ServerSpec.read),
             caches=f.take("caches", r.mapping(r.IDENT, CacheSpec.read), {}),
             vars=f.take("vars", r.mapping(var_name, r.STRING), {}),
             cache_block_tokens=f.take("cache_block_tokens", r.integer(ge=1), 16),
+            requires_cpu_flags=f.take(
+                "requires_cpu_flags", r.items(r.text(pattern=r"[a-z0-9_]+", meaning="a CPU flag")), ()
+            ),
             probe_tokens=f.take("probe_tokens", r.choice("frozen", "server"), "frozen"),  # type: ignore[arg-type]
             sampling=f.take("sampling", Sampling.read),
             thresholds=f.take("thresholds", Thresholds.read),
@@ -434,7 +469,49 @@ def _cross_problems(f: r.Fields) -> list[str]:
         texts += [*arm.args, *arm.env.values()]
     raw_vars = f.raw("vars")
     declared = set(r.strings_in(list(raw_vars))) if isinstance(raw_vars, Mapping) else set()
+    instrument = r.read(r.optional(InstrumentRef.read), f.raw("instrument"), "", [])
+    problems += connector_problems(arms, instrument.module if instrument is not None else None)
     return problems + [r.problem("vars", p) for p in _undeclared(texts, declared)]
+
+
+def connector_problems(arms: Sequence[tuple[int, ArmSpec]], instrument: str | None) -> list[str]:
+    """An arm may attach only the ladder's own instrument as a connector module: one the image under
+    test would have to bring is not what the ladder pre-registered (`kv_connector_module_path` in a
+    `--kv-transfer-config` JSON argument)."""
+    problems = []
+    for i, arm in arms:
+        for module in _connector_modules(arm.args):
+            if module is None:
+                problems.append(f"arms[{i}].args ({arm.id}): --kv-transfer-config is not a JSON object")
+            elif instrument is None:
+                problems.append(
+                    f"arms[{i}].args ({arm.id}): kv_connector_module_path {module!r} names a connector "
+                    "module, but the ladder declares no `instrument` to mount: declare it "
+                    "(instrument: {path: verify/instruments/<module>.py, sha256: …})"
+                )
+            elif module != instrument:
+                problems.append(
+                    f"arms[{i}].args ({arm.id}): kv_connector_module_path {module!r} is not the ladder's "
+                    f"instrument {instrument!r}: the image under test cannot be asked to load it"
+                )
+    return problems
+
+
+def _connector_modules(args: Sequence[str]) -> list[str | None]:
+    """The `kv_connector_module_path` of each `--kv-transfer-config` in `args` (None: unreadable)."""
+    found: list[str | None] = []
+    for flag, value in itertools.pairwise(args):
+        if flag != "--kv-transfer-config":
+            continue
+        try:
+            config = json.loads(value)
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            found.append(None)
+        elif "kv_connector_module_path" in config:
+            found.append(str(config["kv_connector_module_path"]))
+    return found
 
 
 def family_problems(roles: Sequence[tuple[str, str | None]]) -> list[str]:
@@ -537,6 +614,9 @@ class LoadedLadder:
     probes_path: Path
     ladder_bytes: bytes
     probes_bytes: bytes
+    # The ladder's instrument (definition `instrument:`), verified against its pin; None without one.
+    instrument_path: Path | None = None
+    instrument_bytes: bytes = b""
 
     @property
     def ladder_sha256(self) -> str:
@@ -559,19 +639,35 @@ def load(path: Path, *, root: Path | None = None) -> LoadedLadder:
     repository holding `verify/ladders/`), else found beside the ladder (a bundled copy in an image)."""
     ladder_bytes = _read(path, "ladder definition")
     ladder = LadderDefinition.parse(ladder_bytes, origin=str(path))
-    probes_path = resolve_probes_path(path, ladder.probes.path, root)
-    probes_bytes = _read(probes_path, "probe set")
-    actual = sha256_hex(probes_bytes)
-    if actual != ladder.probes.sha256:
-        raise LadderError(
-            f"{probes_path} has sha256 {actual}, the ladder pins {ladder.probes.sha256}",
-            hint="the probe set is frozen: restore it, or pin the new sha256 deliberately (a new ladder)",
-        )
+    probes_path, probes_bytes = _pinned(
+        path, ladder.probes.path, ladder.probes.sha256, root, "probe set",
+        "the probe set is frozen: restore it, or pin the new sha256 deliberately (a new ladder)",
+    )  # fmt: skip
     probes = ProbeSet.parse(probes_bytes, origin=str(probes_path))
     problems = probe_problems(ladder, probes)
     if problems:
         raise LadderError(f"{probes_path}: the probe set cannot exercise this ladder", problems=problems)
-    return LoadedLadder(ladder, probes, path, probes_path, ladder_bytes, probes_bytes)
+    instrument_path, instrument_bytes = None, b""
+    if ladder.instrument is not None:
+        instrument_path, instrument_bytes = _pinned(
+            path, ladder.instrument.path, ladder.instrument.sha256, root, "instrument",
+            "the instrument is pre-registered: restore it, or pin the new sha256 deliberately",
+        )  # fmt: skip
+    return LoadedLadder(
+        ladder, probes, path, probes_path, ladder_bytes, probes_bytes, instrument_path, instrument_bytes
+    )
+
+
+def _pinned(
+    ladder_path: Path, relative: str, sha256: str, root: Path | None, what: str, hint: str
+) -> tuple[Path, bytes]:
+    """A file the ladder pins by sha256 (found like the probe set): its path and verified bytes."""
+    found = resolve_probes_path(ladder_path, relative, root)
+    data = _read(found, what)
+    actual = sha256_hex(data)
+    if actual != sha256:
+        raise LadderError(f"{found} has sha256 {actual}, the ladder pins {sha256}", hint=hint)
+    return found, data
 
 
 def resolve_probes_path(ladder_path: Path, probes: str, root: Path | None) -> Path:

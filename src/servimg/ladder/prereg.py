@@ -53,9 +53,12 @@ class Inputs:
     harness: Mapping[str, str]
     variables: Mapping[str, str]
     model_files: Mapping[str, str]
+    # The ladder's instrument (path, sha256); left out when the ladder has none.
+    instrument: Mapping[str, str] | None = None
 
     def as_json(self) -> dict[str, object]:
-        return {
+        instrument = {"instrument": dict(self.instrument)} if self.instrument is not None else {}
+        return instrument | {
             "ladder": {"path": self.ladder_path, "sha256": self.ladder_sha256},
             "probes": {"path": self.probes_path, "sha256": self.probes_sha256},
             "thresholds_sha256": self.thresholds_sha256,
@@ -80,6 +83,11 @@ def capture_inputs(loaded: LoadedLadder, variables: Mapping[str, str], model_dir
         harness_files(),
         dict(sorted(variables.items())),
         tree_hashes(model_dir) if model_dir is not None else {},
+        (
+            {"path": str(loaded.instrument_path), "sha256": sha256_hex(loaded.instrument_path.read_bytes())}
+            if loaded.instrument_path is not None
+            else None
+        ),
     )
 
 

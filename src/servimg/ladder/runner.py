@@ -65,6 +65,8 @@ from servimg.ladder.server import (
     deviate,
     fact_list,
     fact_map,
+    instrument_metrics,
+    instrument_requests,
     remove_run_containers,
     start_server,
     wait_healthy,
@@ -105,6 +107,7 @@ def prepare(
 ) -> Prepared:
     """Image facts, variables (the tiny model generated when asked), and `preregistration.json` in `out`."""
     ladder = loaded.definition
+    check_cpu_flags(ladder, host_cpu_flags())
     config.out.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
     started_at = now()
@@ -116,6 +119,32 @@ def prepare(
     atomic_write(config.out / "preregistration.json", canonical.dumps_pretty(prereg), 0o644)
     log(f"ladder {ladder.name}: pre-registered inputs sha256 {pre.sha256[:16]}… ({len(ladder.arms)} arms)")
     return Prepared(run_id, started_at, facts, variables, model_dir, pre, prereg, deviations)
+
+
+def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """This host's CPU flags (x86 `flags`, arm `Features`); None where they cannot be read."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def check_cpu_flags(ladder: LadderDefinition, flags: frozenset[str] | None) -> None:
+    """Refuse, before any server starts, a host whose CPU cannot serve the ladder's model."""
+    missing = [f for f in ladder.requires_cpu_flags if flags is not None and f not in flags]
+    if missing:
+        wide = sorted(f for f in flags or () if f.startswith(("avx512", "amx")))
+        raise LadderRunError(
+            f"ladder {ladder.name} needs a CPU with {', '.join(missing)}, which this host lacks "
+            f"(its AVX-512/AMX flags: {', '.join(wide) or 'none'})",
+            hint="run it on a host with these instructions (an AVX-512 BF16 or AMX x86 CPU for vLLM's "
+            "bf16-only CPU GDN kernels), e.g. --on slurm with a partition of such nodes",
+        )
 
 
 def run(loaded: LoadedLadder, config: RunConfig, log: Log) -> Receipt:
@@ -376,9 +405,12 @@ def _send_prompts(
     metric_names = [g.metric for a in ladder.arms for g in a.exercise]
 
     def snapshot() -> dict[str, float | None]:
-        return adapter.snapshot(parse_prometheus(vllm.metrics_text(server.url)), metric_names)
+        # The ladder's instrument reports beside the server's own metrics (ladder.server).
+        text = vllm.metrics_text(server.url) + instrument_metrics(server)
+        return adapter.snapshot(parse_prometheus(text), metric_names)
 
     probing.before = snapshot()
+    reported = len(instrument_requests(server))
     prompts = loaded.prompts_for(arm)
     keys = send_keys([prompt.id for _, prompt in prompts])
     for number, ((family, prompt), key) in enumerate(zip(prompts, keys, strict=True), 1):
@@ -409,6 +441,8 @@ def _send_prompts(
         hits = per.get("prefix_cache_hits")
         log(f"{prefix} {number}/{len(prompts)} {prompt.id}: {status} ({seconds:.2f}s hits +{hits or 0:g})")
     probing.after = snapshot()
+    if server.instrument_dir is not None:  # what the scheduler handed the instrument, per request
+        facts["instrument_requests"] = instrument_requests(server)[reported:]
     if not vllm.metrics_text(server.url):
         deviate(facts, f"{arm.id}: the server exports no /metrics: exercise gates cannot be met")
 
@@ -529,7 +563,8 @@ def bundled_ladder(image: str, dest: Path) -> Path:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for member in tar.getmembers():
             name = Path(member.name).name
-            if member.isfile() and name.endswith((".yaml", ".json")):
+            # the ladder, its probe set, and its instrument (a module the ladder pins by sha256)
+            if member.isfile() and name.endswith((".yaml", ".json", ".py")):
                 handle = tar.extractfile(member)
                 if handle is not None:
                     (dest / name).write_bytes(handle.read())

@@ -33,6 +33,9 @@ WITNESS_SPEC = "/opt/servimg/witness-spec.json"
 
 
 # Environment every container arm gets: no hub, no telemetry.
+# Where a fresh server finds the ladder's instrument (read-only, on PYTHONPATH) and reports from it.
+INSTRUMENT_TARGET = "/opt/servimg/instrument"
+INSTRUMENT_REPORT = "/var/lib/servimg/instrument"
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -72,6 +75,7 @@ class Server:
     witness: bool = False
     overlay_modules: tuple[str, ...] = ()  # from the image's witness spec
     witness_dir: Path | None = None  # a local server's SERVIMG_WITNESS_DIR (inside the image under test)
+    instrument_dir: Path | None = None  # where the ladder's instrument reports (host side)
 
     def stop(self) -> None:
         if self.container is not None:
@@ -143,13 +147,76 @@ def start_server(
         source = str(Path(substitute(mount.source, variables)).resolve())
         mounts[source] = Mount(source, mount.target, mount.read_only)
     facts["caches"] = _arm_caches(loaded, arm, config, variables, caches, mounts, env)
+    instrument_dir = _mount_instrument(loaded, arm, config, mounts, env, facts)
     argv = (*spec.command, *args)
     if config.endpoint is not None:
         deviate(facts, f"{arm.id}: endpoint mode: no fresh server; args, env and caches not applied")
         return Server(config.endpoint.rstrip("/"), "endpoint", argv, env)
     if config.command:
-        return _start_command(arm, config, spec.port, argv, env, mounts, facts)
-    return _start_container(loaded, arm, config, args, env, mounts, run_id, log)
+        server = _start_command(arm, config, spec.port, argv, env, mounts, facts)
+    else:
+        server = _start_container(loaded, arm, config, args, env, mounts, run_id, log)
+    server.instrument_dir = instrument_dir
+    return server
+
+
+def _mount_instrument(
+    loaded: LoadedLadder,
+    arm: ArmSpec,
+    config: RunConfig,
+    mounts: dict[str, Mount],
+    env: dict[str, str],
+    facts: dict[str, object],
+) -> Path | None:
+    """The ladder's instrument, read-only at INSTRUMENT_TARGET on PYTHONPATH (so a connector arm's
+    `kv_connector_module_path` finds it; an arm that names no module never imports it), and a new
+    writable directory for its report; that directory (None without an instrument)."""
+    if loaded.instrument_path is None:
+        return None
+    source = str(loaded.instrument_path.resolve())
+    mounts[source] = Mount(source, f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}")
+    report = config.out / "instrument" / arm.id
+    shutil.rmtree(report, ignore_errors=True)
+    report.mkdir(parents=True)
+    report.chmod(0o777)  # the server may run as another user
+    mounts[str(report.resolve())] = Mount(str(report.resolve()), INSTRUMENT_REPORT, read_only=False)
+    env.setdefault("PYTHONPATH", INSTRUMENT_TARGET)
+    env["SERVIMG_INSTRUMENT_DIR"] = INSTRUMENT_REPORT
+    facts["instrument"] = {
+        "path": loaded.definition.instrument.path if loaded.definition.instrument else source,
+        "sha256": sha256_hex(loaded.instrument_bytes),
+        "target": f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}",
+        "report": str(report),
+    }
+    return report
+
+
+def instrument_requests(server: Server) -> list[object]:
+    """The instrument's per-request lines so far (JSON; a line cut short by a dying server is kept as
+    its text)."""
+    if server.instrument_dir is None:
+        return []
+    try:
+        lines = (server.instrument_dir / "requests.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    parsed: list[object] = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            parsed.append(line)
+    return parsed
+
+
+def instrument_metrics(server: Server) -> str:
+    """The instrument's counters (Prometheus text) as of now; "" before its first report."""
+    if server.instrument_dir is None:
+        return ""
+    try:
+        return (server.instrument_dir / "metrics.prom").read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def _arm_caches(
