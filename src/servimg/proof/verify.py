@@ -324,6 +324,41 @@ def base_sentinel_lookups(
     return out
 
 
+def sentinel_elsewhere(sources: Mapping[str, bytes], sentinel: Sentinel) -> tuple[str, ...]:
+    """The other qualnames of the sentinel's module whose code holds its name/const, as a name or a
+    constant (nested code included; the innermost holders): where upstream put the same thing (vLLM
+    0.28.0 moved the seed gate's `supports_divergent_local_hybrid_hits` from `Scheduler.schedule` into
+    `Scheduler._get_local_prefix_cache_hit`)."""
+    source = sources.get(sentinel.module)
+    if source is None:
+        return ()
+    try:
+        code = compile(source, f"<base {sentinel.module}>", "exec", dont_inherit=True, optimize=0)
+    except (SyntaxError, ValueError):
+        return ()
+    # Upstream writes the same thing its own way: the overlay's `getattr(x, "name")` (a const) is
+    # upstream's `x.name` (a name), and the other way round. Evidence only: the ladder is the proof.
+    words = {w for w in (sentinel.name, sentinel.const) if isinstance(w, str) and w.isidentifier()}
+
+    def holds(code: CodeType) -> bool:
+        return probe.code_has(code, sentinel.name, sentinel.const) or any(
+            probe.code_has(code, w) or probe.code_has(code, None, w) for w in words
+        )
+
+    found = [
+        q
+        for q, objects in probe.qualnames(code).items()
+        if q != sentinel.qualname and any(holds(o) for o in objects)
+    ]
+    # a holder's enclosing functions hold it too (nested code): keep the innermost
+    inner = [
+        q
+        for q in found
+        if not any(other.startswith(q + ".") or (q == "<module>" and other != q) for other in found)
+    ]
+    return tuple(sorted(inner))
+
+
 # -- the service's command -------------------------------------------------------------------------
 # Interpreter options that change what an import resolves to or which bytecode it accepts; the others
 # (-u, -v, -W …) are dropped. -I implies -E -s (and -P on 3.11+).
