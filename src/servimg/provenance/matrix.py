@@ -5,7 +5,8 @@ Per digest: the tags that name it (the registry's tag list, each tag's manifest 
 (the config, a small blob), and from the attestations attached to it — only those whose signature a
 trusted key verifies, as `check` accepts them — the vLLM and LMCache versions the signed provenance
 resolved, each ladder run on that digest with its verdict, the model families its arms covered, the arms
-that served through a KV connector, the device, and the fixes the evidence proves (`provenance.fixes`,
+that served through a KV connector and which of them failed (the pairing corrupts with a connector), the
+device, and the fixes the evidence proves (`provenance.fixes`,
 from the provenance's patches and the verify result alone). Unsigned or untrusted evidence is counted
 as such and shows nothing.
 
@@ -54,6 +55,9 @@ class LadderRun:
     connector_arms: tuple[str, ...]
     device: str | None
     finished: str | None
+    # the connector arms the signed test-result lists as failed: with a KV connector this pairing
+    # corrupts (the seed incident; ai-dynamo/dynamo#14416)
+    connector_failed: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -61,6 +65,7 @@ class LadderRun:
             "verdict": self.verdict,
             "families": list(self.families),
             "connector_arms": list(self.connector_arms),
+            "connector_arms_failed": list(self.connector_failed),
             "device": self.device,
             "finished_at": self.finished,
         }
@@ -101,10 +106,29 @@ class MatrixRow:
             "not_counted": self.not_counted,
         }
 
+    @property
+    def failed_families(self) -> tuple[str, ...]:
+        """Families a ladder run failed on that no passing run covers."""
+        failed = {f for run in self.ladders if run.verdict != "PASS" for f in run.families}
+        return tuple(sorted(failed - set(self.families)))
+
+    def connector_cell(self) -> str:
+        """With a KV connector: `FAIL k/n arms` when a signed run failed connector arms, `PASS` when
+        every connector arm of a run passed, `-` when no run attached one."""
+        arms = [a for run in self.ladders for a in run.connector_arms]
+        failed = [a for run in self.ladders for a in run.connector_failed]
+        if failed:
+            return f"FAIL {len(failed)}/{len(arms)} arms"
+        return "PASS" if arms else "-"
+
     def cells(self) -> list[str]:
         ladders = ", ".join(f"{r.name} {r.verdict}" for r in self.ladders) or "none"
-        families = ", ".join(FAMILY_NAMES.get(f, f) for f in self.families) or "-"
-        connectors = "yes" if any(r.connector_arms for r in self.ladders if r.verdict == "PASS") else "-"
+        families = ", ".join(
+            [FAMILY_NAMES.get(f, f) for f in self.families]
+            + [f"{FAMILY_NAMES.get(f, f)} (FAIL)" for f in self.failed_families]
+        )
+        families = families or "-"
+        connectors = self.connector_cell()
         devices = ", ".join(sorted({r.device for r in self.ladders if r.device})) or "-"
         return [
             ", ".join(self.tags) or "(untagged)",
@@ -157,7 +181,7 @@ def row_of(
         platform,
         _version(dists, "vllm"),
         _version(dists, "lmcache"),
-        tuple(sorted(_ladder_runs(tests), key=lambda r: (r.name, r.finished or ""))),
+        tuple(sorted(ladder_runs(tests), key=lambda r: (r.name, r.finished or ""))),
         tuple(proven_fixes(provs, tests)),
         len(accepted),
         found - len(accepted),
@@ -173,7 +197,7 @@ def _version(dists: Sequence[str], prefix: str) -> str | None:
     return None
 
 
-def _ladder_runs(tests: Sequence[Mapping[str, object]]) -> list[LadderRun]:
+def ladder_runs(tests: Sequence[Mapping[str, object]]) -> list[LadderRun]:
     runs = []
     for predicate in tests:
         name = provenance.ladder_name(predicate)
@@ -185,14 +209,17 @@ def _ladder_runs(tests: Sequence[Mapping[str, object]]) -> list[LadderRun]:
         verdict = str(notes.get("verdict") or predicate.get("result"))
         if predicate.get("result") != "PASSED" and verdict == "PASS":
             verdict = "FAIL"  # a receipt that says PASS over a failed result: fail closed, as check does
+        connector_arms = tuple(jv.texts(notes.get("connector_arms") or [], "connector_arms"))
+        failed = set(jv.texts(predicate.get("failedTests") or [], "failedTests"))
         runs.append(
             LadderRun(
                 name,
                 verdict,
                 tuple(jv.texts(notes.get("families") or [], "families")),
-                tuple(jv.texts(notes.get("connector_arms") or [], "connector_arms")),
+                connector_arms,
                 str(notes["device"]) if isinstance(notes.get("device"), str) else None,
                 str(notes["finished_at"]) if isinstance(notes.get("finished_at"), str) else None,
+                tuple(a for a in connector_arms if f"arm {a}" in failed),
             )
         )
     return runs

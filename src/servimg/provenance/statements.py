@@ -502,6 +502,8 @@ def _coverage(arms: object) -> tuple[tuple[str, ...], tuple[str, ...], str | Non
     families: set[str] = set()
     connectors: list[str] = []
     gpu, seen = False, False
+    # an arm that reuses a server serves with that server's arguments (a warm arm behind a connector)
+    args_of: dict[str, str] = {}
     for arm in arms if isinstance(arms, list) else []:
         spec = arm.get("spec") if isinstance(arm, dict) else None
         if not isinstance(spec, dict):
@@ -509,7 +511,12 @@ def _coverage(arms: object) -> tuple[tuple[str, ...], tuple[str, ...], str | Non
         seen = True
         family = spec.get("model_family")
         families.add(family if isinstance(family, str) and family else "dense")
-        args = " ".join(a for a in spec.get("args") or [] if isinstance(a, str))
+        server = spec.get("server")
+        owner = (
+            server.removeprefix("reuse:") if isinstance(server, str) and server.startswith("reuse:") else ""
+        )
+        args = args_of.get(owner) or " ".join(a for a in spec.get("args") or [] if isinstance(a, str))
+        args_of[str(arm.get("id"))] = args
         if "kv_connector" in args:
             connectors.append(str(arm.get("id")))
         gpu = gpu or "--gpu-memory-utilization" in args
