@@ -662,7 +662,7 @@ def _pinned(
     ladder_path: Path, relative: str, sha256: str, root: Path | None, what: str, hint: str
 ) -> tuple[Path, bytes]:
     """A file the ladder pins by sha256 (found like the probe set): its path and verified bytes."""
-    found = resolve_probes_path(ladder_path, relative, root)
+    found = resolve_pinned_path(ladder_path, relative, root)
     data = _read(found, what)
     actual = sha256_hex(data)
     if actual != sha256:
@@ -670,7 +670,7 @@ def _pinned(
     return found, data
 
 
-def resolve_probes_path(ladder_path: Path, probes: str, root: Path | None) -> Path:
+def resolve_pinned_path(ladder_path: Path, probes: str, root: Path | None) -> Path:
     if root is None:
         parent = ladder_path.resolve().parent
         root = (

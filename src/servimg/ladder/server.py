@@ -32,10 +32,10 @@ from servimg.oci.store import BlobStore
 WITNESS_SPEC = "/opt/servimg/witness-spec.json"
 
 
-# Environment every container arm gets: no hub, no telemetry.
 # Where a fresh server finds the ladder's instrument (read-only, on PYTHONPATH) and reports from it.
 INSTRUMENT_TARGET = "/opt/servimg/instrument"
 INSTRUMENT_REPORT = "/var/lib/servimg/instrument"
+# Environment every container arm gets: no hub, no telemetry.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -171,7 +171,8 @@ def _mount_instrument(
     """The ladder's instrument, read-only at INSTRUMENT_TARGET on PYTHONPATH (so a connector arm's
     `kv_connector_module_path` finds it; an arm that names no module never imports it), and a new
     writable directory for its report; that directory (None without an instrument)."""
-    if loaded.instrument_path is None:
+    pinned = loaded.definition.instrument
+    if loaded.instrument_path is None or pinned is None:
         return None
     source = str(loaded.instrument_path.resolve())
     mounts[source] = Mount(source, f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}")
@@ -182,9 +183,9 @@ def _mount_instrument(
     mounts[str(report.resolve())] = Mount(str(report.resolve()), INSTRUMENT_REPORT, read_only=False)
     env.setdefault("PYTHONPATH", INSTRUMENT_TARGET)
     env["SERVIMG_INSTRUMENT_DIR"] = INSTRUMENT_REPORT
-    facts["instrument"] = {
-        "path": loaded.definition.instrument.path if loaded.definition.instrument else source,
-        "sha256": sha256_hex(loaded.instrument_bytes),
+    facts["instrument"] = {  # its bytes were checked against the pin when the ladder was loaded
+        "path": pinned.path,
+        "sha256": pinned.sha256,
         "target": f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}",
         "report": str(report),
     }

@@ -83,6 +83,9 @@ def _cache_key(recipe: Mapping[str, object], image_config_digest: str) -> str:
 LayerType = Literal["linear_attention", "full_attention", "mlp"]
 
 
+_LATER_FIELDS = ("moe_layers", "num_experts", "dt_bias")
+
+
 @dataclass(frozen=True)
 class HybridModelRecipe:
     """A tiny hybrid: `linear_attention` layers are the recurrent ones (gated delta net for
@@ -116,11 +119,13 @@ class HybridModelRecipe:
     def as_json(self) -> dict[str, object]:
         # The fields added later are left out at their defaults: the models generated before keep their
         # cache keys (and bytes).
-        later = {"moe_layers": (), "num_experts": 2, "dt_bias": None}
-        doc = {k: v for k, v in dataclasses.asdict(self).items() if k not in later or v != later[k]}
-        return {**doc, "layers": list(self.layers)} | (
-            {"moe_layers": list(self.moe_layers)} if self.moe_layers else {}
-        )
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        doc = {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(self).items()
+            if k not in _LATER_FIELDS or v != defaults[k]
+        }
+        return doc
 
 
 GDN_HYBRID = HybridModelRecipe(

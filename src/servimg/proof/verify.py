@@ -308,20 +308,22 @@ def base_sentinel_lookups(
             out[key] = (0, 0)
             continue
         if sentinel.module not in compiled:
-            try:
-                compiled[sentinel.module] = compile(
-                    source, f"<base {sentinel.module}>", "exec", dont_inherit=True, optimize=0
-                )
-            except (SyntaxError, ValueError) as exc:
-                raise VerifyError(
-                    f"the base's {sentinel.module} does not compile on this host: {exc}",
-                    hint="run servimg with a Python at least as new as the image's interpreter",
-                ) from None
+            compiled[sentinel.module] = _compile_base(sentinel.module, source)
         hits, objects, _ = probe.find_in_qualname(
             compiled[sentinel.module], sentinel.qualname, sentinel.name, sentinel.const
         )
         out[key] = (hits, objects)
     return out
+
+
+def _compile_base(module: str, source: bytes) -> CodeType:
+    try:
+        return compile(source, f"<base {module}>", "exec", dont_inherit=True, optimize=0)
+    except (SyntaxError, ValueError) as exc:
+        raise VerifyError(
+            f"the base's {module} does not compile on this host: {exc}",
+            hint="run servimg with a Python at least as new as the image's interpreter",
+        ) from None
 
 
 def sentinel_elsewhere(sources: Mapping[str, bytes], sentinel: Sentinel) -> tuple[str, ...]:
@@ -332,10 +334,7 @@ def sentinel_elsewhere(sources: Mapping[str, bytes], sentinel: Sentinel) -> tupl
     source = sources.get(sentinel.module)
     if source is None:
         return ()
-    try:
-        code = compile(source, f"<base {sentinel.module}>", "exec", dont_inherit=True, optimize=0)
-    except (SyntaxError, ValueError):
-        return ()
+    code = _compile_base(sentinel.module, source)
     # Upstream writes the same thing its own way: the overlay's `getattr(x, "name")` (a const) is
     # upstream's `x.name` (a name), and the other way round. Evidence only: the ladder is the proof.
     words = {w for w in (sentinel.name, sentinel.const) if isinstance(w, str) and w.isidentifier()}

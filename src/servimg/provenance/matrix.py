@@ -219,7 +219,7 @@ def ladder_runs(tests: Sequence[Mapping[str, object]]) -> list[LadderRun]:
                 connector_arms,
                 str(notes["device"]) if isinstance(notes.get("device"), str) else None,
                 str(notes["finished_at"]) if isinstance(notes.get("finished_at"), str) else None,
-                tuple(a for a in connector_arms if f"arm {a}" in failed),
+                tuple(a for a in connector_arms if provenance.arm_test(a) in failed),
             )
         )
     return runs

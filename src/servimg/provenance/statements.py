@@ -550,6 +550,11 @@ def _receipt_digests(doc: Mapping[str, object]) -> list[str]:
     return found
 
 
+def arm_test(arm_id: str) -> str:
+    """The name a ladder arm has in the test-result's passed/failed lists."""
+    return f"arm {arm_id}"
+
+
 def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -> dict[str, object]:
     """A test-result for a ladder receipt about this image. NOT_EXERCISED is never PASS (docs/design.md)."""
     if receipt.image_digests and not {str(manifest), str(config)} & set(receipt.image_digests):
@@ -557,7 +562,7 @@ def ladder_predicate(receipt: LadderReceipt, manifest: Digest, config: Digest) -
             f"the ladder receipt is about {', '.join(receipt.image_digests)}, not this image ({manifest})",
             hint="attach a receipt to the image the ladder ran against",
         )
-    tests = [("PASS" if verdict == "PASS" else "FAIL", f"arm {arm}") for arm, verdict in receipt.arms]
+    tests = [("PASS" if verdict == "PASS" else "FAIL", arm_test(arm)) for arm, verdict in receipt.arms]
     whole = LADDER_PREFIX + receipt.name
     if receipt.verdict != "PASS" and not any(status == "FAIL" for status, _ in tests):
         tests.append(("FAIL", whole))
