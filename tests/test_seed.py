@@ -119,6 +119,20 @@ def _ladder(image: str, out: Path, *extra: str) -> dict[str, Any]:
     return doc
 
 
+def _asked_for_amx(arm: dict[str, Any]) -> None:
+    """The run variable `cpu_permissions: [amx]` reached every serving process (the API server, the
+    engine core and its worker at least), and Linux answered as this CPU allows: granted exactly on an
+    AMX host (measured here, an AMD EPYC without AMX: ENOTSUP, 11 processes a server)."""
+    from servimg.ladder.runner import host_cpu_flags
+
+    asked = arm["cpu_permissions"]
+    assert asked["requested"] == ["amx"] and asked["processes"] >= 3, asked
+    answers = asked["answers"]["amx"]
+    assert sum(answers.values()) == asked["processes"], asked
+    amx = "amx_tile" in (host_cpu_flags() or frozenset())
+    assert (set(answers) == {"granted"}) == amx, asked
+
+
 def _handed(arm: dict[str, Any]) -> list[dict[str, int]]:
     """What the scheduler handed the instrument, per request of the arm."""
     return [r for r in arm["instrument_requests"] if isinstance(r, dict)]
@@ -138,6 +152,8 @@ def test_the_seed_base_corrupts_the_hybrid_only_with_a_connector_attached(
     arms = {a["id"]: a for a in receipt["arms"]}
     assert receipt["verdict"] == "FAIL", receipt["verdict_reasons"]
     assert arms["control"]["verdict"] == "PASS" and arms["prefix"]["verdict"] == "PASS", arms["prefix"]
+    for arm in arms.values():
+        _asked_for_amx(arm)
     cold = arms["connector-cold"]
     assert cold["verdict"] == "FAIL" and all(g["ok"] for g in cold["gates"]), cold["gates"]
     differing = [r["prompt_id"] for r in cold["comparison"]["requests"] if r["divergent"]]
@@ -156,6 +172,8 @@ def test_the_seed_image_passes_its_connector_ladder_with_the_gate_witnessed(
     assert receipt["verdict"] == "PASS", receipt["verdict_reasons"]
     arms = {a["id"]: a for a in receipt["arms"]}
     assert [a["verdict"] for a in arms.values()] == ["PASS"] * 6
+    for arm in arms.values():
+        _asked_for_amx(arm)
     for arm_id in ("connector-cold", "connector-restart"):
         handed = _handed(arms[arm_id])
         assert any(r["attention_hit"] > r["recurrent_hit"] for r in handed), handed

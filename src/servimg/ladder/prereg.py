@@ -24,6 +24,7 @@ HARNESS_MODULES = (
     "ladder/receipt",
     "ladder/tinymodel",
     "inimage/tinymodel_gen",
+    "inimage/cpu_permissions",  # run by every server process when the ladder asks for CPU permissions
 )
 
 

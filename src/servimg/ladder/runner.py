@@ -62,6 +62,7 @@ from servimg.ladder.server import (
     RunConfig,
     Server,
     collect_witness,
+    cpu_permission_answers,
     deviate,
     fact_list,
     fact_map,
@@ -134,18 +135,49 @@ def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | No
     return None
 
 
+# oneDNN's CPU ISA levels (the values of ONEDNN_MAX_CPU_ISA), highest first, each with the CPU flags that
+# mark it (a real CPU with a level's flags has every level below); a host reaches the first it has.
+ONEDNN_ISAS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("AVX512_CORE_AMX", frozenset({"amx_tile", "amx_bf16", "amx_int8"})),
+    ("AVX512_CORE_BF16", frozenset({"avx512_bf16"})),
+    ("AVX512_CORE_VNNI", frozenset({"avx512_vnni"})),
+    ("AVX512_CORE", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})),
+    ("AVX2", frozenset({"avx2"})),
+    ("AVX", frozenset({"avx"})),
+    ("SSE41", frozenset({"sse4_1"})),
+)
+
+
+def onednn_isa(flags: frozenset[str]) -> str | None:
+    """The highest oneDNN ISA this host's CPU flags reach (None: below SSE4.1, or not x86)."""
+    return next((name for name, marks in ONEDNN_ISAS if marks <= flags), None)
+
+
 def check_cpu_flags(ladder: LadderDefinition, flags: frozenset[str] | None) -> None:
-    """Refuse, before any server starts, a host whose CPU cannot serve the ladder's model."""
+    """Refuse, before any server starts, a host whose CPU cannot serve the ladder's model, or whose
+    CPU cannot reach the oneDNN ISA the ladder caps its servers at; say what this CPU reaches."""
     if flags is None:  # unreadable: the run itself is the judge
         return
+    reach = onednn_isa(flags)
+    wide = sorted(f for f in flags if f.startswith(("avx512", "amx")))
+    host = (
+        f"this host's CPU reaches oneDNN ISA {reach or 'none'} "
+        f"(AVX-512/AMX flags: {', '.join(wide) or 'none'})"
+    )
     missing = [f for f in ladder.requires_cpu_flags if f not in flags]
     if missing:
-        wide = sorted(f for f in flags if f.startswith(("avx512", "amx")))
         raise LadderRunError(
-            f"ladder {ladder.name} needs a CPU with {', '.join(missing)}, which this host lacks "
-            f"(its AVX-512/AMX flags: {', '.join(wide) or 'none'})",
+            f"ladder {ladder.name} needs a CPU with {', '.join(missing)}, which this host lacks; {host}",
             hint="run it on a host with these instructions (an AVX-512 BF16 or AMX x86 CPU for vLLM's "
             "bf16-only CPU GDN kernels), e.g. --on slurm with a partition of such nodes",
+        )
+    cap = ladder.server.env.get("ONEDNN_MAX_CPU_ISA")
+    names = [name for name, _ in ONEDNN_ISAS]
+    if cap in names and reach is not None and names.index(cap) < names.index(reach):
+        raise LadderRunError(
+            f"ladder {ladder.name} caps oneDNN at ONEDNN_MAX_CPU_ISA={cap}, above what {host}",
+            hint=f"run it on a host that reaches {cap}; a lower cap (ONEDNN_MAX_CPU_ISA={reach}) is a "
+            "new ladder, since the run variables are pre-registered",
         )
 
 
@@ -443,8 +475,10 @@ def _send_prompts(
         hits = per.get("prefix_cache_hits")
         log(f"{prefix} {number}/{len(prompts)} {prompt.id}: {status} ({seconds:.2f}s hits +{hits or 0:g})")
     probing.after = snapshot()
-    if server.instrument_dir is not None:  # what the scheduler handed the instrument, per request
+    if loaded.definition.instrument is not None:  # what the scheduler handed it, per request
         facts["instrument_requests"] = instrument_requests(server)[reported:]
+    if loaded.definition.cpu_permissions:  # what Linux answered the server's processes
+        facts["cpu_permissions"] = cpu_permission_answers(server, loaded.definition.cpu_permissions)
     if not vllm.metrics_text(server.url):
         deviate(facts, f"{arm.id}: the server exports no /metrics: exercise gates cannot be met")
 

@@ -25,6 +25,7 @@ from servimg.core import jsonview as jv
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
+from servimg.inimage import cpu_permissions
 from servimg.ladder.definition import ArmSpec, LoadedLadder, substitute
 from servimg.ladder.witness import collect, collect_dir
 from servimg.oci.store import BlobStore
@@ -35,6 +36,8 @@ WITNESS_SPEC = "/opt/servimg/witness-spec.json"
 # Where a fresh server finds the ladder's instrument (read-only, on PYTHONPATH) and reports from it.
 INSTRUMENT_TARGET = "/opt/servimg/instrument"
 INSTRUMENT_REPORT = "/var/lib/servimg/instrument"
+# Where a fresh server finds the ladder's CPU permission request (its `sitecustomize`, read-only).
+STARTUP_TARGET = "/opt/servimg/startup"
 # Environment every container arm gets: no hub, no telemetry.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -168,28 +171,62 @@ def _mount_instrument(
     env: dict[str, str],
     facts: dict[str, object],
 ) -> Path | None:
-    """The ladder's instrument, read-only at INSTRUMENT_TARGET on PYTHONPATH (so a connector arm's
-    `kv_connector_module_path` finds it; an arm that names no module never imports it), and a new
-    writable directory for its report; that directory (None without an instrument)."""
-    pinned = loaded.definition.instrument
-    if loaded.instrument_path is None or pinned is None:
+    """What the ladder adds to every fresh server, read-only on PYTHONPATH, with a new writable
+    directory for what it reports (`$SERVIMG_INSTRUMENT_DIR`); that directory (None when it adds nothing):
+
+    - its instrument at INSTRUMENT_TARGET (so a connector arm's `kv_connector_module_path` finds it; an
+      arm that names no module never imports it);
+    - with `cpu_permissions`, servimg's request for them (servimg/inimage/cpu_permissions.py, part of
+      the pre-registered harness) as the `sitecustomize` of STARTUP_TARGET, run by every Python process.
+    """
+    ladder = loaded.definition
+    if (loaded.instrument_path is None or ladder.instrument is None) and not ladder.cpu_permissions:
         return None
-    source = str(loaded.instrument_path.resolve())
-    mounts[source] = Mount(source, f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}")
     report = config.out / "instrument" / arm.id
     shutil.rmtree(report, ignore_errors=True)
     report.mkdir(parents=True)
     report.chmod(0o777)  # the server may run as another user
     mounts[str(report.resolve())] = Mount(str(report.resolve()), INSTRUMENT_REPORT, read_only=False)
-    env.setdefault("PYTHONPATH", INSTRUMENT_TARGET)
     env["SERVIMG_INSTRUMENT_DIR"] = INSTRUMENT_REPORT
-    facts["instrument"] = {  # its bytes were checked against the pin when the ladder was loaded
-        "path": pinned.path,
-        "sha256": pinned.sha256,
-        "target": f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}",
-        "report": str(report),
-    }
+    path: list[str] = []
+    if loaded.instrument_path is not None and ladder.instrument is not None:
+        source = str(loaded.instrument_path.resolve())
+        mounts[source] = Mount(source, f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}")
+        path.append(INSTRUMENT_TARGET)
+        facts["instrument"] = {  # its bytes were checked against the pin when the ladder was loaded
+            "path": ladder.instrument.path,
+            "sha256": ladder.instrument.sha256,
+            "target": f"{INSTRUMENT_TARGET}/{loaded.instrument_path.name}",
+            "report": str(report),
+        }
+    if ladder.cpu_permissions:
+        source = str(Path(cpu_permissions.__file__).resolve())
+        mounts[source] = Mount(source, f"{STARTUP_TARGET}/sitecustomize.py")
+        path.append(STARTUP_TARGET)
+        env["SERVIMG_CPU_PERMISSIONS"] = ",".join(ladder.cpu_permissions)
+    env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
     return report
+
+
+def cpu_permission_answers(server: Server, requested: tuple[str, ...]) -> dict[str, object]:
+    """What Linux answered each of the server's Python processes that asked for the ladder's CPU
+    permissions: per permission, how many processes got which answer ("granted", or an errno name)."""
+    lines: list[str] = []
+    if server.instrument_dir is not None:
+        with contextlib.suppress(FileNotFoundError):
+            lines = (server.instrument_dir / cpu_permissions.REPORT_NAME).read_text().splitlines()
+    answers: dict[str, dict[str, int]] = {name: {} for name in requested}
+    processes = 0
+    for line in lines:
+        try:
+            said = jv.obj(json.loads(line)).get("answers")
+        except (ValueError, jv.JsonShapeError):
+            continue  # a line cut short by a dying process
+        processes += 1
+        for name, answer in jv.obj(said).items():
+            counts = answers.setdefault(name, {})
+            counts[str(answer)] = counts.get(str(answer), 0) + 1
+    return {"requested": list(requested), "processes": processes, "answers": answers}
 
 
 def instrument_requests(server: Server) -> list[object]:
