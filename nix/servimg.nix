@@ -38,7 +38,8 @@ python3Packages.buildPythonApplication {
         fileset = lib.fileset.unions [ (root + "/pyproject.toml") (root + "/README.md") (root + "/src") ];
       };
   build-system = [ python3Packages.setuptools ];
-  # pyyaml, docker, requests, rich, cryptography, pynacl, python-pkcs11 (pyproject [project].dependencies).
+  # pyyaml, docker, requests, rich, cryptography, pynacl, python-pkcs11, packaging (pyproject
+  # [project].dependencies).
   dependencies = map dependency project.dependencies;
 
   inherit doCheck;

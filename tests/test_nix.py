@@ -59,7 +59,7 @@ let
   };
   python3Packages = builtins.listToAttrs (map (n: { name = n; value = inert n { }; }) [
     "setuptools" "pydantic" "pyyaml" "docker" "requests" "rich" "cryptography" "pynacl" "python-pkcs11"
-    "pytestCheckHook" "hypothesis"
+    "packaging" "pytestCheckHook" "hypothesis"
   ]) // {
     buildPythonApplication = attrs: inert "${attrs.pname}-${attrs.version}" { stubArgs = attrs; };
     toPythonModule = drv: drv;
@@ -375,7 +375,16 @@ def test_flake_outputs_are_wired(nix: dict[str, str], tmp_path: Path) -> None:
         "version": "0.1.0",
         "pyproject": True,
         "doCheck": False,
-        "dependencies": ["pyyaml", "docker", "requests", "rich", "cryptography", "pynacl", "python-pkcs11"],
+        "dependencies": [
+            "pyyaml",
+            "docker",
+            "requests",
+            "rich",
+            "cryptography",
+            "pynacl",
+            "python-pkcs11",
+            "packaging",
+        ],
     }
     assert got["tests"]["doCheck"] is True
     assert (
