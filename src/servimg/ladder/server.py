@@ -211,31 +211,31 @@ def _mount_instrument(
 def cpu_permission_answers(server: Server, requested: tuple[str, ...]) -> dict[str, object]:
     """What Linux answered each of the server's Python processes that asked for the ladder's CPU
     permissions: per permission, how many processes got which answer ("granted", or an errno name)."""
-    lines: list[str] = []
-    if server.instrument_dir is not None:
-        with contextlib.suppress(FileNotFoundError):
-            lines = (server.instrument_dir / cpu_permissions.REPORT_NAME).read_text().splitlines()
     answers: dict[str, dict[str, int]] = {name: {} for name in requested}
     processes = 0
-    for line in lines:
-        try:
-            said = jv.obj(json.loads(line)).get("answers")
-        except (ValueError, jv.JsonShapeError):
+    for line in report_lines(server, cpu_permissions.REPORT_NAME):
+        said = line.get("answers") if isinstance(line, dict) else None
+        if not isinstance(said, dict):
             continue  # a line cut short by a dying process
         processes += 1
-        for name, answer in jv.obj(said).items():
-            counts = answers.setdefault(name, {})
+        for name, answer in said.items():
+            counts = answers.setdefault(str(name), {})
             counts[str(answer)] = counts.get(str(answer), 0) + 1
     return {"requested": list(requested), "processes": processes, "answers": answers}
 
 
 def instrument_requests(server: Server) -> list[object]:
-    """The instrument's per-request lines so far (JSON; a line cut short by a dying server is kept as
-    its text)."""
+    """The instrument's per-request lines so far."""
+    return report_lines(server, "requests.jsonl")
+
+
+def report_lines(server: Server, name: str) -> list[object]:
+    """The lines of a JSON-lines report in the server's report directory so far (a line cut short by a
+    dying process is kept as its text); none before the first line or without a report directory."""
     if server.instrument_dir is None:
         return []
     try:
-        lines = (server.instrument_dir / "requests.jsonl").read_text().splitlines()
+        lines = (server.instrument_dir / name).read_text().splitlines()
     except FileNotFoundError:
         return []
     parsed: list[object] = []
