@@ -50,10 +50,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from servimg.assembly.context import Context  # noqa: E402
+from servimg.assembly.pipeline import base_fs, resolve  # noqa: E402
 from servimg.backends import transport  # noqa: E402
 from servimg.backends.target import Target  # noqa: E402
-from servimg.build.context import Context  # noqa: E402
-from servimg.build.pipeline import base_fs, resolve  # noqa: E402
 from servimg.definitions.definition import ImageDefinition  # noqa: E402
 from servimg.oci.image import Descriptor, Image, Layer  # noqa: E402
 from servimg.oci.layer import Entry, Kind, write_layer  # noqa: E402

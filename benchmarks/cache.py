@@ -27,8 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from servimg.core import cachehold, cachestate
-from servimg.core.cachedir import default_cache_dir
+from servimg.cache import hold as cachehold
+from servimg.cache import state as cachestate
+from servimg.cache.location import default_cache_dir
 
 
 def _timed(run: Callable[[], object], runs: int) -> dict[str, float]:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from servimg.backends import transport
 from servimg.core import canonical
+from servimg.judging.check import top_layer
 from servimg.oci.store import BlobStore
-from servimg.provenance import sbom
-from servimg.provenance.check import top_layer
-from servimg.provenance.statements import read_facts
+from servimg.statements import sbom
+from servimg.statements.derived import read_facts
 
 
 def main() -> None:

@@ -21,13 +21,13 @@ import time
 import uuid
 from pathlib import Path
 
+from servimg.attesting.attach import push_image
 from servimg.backends import transport
 from servimg.backends.registryclient import RegistryClient
+from servimg.formats import cosign
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import verify_image_value
-from servimg.provenance import cosign
-from servimg.provenance.attach import push_image
-from servimg.provenance.dsse import SigningKey
+from servimg.signing.dsse import SigningKey
 
 MODES = {"oci": frozenset({cosign.NATIVE}), "all": frozenset(cosign.FORMATS)}
 

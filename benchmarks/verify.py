@@ -33,10 +33,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from servimg.assembly.context import Context  # noqa: E402
+from servimg.assembly.pipeline import build  # noqa: E402
+from servimg.assembly.plan import BuildPlan  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
-from servimg.build.context import Context  # noqa: E402
-from servimg.build.pipeline import build  # noqa: E402
-from servimg.build.plan import BuildPlan  # noqa: E402
 from servimg.definitions.definition import ImageDefinition  # noqa: E402
 from servimg.definitions.lock import Lock, lock_path_for  # noqa: E402
 from servimg.definitions.naming import derive_tag  # noqa: E402

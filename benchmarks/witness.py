@@ -34,12 +34,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from servimg.assembly.context import Context  # noqa: E402
+from servimg.assembly.pipeline import build, lock  # noqa: E402
+from servimg.assembly.plan import BuildPlan  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
 from servimg.bases import catalog as bases  # noqa: E402
 from servimg.bases.assemble import base_image  # noqa: E402
-from servimg.build.context import Context  # noqa: E402
-from servimg.build.pipeline import build, lock  # noqa: E402
-from servimg.build.plan import BuildPlan  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
 
 STDLIB = (

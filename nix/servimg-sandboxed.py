@@ -9,7 +9,7 @@ file only adapts the environment:
 
 1. The base is read from the OCI layout in $SERVIMG_BASE_LAYOUT (a store path assembled from
    fixed-output blobs) instead of the definition's `base.ref` (e.g. `docker-daemon:`, unreachable here),
-   through servimg's base-source seam (`servimg.build.seams.FromRef`, as `servimg build --base-from`).
+   through servimg's base-source seam (`servimg.assembly.seams.FromRef`, as `servimg build --base-from`).
    servimg still selects the manifest by the definition's pinned digest and verifies every blob; the
    definition, the lock and the image labels keep `base.ref`. When the pin names a multi-platform
    index, the platform manifest is the one the lock recorded ($SERVIMG_BASE_MANIFEST; nix/base.nix
@@ -69,7 +69,7 @@ def _seams(base_layout: str) -> Any:
     servimg still selects the manifest by the definition's pinned digest and verifies every blob; the
     lock and the labels keep `base.ref`. For a pin that names a multi-platform index, the platform
     manifest is the one the lock recorded (nix/base.nix checked that the pinned index lists it)."""
-    from servimg.build.seams import FromRef, Seams
+    from servimg.assembly.seams import FromRef, Seams
 
     index, manifest = os.environ.get("SERVIMG_BASE_INDEX", ""), os.environ.get("SERVIMG_BASE_MANIFEST", "")
     manifests = {index: manifest} if index and manifest else {}

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from servimg.build.context import Context
-from servimg.build.plan import BuildPlan
+from servimg.assembly.context import Context
+from servimg.assembly.plan import BuildPlan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -198,7 +198,7 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
 
 
 def build_image(repo: Path, name: str, store: Any) -> Any:
-    from servimg.build.pipeline import build, lock
+    from servimg.assembly.pipeline import build, lock
 
     lock(repo / "images" / f"{name}.yaml", Context(store, print), "docker")
     return build(

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from servimg.assembly.context import Context
+from servimg.assembly.release import Release
+from servimg.assembly.seams import ByReference, Seams, TargetSink
 from servimg.backends.target import Target
-from servimg.build.context import Context
-from servimg.build.release import Release
-from servimg.build.seams import ByReference, Seams, TargetSink
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer

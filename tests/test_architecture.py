@@ -1,14 +1,15 @@
-"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private name
-of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
+"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private
+name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
-Layers (lowest first; docs/architecture.md): `core` < `oci` < `inimage` < `backends` < the concerns
+Layers (lowest first; docs/architecture.md): `core` < `cache` < `oci` < `inimage` < `backends` < the concerns
 (`ladder`; then the build's rooms, each above the one before: `definitions` < `patching` < `proof` <
-`build` < `authoring`; then `provenance` and `bases`) < `commands` / `render` < `cli`. The CLI runs in the
-process the user started: there is no resident server (issue 39). A module imports only from its own layer
-or lower ones, at module level and inside functions alike: a function-level import is still a dependency,
-only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an image it is given);
-the build's rooms may use `ladder` (the build bundles and locks the ladder, and ships the witness hook);
-`provenance` and `bases` may use the build's rooms and `ladder`.
+`assembly` < `authoring`; then `bases`, and the provenance rooms, each above the one before: `signing` <
+`statements` < `formats` < `judging` < `reports` < `attesting`) < `commands` / `render` < `cli`. The CLI runs
+in the process the user started: there is no resident server (issue 39). A module imports only from its own
+layer or lower ones, at module level and inside functions alike: a function-level import is still a
+dependency, only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an image it is
+given); the build's rooms may use `ladder` (the build bundles and locks the ladder, and ships the witness
+hook); the provenance rooms and `bases` may use the build's rooms and `ladder`.
 """
 
 from __future__ import annotations
@@ -27,18 +28,27 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 PACKAGE = SRC / "servimg"
 
-_BELOW_CONCERNS = {"core", "oci", "inimage", "backends"}
+_BELOW_CONCERNS = {"core", "cache", "oci", "inimage", "backends"}
 # The build's rooms (issue 39: builder/ split by concept), lowest first: each may use the ones before it.
-BUILD_ROOMS = ("definitions", "patching", "proof", "build", "authoring")
-_CONCERNS = {*BUILD_ROOMS, "ladder", "provenance", "bases"}
+BUILD_ROOMS = ("definitions", "patching", "proof", "assembly", "authoring")
+# What was provenance/ (issue 49: five concepts in one folder), lowest first: keys and envelopes; what a
+# build states; the formats those statements take at a place; judging an image by them; reports made
+# from the judgement; and the attesting sink and promotion, which use all of these.
+PROVENANCE_ROOMS = ("signing", "statements", "formats", "judging", "reports", "attesting")
+PROVENANCE_PACKAGES = tuple(f"servimg.{room}" for room in PROVENANCE_ROOMS)
+_CONCERNS = {*BUILD_ROOMS, *PROVENANCE_ROOMS, "ladder", "bases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "core": {"core"},
-    "oci": {"core", "oci"},
+    "cache": {"core", "cache"},
+    "oci": {"core", "cache", "oci"},
     "inimage": {"core", "oci", "inimage"},
     "backends": _BELOW_CONCERNS,
     "ladder": _BELOW_CONCERNS | {"ladder"},
     **{room: _BELOW_CONCERNS | {"ladder", *BUILD_ROOMS[: i + 1]} for i, room in enumerate(BUILD_ROOMS)},
-    "provenance": _BELOW_CONCERNS | {*BUILD_ROOMS, "ladder", "provenance"},
+    **{
+        room: _BELOW_CONCERNS | {*BUILD_ROOMS, "ladder", *PROVENANCE_ROOMS[: i + 1]}
+        for i, room in enumerate(PROVENANCE_ROOMS)
+    },
     "bases": _BELOW_CONCERNS | {*BUILD_ROOMS, "bases"},
     "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},
     "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli"},
@@ -404,7 +414,7 @@ def test_parsing_imports_no_command_and_no_concern_behind_one() -> None:
     commands = {c.run.function.partition(":")[0] for c in cli.COMMANDS}
     commands |= {c.run.signed.partition(":")[0] for c in cli.COMMANDS if c.run.signed}
     assert sorted(commands & set(loaded)) == []
-    behind = ("servimg.provenance", "servimg.ladder.runner", "servimg.bases", "servimg.build.pipeline")
+    behind = (*PROVENANCE_PACKAGES, "servimg.ladder.runner", "servimg.bases", "servimg.assembly.pipeline")
     assert [m for m in loaded if m.startswith(behind)] == []
     assert _heavy(loaded) == ["yaml"]
 
@@ -428,11 +438,11 @@ def test_a_command_loads_only_what_it_needs() -> None:
     registry is first asked)."""
     loaded = _loaded_after("import servimg.commands.build, servimg.commands.session")
     assert not [
-        m for m in loaded if m.startswith(("servimg.provenance", "servimg.bases", "servimg.ladder.runner"))
+        m for m in loaded if m.startswith((*PROVENANCE_PACKAGES, "servimg.bases", "servimg.ladder.runner"))
     ]
     assert _heavy(loaded) == ["yaml"], "no docker, requests, urllib3, pydantic, cryptography or rich"
     keys = _loaded_after("import servimg.commands.keys")
-    assert not [m for m in keys if m.startswith(("servimg.build.pipeline", "servimg.ladder.runner"))]
+    assert not [m for m in keys if m.startswith(("servimg.assembly.pipeline", "servimg.ladder.runner"))]
 
 
 def test_a_build_reads_its_definition_lock_and_ladder_without_a_schema_library() -> None:
@@ -524,12 +534,12 @@ def test_only_the_backends_know_how_a_place_is_spelt() -> None:
     assert offenders == []
 
 
-CACHE_MODULES = ("servimg.patching.resultcache", "servimg.core.resultstore", "servimg.patching.basefacts")
+CACHE_MODULES = ("servimg.patching.resultcache", "servimg.cache.results", "servimg.patching.basefacts")
 
 
 def test_the_pipeline_imports_no_cache_module() -> None:
     """The caches that stay (compiled bytecode, facts of a base) sit behind seams: the compiler seam
     (`seams.CachedCompiler`) and the base scan (`basescan`); the pipeline that builds and proves an image
     reaches them only through those (issue 39)."""
-    pipeline = sorted({e.imported for e in edges() if e.importer == "servimg.build.pipeline"})
+    pipeline = sorted({e.imported for e in edges() if e.importer == "servimg.assembly.pipeline"})
     assert [m for m in pipeline if m in CACHE_MODULES] == [], pipeline

@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.oci.image import OCI_MANIFEST
-from servimg.provenance import attest, dsse
-from servimg.provenance.attest import AttestationError
-from servimg.provenance.dsse import DsseError, Envelope, Signature, SigningKey, VerifyKey, pae, sign, verify
+from servimg.signing import dsse
+from servimg.signing.dsse import DsseError, Envelope, Signature, SigningKey, VerifyKey, pae, sign, verify
+from servimg.statements import attest
+from servimg.statements.attest import AttestationError
 
 MANIFEST = Digest.of_bytes(b"manifest")
 CONFIG = Digest.of_bytes(b"config")

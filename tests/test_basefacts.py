@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from servimg.core import resultstore
+from servimg.cache import results as resultstore
 from servimg.patching import basefacts
 
 

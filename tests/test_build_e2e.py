@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from conftest import REPO, copy_checkout, docker
+from servimg.assembly.context import Context
+from servimg.assembly.plan import BuildPlan
 from servimg.backends.layout import read_layout
 from servimg.bases import pinned as basepin
-from servimg.build.context import Context
-from servimg.build.plan import BuildPlan
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.definitions.definition import ImageDefinition
@@ -44,7 +44,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     The layout (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("first") / "repo"
     copy_checkout(root)
-    from servimg.build.pipeline import build, lock
+    from servimg.assembly.pipeline import build, lock
     from servimg.oci.store import BlobStore
 
     store = BlobStore()
@@ -135,7 +135,7 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     root = tmp_path / "elsewhere" / "checkout"
     copy_checkout(root, ("overlays", "verify/ladders", "verify/probes"))
     shutil.copytree(built["root"] / "images", root / "images")
-    from servimg.build.pipeline import build
+    from servimg.assembly.pipeline import build
 
     again = build(
         BuildPlan.make(root / DEMO, to=f"oci:{tmp_path / 'o'}", runner=runner), Context(built["store"], print)
@@ -228,10 +228,10 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
     demo_base: dict[str, Any], registry: Any, tmp_path: Path
 ) -> None:
     """Official images are pinned by index digest; the lock records the index and the platform manifest."""
+    from servimg.assembly.pipeline import lock
     from servimg.backends.registry import push
     from servimg.backends.registryclient import RegistryClient
     from servimg.backends.transport import fetch
-    from servimg.build.pipeline import lock
     from servimg.core import canonical
     from servimg.oci.image import OCI_INDEX
     from servimg.oci.store import BlobStore

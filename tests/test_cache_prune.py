@@ -1,4 +1,4 @@
-"""`servimg cache status|prune` and SERVIMG_CACHE_MAX_SIZE (servimg.core.cachelayout, cachestate, cachehold):
+"""`servimg cache status|prune` and SERVIMG_CACHE_MAX_SIZE (servimg.cache.layout, cachestate, cachehold):
 sizes per section with hard links counted once, least recently used first, a base layout and its blobs
 as one, nothing outside the sections touched, and never an entry a running command holds: a real build
 frozen mid-way (tests/fakebase.py's FAKEBASE_STALL) keeps its cache whole until it ends.
@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 import fakebase as fb
-from servimg.core import cachehold, cachelayout, cachestate
+from servimg.cache import hold as cachehold
+from servimg.cache import layout as cachelayout
+from servimg.cache import state as cachestate
 from servimg.core.digest import Digest
 
 DAY = 86400.0
@@ -181,7 +183,7 @@ def _holder(cache: Path, release: Path) -> subprocess.Popen[str]:
     """Another process holding the cache as a running command does, until `release` exists."""
     code = (
         "import sys, time, pathlib\n"
-        "from servimg.core import cachehold\n"
+        "from servimg.cache import hold as cachehold\n"
         f"with cachehold.held(pathlib.Path({str(cache)!r})):\n"
         "    print('held', flush=True)\n"
         f"    while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.02)\n"
@@ -224,7 +226,7 @@ def test_a_command_starting_during_a_prune_waits_for_it(cache: Path, tmp_path: P
             [
                 sys.executable,
                 "-c",
-                "import pathlib\nfrom servimg.core import cachehold\n"
+                "import pathlib\nfrom servimg.cache import hold as cachehold\n"
                 f"with cachehold.held(pathlib.Path({str(cache)!r})):\n"
                 f"    p = pathlib.Path({str(order)!r}); p.write_text(p.read_text() + 'command\\n')\n",
             ],
@@ -303,7 +305,7 @@ def test_a_prune_never_removes_what_a_running_build_holds(repo: Path, tmp_path: 
 
 
 def test_only_the_cache_layout_names_where_a_section_lies() -> None:
-    """Every path into the cache comes from core.cachelayout (`BlobStore.layout`): a module that spells
+    """Every path into the cache comes from cache.layout (`BlobStore.layout`): a module that spells
     `store.root / "…"` defines the cache's layout on its own, which `servimg cache prune` would not know."""
     spelled = re.compile(r"\b(store\.root|cache_root)\s*/\s*[\"']")
     src = Path(cachelayout.__file__).resolve().parents[1]
@@ -319,7 +321,7 @@ def test_only_the_cache_layout_names_where_a_section_lies() -> None:
 
 def test_status_says_what_each_base_costs(tmp_path: Path) -> None:
     """A base is an image whose layer chain has a warm root: its cost is its layers plus that root."""
-    from servimg.oci.cachedbases import cached_bases
+    from servimg.cache.bases import cached_bases
     from servimg.oci.fsindex import chain_key
 
     root = tmp_path / "cache"

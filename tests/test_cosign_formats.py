@@ -22,10 +22,13 @@ from conftest import _require
 from servimg.cli import main
 from servimg.core import canonical
 from servimg.core.digest import Digest
+from servimg.formats import cosign
+from servimg.judging import export
+from servimg.judging.policy import Policy
 from servimg.oci.image import OCI_MANIFEST
-from servimg.provenance import attest, cosign, cosignkey, dsse, export, keys
-from servimg.provenance.dsse import DsseError, SigningKey
-from servimg.provenance.policy import Policy
+from servimg.signing import cosignkey, dsse, keys
+from servimg.signing.dsse import DsseError, SigningKey
+from servimg.statements import attest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE = Path(__file__).resolve().parent / "interop" / "node"

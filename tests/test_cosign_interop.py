@@ -44,8 +44,10 @@ from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.cli import main
 from servimg.core.digest import Digest
+from servimg.formats import cosign, publish, referrers
 from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor
-from servimg.provenance import attest, cosign, dsse, keys, publish, referrers
+from servimg.signing import dsse, keys
+from servimg.statements import attest
 from test_faults import FaultProxy
 
 pytestmark = pytest.mark.registry

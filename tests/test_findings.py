@@ -16,14 +16,14 @@ from servimg.bases import catalog
 from servimg.commands import ladder, params
 from servimg.commands.context import Context
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
+from servimg.judging.check import CheckReport
+from servimg.judging.evidence import row
 from servimg.ladder import receipt
 from servimg.ladder.witness import WitnessCollection
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import VerifyFailed, VerifyReport
-from servimg.provenance import keys
-from servimg.provenance.check import CheckReport
-from servimg.provenance.evidence import row
 from servimg.render import findings_table
+from servimg.signing import keys
 
 
 def _f(status: str, hint: str = "") -> Finding:

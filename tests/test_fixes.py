@@ -22,11 +22,13 @@ from servimg.core.errors import DefinitionError
 from servimg.core.findings import FAIL, PASS, Finding, Status
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
-from servimg.provenance import attest, check, dsse, fixes
-from servimg.provenance import statements as provenance
-from servimg.provenance.matrix import HEADERS, MatrixRow, ladder_runs
-from servimg.provenance.policy import Policy, PolicyError
-from servimg.provenance.statements import ImageFacts, Invocation
+from servimg.judging import check, fixes
+from servimg.judging.policy import Policy, PolicyError
+from servimg.reports.matrix import HEADERS, MatrixRow, ladder_runs
+from servimg.signing import dsse
+from servimg.statements import attest
+from servimg.statements import derived as provenance
+from servimg.statements.derived import ImageFacts, Invocation
 from test_provenance import _envelope, _evidence, _found, _statement
 
 FIX = "vllm-project/vllm#54505"

@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 
 import fakebase as fb
 from conftest import REPO
+from servimg.assembly import pipeline as build
 from servimg.backends.layout import read_layout
-from servimg.build import pipeline as build
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, ImageError, LadderError, LayerError, LockError, ServimgError
@@ -48,9 +48,9 @@ from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.oci.store import BlobStore
 from servimg.patching.overlay import apply_patch
 from servimg.patching.patch import Patch
-from servimg.provenance import attest
-from servimg.provenance.attest import AttestationError
-from servimg.provenance.dsse import DsseError, Envelope, SigningKey, sign, verify
+from servimg.signing.dsse import DsseError, Envelope, SigningKey, sign, verify
+from servimg.statements import attest
+from servimg.statements.attest import AttestationError
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -19,7 +19,7 @@ import pytest
 
 import fakebase as fb
 from conftest import _require
-from servimg.build.seams import Seams
+from servimg.assembly.seams import Seams
 
 NEWER = sorted(glob.glob("/root/.pyenv/versions/3.1[2-9]*/bin/python3"))
 # PEP 695 (3.12): a SyntaxError for the host's 3.11 compiler.

@@ -35,19 +35,21 @@ from in_toto_attestation.v1.statement import Statement
 
 import fakebase as fb
 from conftest import _require, docker_available
+from servimg.assembly.seams import Seams
 from servimg.backends import registry as registry_module
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.bases import catalog as bases
-from servimg.build.seams import Seams
 from servimg.core.digest import Digest
+from servimg.formats import cosign, referrers
+from servimg.judging.evidence import top_layer
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import PROBE_IN_IMAGE, SPEC_IN_IMAGE, VerifyReport
-from servimg.provenance import attest, cosign, keys, referrers, sbom
-from servimg.provenance.evidence import top_layer
-from servimg.provenance.statements import read_facts
+from servimg.signing import keys
+from servimg.statements import attest, sbom
+from servimg.statements.derived import read_facts
 from tinyimage import prepare_repo
 
 pytestmark = pytest.mark.registry

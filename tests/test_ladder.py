@@ -499,7 +499,7 @@ def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) ->
     # Issue 48 item 5: one name, one hash. What `servimg ladder` prints as receipt_sha256 is what the
     # attached test-result (and so `check` and `show`) names; the seal has a name of its own.
     from servimg.ladder.runner import summary
-    from servimg.provenance.statements import LadderReceipt
+    from servimg.statements.derived import LadderReceipt
 
     printed = summary(receipt.read(path), path)
     assert printed["receipt_sha256"] == f"sha256:{LadderReceipt.parse(path.read_bytes()).sha256}"
@@ -513,7 +513,7 @@ def test_receipt_seal_detects_edits_and_plot_is_deterministic(tmp_path: Path) ->
 
 def test_the_receipt_shape_is_what_servimg_attest_reads() -> None:
     from servimg.core.digest import Digest
-    from servimg.provenance.statements import LadderReceipt, ladder_predicate
+    from servimg.statements.derived import LadderReceipt, ladder_predicate
 
     doc = receipt.seal(
         {

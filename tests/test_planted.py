@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
-from servimg.build.context import Context
+from servimg.assembly.context import Context
 from servimg.cli import main
 from servimg.core.errors import DefinitionError
 from servimg.inimage import probe
@@ -275,7 +275,7 @@ def test_sentinel_adopted_upstream(tiny: Tiny) -> None:
 
 
 def test_lock_refuses_a_sentinel_the_base_already_has(tiny: Tiny, tmp_path: Path) -> None:
-    from servimg.build.pipeline import lock
+    from servimg.assembly.pipeline import lock
     from tinyimage import prepare_repo
 
     base = {"oci_ref": tiny.definition.base.ref, "digest": str(tiny.definition.base.digest)}

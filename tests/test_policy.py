@@ -14,12 +14,13 @@ import pytest
 
 from servimg.core.digest import Digest
 from servimg.definitions.definition import template_regex
+from servimg.judging.check import FAIL, PASS, WARN, Policy, evaluate
+from servimg.judging.policy import REBUILD_V1, PolicyError, keyids_by_type
+from servimg.judging.rebuild import Rebuilt, rebuild_predicate
 from servimg.oci.image import Image
-from servimg.provenance import attest, binding, dsse
-from servimg.provenance.check import FAIL, PASS, WARN, Policy, evaluate
-from servimg.provenance.policy import REBUILD_V1, PolicyError, keyids_by_type
-from servimg.provenance.rebuild import Rebuilt, rebuild_predicate
-from servimg.provenance.statements import ImageFacts
+from servimg.signing import dsse
+from servimg.statements import attest, binding
+from servimg.statements.derived import ImageFacts
 from test_provenance import _clean, _envelope, _evidence, _found, _statement, facts, image, key
 
 __all__ = ["facts", "image", "key"]  # fixtures from test_provenance

@@ -20,15 +20,17 @@ from conftest import REPO
 from servimg.core.digest import Digest, sha256_hex
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
+from servimg.judging import check, evidence
+from servimg.judging.check import FAIL, PASS, WARN, Policy, evaluate
+from servimg.judging.evidence import Evidence, Located, found_from
+from servimg.judging.policy import PolicyError
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
-from servimg.provenance import attest, check, dsse, evidence, keys
-from servimg.provenance import statements as provenance
-from servimg.provenance.card import card, diff
-from servimg.provenance.check import FAIL, PASS, WARN, Policy, evaluate
-from servimg.provenance.evidence import Evidence, Located, found_from
-from servimg.provenance.policy import PolicyError
-from servimg.provenance.statements import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
+from servimg.reports.card import card, diff
+from servimg.signing import dsse, keys
+from servimg.statements import attest
+from servimg.statements import derived as provenance
+from servimg.statements.derived import ChangedFile, ImageFacts, Invocation, LadderReceipt, ProvenanceError
 
 SCHEDULER = "/opt/venv/lib/python3.11/site-packages/vllm/v1/core/sched/scheduler.py"
 

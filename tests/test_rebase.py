@@ -24,6 +24,9 @@ import pytest
 
 import wheelbase
 from servimg import cli
+from servimg.assembly import pipeline
+from servimg.assembly.context import Context
+from servimg.assembly.seams import Seams
 from servimg.authoring.defedit import definition_text
 from servimg.authoring.rebase import (
     NewBase,
@@ -33,9 +36,6 @@ from servimg.authoring.rebase import (
     proposed_definition,
     rebase,
 )
-from servimg.build import pipeline
-from servimg.build.context import Context
-from servimg.build.seams import Seams
 from servimg.core.digest import Digest
 from servimg.core.errors import RebaseError
 from servimg.definitions.definition import ImageDefinition, OverlaySpec, Sentinel

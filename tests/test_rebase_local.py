@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from servimg import cli
+from servimg.assembly import pipeline
+from servimg.assembly.context import Context
 from servimg.authoring.rebase import RebaseRequest
 from servimg.bases import catalog, wheelpins
 from servimg.bases.demo import DEMO_WHEELS, parse_pins
 from servimg.bases.localrebase import LocalRebase, check_installable, parse_packages, rebase_packages
 from servimg.bases.recipe import Kind, PinnedWheel, Recipe, WheelSource
-from servimg.build import pipeline
-from servimg.build.context import Context
 from servimg.core.errors import BaseBuildError, RebaseError, ServimgError
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock

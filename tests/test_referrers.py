@@ -22,10 +22,11 @@ from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.core import canonical
 from servimg.core.digest import Digest
+from servimg.formats import referrers
+from servimg.formats.referrers import ReferrersError
 from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image
-from servimg.provenance import attest, referrers
-from servimg.provenance.dsse import Envelope, SigningKey
-from servimg.provenance.referrers import ReferrersError
+from servimg.signing.dsse import Envelope, SigningKey
+from servimg.statements import attest
 
 TEST_RESULT = attest.artifact_type("test-result")
 PROVENANCE = attest.artifact_type("provenance")

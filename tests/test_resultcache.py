@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 import fakebase as fb
-from servimg.build import pipeline
-from servimg.build.context import Context
-from servimg.build.plan import BuildPlan
-from servimg.build.seams import Seams
+from servimg.assembly import pipeline
+from servimg.assembly.context import Context
+from servimg.assembly.plan import BuildPlan
+from servimg.assembly.seams import Seams
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.findings import Finding, Status
@@ -167,6 +167,6 @@ def test_inside_bypassed_every_lookup_misses(tmp_path: Path) -> None:
     with resultcache.bypassed():
         assert _build(definition, store, seams, tmp_path / "b") == first
     # It compiles again, and asks the interpreter for its facts again: every kind of cached result goes
-    # through core.resultstore, which bypassed() switches off.
+    # through cache.results, which bypassed() switches off.
     assert runners.runs == 3
     assert _build(definition, store, seams, tmp_path / "c") == first and runners.runs == 3

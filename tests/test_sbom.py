@@ -1,4 +1,4 @@
-"""The SBOM (provenance/sbom.py): CycloneDX 1.6 of the image, attached signed beside provenance.
+"""The SBOM (statements/sbom.py): CycloneDX 1.6 of the image, attached signed beside provenance.
 
 On the fake base (no docker, no registry: `push` to an OCI layout) with a dpkg status database and an
 os-release added: the BOM is valid against CycloneDX's own 1.6 JSON schema (cyclonedx-python-lib's strict
@@ -26,16 +26,18 @@ from cyclonedx.validation.json import JsonStrictValidator
 
 import fakebase as fb
 from conftest import _require
+from servimg.attesting.attach import push_image
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
 from servimg.backends.target import Target
 from servimg.core.digest import Digest
+from servimg.formats import referrers
+from servimg.judging.evidence import top_layer
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import VerifyReport
-from servimg.provenance import attest, keys, referrers, sbom
-from servimg.provenance.attach import push_image
-from servimg.provenance.evidence import top_layer
-from servimg.provenance.statements import Invocation, read_facts
+from servimg.signing import keys
+from servimg.statements import attest, sbom
+from servimg.statements.derived import Invocation, read_facts
 
 DPKG_STATUS = b"""Package: libc6
 Status: install ok installed

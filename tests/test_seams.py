@@ -15,9 +15,9 @@ import pytest
 
 import fakebase as fb
 from conftest import _require, docker_available
-from servimg.build import seams
-from servimg.build.context import Context
-from servimg.build.plan import BuildPlan
+from servimg.assembly import seams
+from servimg.assembly.context import Context
+from servimg.assembly.plan import BuildPlan
 from servimg.cli import parser
 from servimg.commands.context import seams_from
 from servimg.definitions.lock import Lock
@@ -88,8 +88,8 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     StoreOnly leaves it in the blob store without publishing anywhere."""
     import dataclasses
 
-    from servimg.build.pipeline import build, lock
-    from servimg.build.release import Release
+    from servimg.assembly.pipeline import build, lock
+    from servimg.assembly.release import Release
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
@@ -125,8 +125,8 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
 def test_a_sink_that_skips_the_proof_is_refused(tmp_path: Path) -> None:
     """A sink must ask for the proof (`Release.proven`) before it makes anything visible; a build whose
     sink did not is an error, so no sink publishes an unproven image by forgetting to ask."""
-    from servimg.build.pipeline import build, lock
-    from servimg.build.release import Release
+    from servimg.assembly.pipeline import build, lock
+    from servimg.assembly.release import Release
     from servimg.core.errors import BuildError
     from servimg.oci.store import BlobStore
 
@@ -173,7 +173,7 @@ class _WaitsThenRules:
 def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifier(tmp_path: Path) -> None:
     """Where the image's interpreter runs is decided once per build, when it resolves (`choose_sandboxes`:
     the compile runner and the probe's route), and the verifier is handed that route."""
-    from servimg.build.pipeline import build, lock, resolve
+    from servimg.assembly.pipeline import build, lock, resolve
     from servimg.oci.store import BlobStore
 
     routes: list[object] = []
@@ -200,8 +200,8 @@ def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifie
 def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
     """`--to docker` loads the image UNTAGGED while it is verified (a second CPU does the daemon's part);
     only a verified image is tagged, and a build that fails verification removes what it loaded."""
+    from servimg.assembly.pipeline import build, lock
     from servimg.backends import engine
-    from servimg.build.pipeline import build, lock
     from servimg.oci.store import BlobStore
 
     _require(docker_available(), "needs a running Docker Engine")

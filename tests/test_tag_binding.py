@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
+from servimg.attesting.attach import push_image
 from servimg.backends.registryclient import RegistryClient
 from servimg.cli import main
 from servimg.oci.layer import Entry
 from servimg.oci.store import BlobStore
-from servimg.provenance import keys
-from servimg.provenance.attach import push_image
+from servimg.signing import keys
 from test_tamper import keyring, retopped
 from tinyimage import Tiny, build_tiny
 

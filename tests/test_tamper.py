@@ -21,21 +21,24 @@ from typing import Any
 import pytest
 
 from conftest import copy_checkout, docker
+from servimg.assembly.context import Context
+from servimg.assembly.plan import BuildPlan
+from servimg.attesting.attach import build_statements, image_facts, push_image
 from servimg.backends import engine
 from servimg.backends.referrers import fallback_tag
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
-from servimg.build.context import Context
-from servimg.build.plan import BuildPlan
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
+from servimg.formats import cosign, referrers
+from servimg.judging import check, evidence
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import OCI_INDEX, OCI_MANIFEST, Descriptor, Image, Layer
 from servimg.oci.layer import WHITEOUT_PREFIX, Entry, Kind, normalize_path, write_layer
-from servimg.provenance import attest, check, cosign, dsse, evidence, keys, referrers
-from servimg.provenance.attach import build_statements, image_facts, push_image
-from servimg.provenance.statements import DEFAULT_BUILDER_ID, Invocation
+from servimg.signing import dsse, keys
+from servimg.statements import attest
+from servimg.statements.derived import DEFAULT_BUILDER_ID, Invocation
 
 pytestmark = [pytest.mark.docker, pytest.mark.demo, pytest.mark.root, pytest.mark.registry]
 
@@ -95,7 +98,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     (4+ GB of its own files) goes when the module ends: the session's disk is finite."""
     root = tmp_path_factory.mktemp("tamper") / "repo"
     copy_checkout(root)
-    from servimg.build.pipeline import build
+    from servimg.assembly.pipeline import build
     from servimg.oci.store import BlobStore
     from servimg.proof.verify import verify_image_value
 

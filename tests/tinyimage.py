@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servimg.assembly.context import Context
+from servimg.assembly.pipeline import build, lock
+from servimg.assembly.plan import BuildPlan
 from servimg.backends import engine
 from servimg.bases import catalog as bases
 from servimg.bases.assemble import base_image
-from servimg.build.context import Context
-from servimg.build.pipeline import build, lock
-from servimg.build.plan import BuildPlan
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS

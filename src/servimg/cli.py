@@ -22,7 +22,7 @@ from servimg import __version__
 from servimg.commands import flags, params, session
 
 if TYPE_CHECKING:
-    from servimg.build.seams import Seams
+    from servimg.assembly.seams import Seams
     from servimg.commands.context import Context
     from servimg.commands.outcome import Outcome
 
@@ -43,7 +43,7 @@ class Bound:
     # The function instead when the parameters ask to sign (`build --sign`): the provenance stack, which
     # a plain build never needs (≈0.2 s of imports), is loaded only then.
     signed: str | None = None
-    # The command holds its cache while it runs (servimg.core.cachehold), so no prune removes what it
+    # The command holds its cache while it runs (servimg.cache.hold), so no prune removes what it
     # uses; False only for the commands that inspect or prune the cache themselves.
     holds_cache: bool = True
 

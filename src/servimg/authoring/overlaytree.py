@@ -25,10 +25,10 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from servimg.assembly.context import Context
+from servimg.assembly.pipeline import Resolution, lock, resolve
+from servimg.assembly.seams import DEFAULT, Seams
 from servimg.authoring.defedit import definition_text, scratch_definition
-from servimg.build.context import Context
-from servimg.build.pipeline import Resolution, lock, resolve
-from servimg.build.seams import DEFAULT, Seams
 from servimg.core import fixid
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from servimg.assembly import basescan, pipeline
+from servimg.assembly.context import Context
+from servimg.assembly.seams import DEFAULT, Seams
 from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.backends import transport
-from servimg.build import basescan, pipeline
-from servimg.build.context import Context
-from servimg.build.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import OverlayError, RebaseError, ServimgError

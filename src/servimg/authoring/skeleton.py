@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg.assembly.basescan import guess_interpreter, interpreter_facts, providers
+from servimg.assembly.pipeline import base_fs
+from servimg.assembly.seams import DEFAULT, Seams
 from servimg.backends import transport
-from servimg.build.basescan import guess_interpreter, interpreter_facts, providers
-from servimg.build.pipeline import base_fs
-from servimg.build.seams import DEFAULT, Seams
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError

@@ -4,7 +4,7 @@ layout backends keep them (`Backend.referrers`, found through `backends.transpor
 
 A `Referrers` deals in OCI artifacts only: manifests and blobs, each re-hashed when read, and the index
 that makes them discoverable (the registry's referrers API or its `sha256-<hex>` tag, a layout's
-index.json). What an artifact holds (a DSSE envelope of an attestation) is `provenance.referrers`'.
+index.json). What an artifact holds (a DSSE envelope of an attestation) is `formats.referrers`'.
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ class WriteOptions(TypedDict, total=False):
     tag: the name published last (engine tag, layout ref name, archive RepoTag, registry tag) unless the
     target names its own; base_config: the base's image ID (the engine loads thin over it); mount_from: a
     repository on the same registry to cross-mount blobs from; progress: transfer progress; staged: how
-    the engine's load went when it ran while the image was proven (`build.seams.TargetSink(stage=True)`)."""
+    the engine's load went when it ran while the image was proven
+    (`assembly.seams.TargetSink(stage=True)`)."""
 
     tag: str | None
     base_config: Digest | None

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from servimg.assembly.context import Context
+from servimg.assembly.pipeline import lock as lock_definition
 from servimg.authoring.defedit import definition_text
 from servimg.backends.target import Target
 from servimg.bases import debian, debpins
@@ -39,8 +41,6 @@ from servimg.bases.demo import (
 from servimg.bases.recipe import Recipe
 from servimg.bases.tiny import TEST
 from servimg.bases.wheelpins import version_changes
-from servimg.build.context import Context
-from servimg.build.pipeline import lock as lock_definition
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.distname import canonical_name

@@ -27,13 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg.assembly.seams import DEFAULT, Seams
 from servimg.authoring import rebase as rebasing
 from servimg.backends.target import Target
 from servimg.bases import catalog, debian, wheelpins
 from servimg.bases.assemble import layout_path, publish_base
 from servimg.bases.demo import verify_wheel
 from servimg.bases.recipe import PinnedWheel, Recipe, WheelSource
-from servimg.build.seams import DEFAULT, Seams
 from servimg.core.distname import canonical_name
 from servimg.core.errors import RebaseError, ServimgError
 from servimg.core.progress import Log

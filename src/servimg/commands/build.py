@@ -7,8 +7,8 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-from servimg.build import pipeline
-from servimg.build.plan import BuildPlan
+from servimg.assembly import pipeline
+from servimg.assembly.plan import BuildPlan
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt

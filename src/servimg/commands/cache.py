@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+from servimg.cache import hold as cachehold
+from servimg.cache import layout as cachelayout
+from servimg.cache import state as cachestate
+from servimg.cache.bases import cached_bases
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
-from servimg.core import cachehold, cachelayout, cachestate
 from servimg.core.errors import StoreError, UsageError
-from servimg.oci.cachedbases import cached_bases
 
 
 def cache_verify(p: params.CacheVerify, ctx: Context) -> Iterator[Outcome]:
@@ -90,7 +92,7 @@ def cache_status(p: params.CacheStatus, ctx: Context) -> Iterator[Outcome]:
 
 def cache_prune(p: params.CachePrune, ctx: Context) -> Iterator[Outcome]:
     """Remove least recently used entries until the cache fits its size (--max-size, --all, or
-    SERVIMG_CACHE_MAX_SIZE); never while another command holds the cache (servimg.core.cachehold)."""
+    SERVIMG_CACHE_MAX_SIZE); never while another command holds the cache (servimg.cache.hold)."""
 
     def run() -> Outcome:
         root = ctx.store.root

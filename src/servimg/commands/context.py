@@ -1,4 +1,4 @@
-"""What every command runs with (`Context`, the build's: `servimg.build.context`), and the run of a
+"""What every command runs with (`Context`, the build's: `servimg.assembly.context`), and the run of a
 parsed command with it: the seams the
 arguments ask for, the blob store, the command's outcomes (`servimg.commands.session` runs every parsed
 command through it)."""
@@ -9,8 +9,8 @@ import argparse
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from servimg.build.context import Context as Context
-from servimg.build.seams import FromRef, Seams
+from servimg.assembly.context import Context as Context
+from servimg.assembly.seams import FromRef, Seams
 from servimg.commands.outcome import Outcome
 from servimg.oci.store import BlobStore
 from servimg.render import Reporter

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
-from servimg.provenance import keys
+from servimg.signing import keys
 
 
 def key_generate(p: params.KeyGenerate, ctx: Context) -> Iterator[Outcome]:

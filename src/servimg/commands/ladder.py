@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from servimg.attesting import attach
 from servimg.backends import transport
 from servimg.commands import params
 from servimg.commands.context import Context
@@ -19,8 +20,7 @@ from servimg.core.progress import Log
 from servimg.ladder import k8s, receipt, runner, server, slurm
 from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.receipt import Receipt
-from servimg.provenance import attach
-from servimg.provenance.attest import TEST_RESULT_V01
+from servimg.statements.attest import TEST_RESULT_V01
 
 
 def slurm_options(given: params.Slurm) -> slurm.SlurmOptions:

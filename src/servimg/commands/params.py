@@ -9,8 +9,8 @@ from pathlib import Path
 
 # The bases `servimg base NAME` builds (servimg.bases.catalog has their recipes).
 BASES = ("demo", "seed", "test-bookworm", "test-trixie")
-DEFAULT_KEY_NAME = "servimg"  # = servimg.provenance.keys.DEFAULT_NAME (tests/test_findings.py checks)
-KEY_ALGORITHMS = ("ed25519", "ecdsa-p256")  # provenance.dsse.ALGORITHMS (kept light: the CLI parses flags)
+DEFAULT_KEY_NAME = "servimg"  # = servimg.signing.keys.DEFAULT_NAME (tests/test_findings.py checks)
+KEY_ALGORITHMS = ("ed25519", "ecdsa-p256")  # signing.dsse.ALGORITHMS (kept light: the CLI parses flags)
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Lock:
 @dataclass(frozen=True)
 class Publish:
     """How evidence is published beside a digest (issue 31): the formats (`oci,sig,att,bundle` or
-    `all`, provenance.cosign.FORMATS) and, for containers/image's `signedBy` policies, a GPG key whose
+    `all`, formats.cosign.FORMATS) and, for containers/image's `signedBy` policies, a GPG key whose
     simple signatures go to a lookaside directory."""
 
     formats: str = "all"

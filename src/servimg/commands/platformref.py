@@ -11,8 +11,8 @@ from servimg.backends import transport
 from servimg.core.errors import UsageError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import Log
+from servimg.judging.indexcheck import child_ref
 from servimg.oci.index import ImageIndex
-from servimg.provenance.indexcheck import child_ref
 
 
 def index_of(ref: str, log: Log) -> tuple[str, ImageIndex | None]:

@@ -1,5 +1,5 @@
 """`servimg policy export`: policy.json + registries.d/ (podman, skopeo, CRI-O), a Kyverno ClusterPolicy and
-a policy-controller ClusterImagePolicy, from the policy `servimg check` enforces (provenance.export)."""
+a policy-controller ClusterImagePolicy, from the policy `servimg check` enforces (judging.export)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.core.atomic import atomic_write
 from servimg.core.errors import UsageError
-from servimg.provenance import export
-from servimg.provenance.dsse import DsseError, VerifyKey
-from servimg.provenance.policy import Policy
+from servimg.judging import export
+from servimg.judging.policy import Policy
+from servimg.signing.dsse import DsseError, VerifyKey
 
 
 def policy_export(p: params.PolicyExport, ctx: Context) -> Iterator[Outcome]:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from servimg.attesting import attach
 from servimg.backends import transport
 from servimg.commands import params
 from servimg.commands.context import Context
@@ -18,13 +19,9 @@ from servimg.core.canonical import dumps_pretty
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import Findings
 from servimg.core.platform import Platform
-from servimg.oci import treediff
-from servimg.proof.verify import VerifyReport
-from servimg.provenance import attach, card, indexcheck, keys
-from servimg.provenance import fixes as fixproof
-from servimg.provenance import matrix as qualified
-from servimg.provenance.attest import OPENVEX_V020
-from servimg.provenance.check import (
+from servimg.judging import fixes as fixproof
+from servimg.judging import indexcheck
+from servimg.judging.check import (
     CheckFailed,
     Policy,
     Rebuild,
@@ -34,9 +31,15 @@ from servimg.provenance.check import (
     not_counted,
     predicate_type,
 )
-from servimg.provenance.dsse import Signer
-from servimg.provenance.evidence import CheckError, Evidence, collect, locate
-from servimg.provenance.vex import advisories
+from servimg.judging.evidence import CheckError, Evidence, collect, locate
+from servimg.oci import treediff
+from servimg.proof.verify import VerifyReport
+from servimg.reports import card
+from servimg.reports import matrix as qualified
+from servimg.signing import keys
+from servimg.signing.dsse import Signer
+from servimg.statements.attest import OPENVEX_V020
+from servimg.statements.vex import advisories
 
 
 def policy_of(flags: params.PolicyFlags, trusted: Sequence[Path]) -> Policy:
@@ -243,7 +246,7 @@ class FixesReport(Findings):
 
 def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
     """`servimg fixes REF`: every fix the image's lock says its overlays carry, and the evidence for each
-    from this digest's signed attestations (servimg.provenance.fixes); FAIL when one is not proven."""
+    from this digest's signed attestations (servimg.judging.fixes); FAIL when one is not proven."""
 
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
@@ -282,7 +285,7 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
 
 
 def vex(p: params.Vex, ctx: Context) -> Iterator[Outcome]:
-    """`servimg vex REF`: the OpenVEX document this digest's trusted evidence carries (servimg.provenance.vex:
+    """`servimg vex REF`: the OpenVEX document this digest's trusted evidence carries (servimg.statements.vex:
     one statement per advisory an overlay fixes), printed and with --out written where a scanner reads it
     (`trivy image --vex FILE`). FAIL when no trusted OpenVEX statement is about this image."""
 
@@ -323,7 +326,7 @@ def vex(p: params.Vex, ctx: Context) -> Iterator[Outcome]:
 
 def matrix(p: params.Matrix, ctx: Context) -> Iterator[Outcome]:
     """`servimg matrix HOST/REPO|oci:DIR`: one row per image digest, from its signed evidence only
-    (servimg.provenance.matrix); FAIL when the repository holds no evidence a given key verifies."""
+    (servimg.reports.matrix); FAIL when the repository holds no evidence a given key verifies."""
 
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)

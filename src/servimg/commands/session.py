@@ -12,16 +12,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from servimg.cache import hold as cachehold
+from servimg.cache import layout as cachelayout
+from servimg.cache import state as cachestate
+from servimg.cache.location import default_cache_dir
 from servimg.commands import context
 from servimg.commands.outcome import Outcome
-from servimg.core import cachehold, cachelayout, cachestate
-from servimg.core.cachedir import default_cache_dir
 from servimg.core.errors import host_error
 from servimg.core.progress import Log
 from servimg.render import Reporter
 
 if TYPE_CHECKING:
-    from servimg.build.seams import Seams
+    from servimg.assembly.seams import Seams
 
 
 def execute(args: argparse.Namespace, seams: Seams | None = None) -> int:

@@ -7,12 +7,14 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
+from servimg.attesting import attach
 from servimg.commands import params
 from servimg.commands.context import Context
 from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import UsageError
-from servimg.provenance import attach, cosign, gpgsign, keys
-from servimg.provenance.dsse import Signer
+from servimg.formats import cosign
+from servimg.signing import gpgsign, keys
+from servimg.signing.dsse import Signer
 
 
 def signing_key(path: Path | None) -> Signer | None:

@@ -1,7 +1,7 @@
 """Reading parsed YAML or JSON into typed values, every problem collected as `yaml.path: message`.
 
 The validating constructors of the definitions servimg reads on every build (definitions/definition.py,
-definitions/lock.py, provenance/policy.py) and the ladder formats (ladder/readers.py) are written with these
+definitions/lock.py, judging/policy.py) and the ladder formats (ladder/readers.py) are written with these
 readers rather than a schema library: they are plain code that imports in microseconds, and each says
 in its own words what to write instead. One set of readers, two modes (`Mode`): STRICT for what
 servimg's users write against its docs, LAX for the ladder formats that pydantic once read in lax mode;

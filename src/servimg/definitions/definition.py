@@ -282,7 +282,7 @@ def _cross_problems(
                 where = f"overlays[{i}].package"
                 problems.append(f"{where}: {overlay.package!r} is not declared under `packages` (add it)")
     if overlays is not None:
-        # A fix is proven by a verify result that passed the overlay's sentinels (provenance.fixes): one
+        # A fix is proven by a verify result that passed the overlay's sentinels (judging.fixes): one
         # declared without a sentinel could never be proven, and would be signed into the image anyway.
         for i, overlay in enumerate(overlays):
             if overlay.fixes and not overlay.sentinels:

@@ -9,17 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from servimg.core import resultstore
+from servimg.cache import results
 from servimg.definitions.definition import ImageDefinition
 
 KIND = "definitions"
 
 
 def remember(cache_root: Path, definition: ImageDefinition) -> None:
-    resultstore.write(cache_root, KIND, {"sha256": definition.digest.hex}, definition.to_json())
+    results.write(cache_root, KIND, {"sha256": definition.digest.hex}, definition.to_json())
 
 
 def recall(cache_root: Path, sha256: str) -> Mapping[str, object] | None:
     """The definition that hashed to `sha256` when it was locked here, or None."""
-    found = resultstore.read(cache_root, KIND, {"sha256": sha256}, per_base=True)
+    found = results.read(cache_root, KIND, {"sha256": sha256}, per_base=True)
     return found if isinstance(found, dict) else None

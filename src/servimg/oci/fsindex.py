@@ -14,7 +14,6 @@ Paths are stored as UTF-8 bytes with surrogate escapes (tar member names need no
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import tarfile
@@ -22,10 +21,10 @@ import tempfile
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
+from servimg.cache.layout import INDEX_FORMAT, CacheLayout, chain_key
 from servimg.core.atomic import sync_dir
-from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
-from servimg.oci.layerindex import INDEX_FORMAT, Node
+from servimg.oci.layerindex import Node
 
 _SCHEMA = """
 CREATE TABLE meta (chain TEXT NOT NULL, format TEXT NOT NULL);
@@ -37,10 +36,6 @@ CREATE INDEX nodes_by_parent ON nodes (parent);
 CREATE INDEX nodes_by_name ON nodes (name);
 """
 _COLUMNS = "path, layer, type, mode, size, linkname, offset_data"
-
-
-def chain_key(diff_ids: Sequence[Digest]) -> Digest:
-    return Digest.of_bytes(json.dumps([INDEX_FORMAT, [str(d) for d in diff_ids]]).encode())
 
 
 def table_path(cache_root: Path, diff_ids: Sequence[Digest]) -> Path:

@@ -16,14 +16,12 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg.cache.layout import INDEX_FORMAT, CacheLayout
 from servimg.core.atomic import atomic_write
-from servimg.core.cachelayout import CacheLayout
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError
 from servimg.oci.layer import OPAQUE_MARKER, WHITEOUT_PREFIX, normalize_path
 
-# Bumped whenever what an index holds or how it is read changes: old indexes are then never read.
-INDEX_FORMAT = "v1"
 OPAQUE, WHITEOUT = "opaque", "whiteout"
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
 
-from servimg.core.cachedir import default_cache_dir
-from servimg.core.cachelayout import CacheLayout
+from servimg.cache.layout import CacheLayout
+from servimg.cache.location import default_cache_dir
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, StoreError, host_error
 from servimg.oci import integrity

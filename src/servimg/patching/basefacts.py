@@ -12,7 +12,7 @@ base:
 - a build that must do all its work (SERVIMG_NO_RESULT_CACHE, the benchmark's analogue of
   `docker build --no-cache`) still reads these: `--no-cache` re-runs the build's own steps, not its
   base's pull;
-- entries are resultstore's (the key document and the value's sha256, written atomically): a damaged or
+- entries are cache.results' (the key document and the value's sha256, written atomically): a damaged or
   foreign entry reads as none and the fact is derived again. A fact that cannot be kept is still the
   answer: the build goes on.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from servimg.core import resultstore
+from servimg.cache import results
 
 T = TypeVar("T")
 KIND = "base-facts"
@@ -45,14 +45,14 @@ def remembered(
     """The fact `name` for `key`: read from the cache, else `derive()`d and written. `encode` turns it
     into JSON (tuples as lists …), `decode` back; a cached value `decode` refuses is derived again."""
     full = {"fact": name, "code": [_module_sha256(m) for m in code], **key}
-    cached = resultstore.read(cache_root, f"{KIND}/{name}", full, per_base=True)
+    cached = results.read(cache_root, f"{KIND}/{name}", full, per_base=True)
     if cached is not None:
         try:
             return decode(cached)
         except (KeyError, TypeError, ValueError, IndexError):
             pass  # an entry this code does not read: derive it again
     value = derive()
-    resultstore.write(cache_root, f"{KIND}/{name}", full, encode(value))
+    results.write(cache_root, f"{KIND}/{name}", full, encode(value))
     return value
 
 

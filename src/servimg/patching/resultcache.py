@@ -8,11 +8,11 @@ the lock pins (version, magic, cache tag), the runner, the compile step itself (
 servimg/inimage/compile.py and its interpreter flags), and each source (its path in the image, the sha256
 of its bytes, its optimisation levels).
 
-An entry (servimg.core.resultstore) holds its full key document and the sha256 of its value; on read
+An entry (servimg.cache.results) holds its full key document and the sha256 of its value; on read
 both are checked (and each pyc's own sha256), so a corrupt, truncated or foreign entry (another key's
 file under this name) is ignored and the bytecode compiled and written again. Entries are written
 atomically (temp + rename): a reader sees a whole entry or none. No verdict is cached: every build runs
-the whole probe (build.seams.ProbeVerifier).
+the whole probe (assembly.seams.ProbeVerifier).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servimg.cache.results import FORMAT as FORMAT
+from servimg.cache.results import OFF as OFF
+from servimg.cache.results import bypassed as bypassed
+from servimg.cache.results import entry_path as entry_path
+from servimg.cache.results import read as read
+from servimg.cache.results import write as write
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.resultstore import FORMAT as FORMAT
-from servimg.core.resultstore import OFF as OFF
-from servimg.core.resultstore import bypassed as bypassed
-from servimg.core.resultstore import entry_path as entry_path
-from servimg.core.resultstore import read as read
-from servimg.core.resultstore import write as write
 from servimg.patching.bytecode import COMPILE_ARGS, COMPILE_SCRIPT, CompileJob, InterpreterFacts
 
 COMPILED = "compiled"

@@ -1,7 +1,7 @@
 """The warm daemonless runner: the base's files extracted ONCE per chain, every run over an overlay of them.
 
 `WarmRoot.of` extracts the base (packages included, `bytecode.extract_runtime`) into
-`<cache>/rootfs/<format>/<chain key>/` (the key of the ordered diffIDs, as for `oci.fsindex`): written
+`<cache>/rootfs/<format>/<chain key>/` (the key of the ordered diffIDs, `cache.layout.chain_key`): written
 under a temp name and renamed into place, never written again, shared by every build of that base.
 `WarmRoot.run` then runs a command in a private mount namespace (`unshare --mount`, in a user namespace
 when not root) in a chroot of an overlayfs whose lower dir is that tree and whose upper dir is the
@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.core.cachelayout import CacheLayout
+from servimg.cache.layout import CacheLayout, chain_key
 from servimg.core.digest import Digest
 from servimg.core.errors import BytecodeError
-from servimg.oci import fsindex
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.layerindex import OPAQUE, LayerIndex
 from servimg.patching.bytecode import (
@@ -95,7 +94,7 @@ class WarmRoot:
 
     @classmethod
     def of(cls, fs: LayeredFS, diff_ids: Sequence[Digest], cache_root: Path) -> WarmRoot:
-        root = CacheLayout(cache_root).rootfs / ROOTFS_FORMAT / fsindex.chain_key(diff_ids).hex
+        root = CacheLayout(cache_root).rootfs / ROOTFS_FORMAT / chain_key(diff_ids).hex
         if not root.is_dir():
             root.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root.parent))

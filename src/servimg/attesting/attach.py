@@ -1,0 +1,719 @@
+"""Provenance that travels with the digest: push an image with its attestations, attach later results,
+promote by policy.
+
+Order is the guarantee. `push`: blobs, the manifest by digest, every attestation (its subject is that
+manifest), and only then the tag. A tag therefore never exists without the attestations it was pushed
+with, and a push killed at any point leaves no tag; running it again reuses what arrived (blobs, the
+manifest, attestations whose envelope is already attached) and finishes. `promote` moves its tag only
+after the policy passed and the VSA is attached.
+
+Attaching never changes the image: each attach is bracketed by a HEAD of the image manifest by digest,
+and a different answer (digest or size) stops everything with an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypedDict, Unpack
+
+from servimg.assembly.context import Context
+from servimg.assembly.pipeline import build
+from servimg.assembly.plan import BuildPlan
+from servimg.assembly.release import PlatformImage, Release
+from servimg.assembly.seams import ProbeVerifier, verify_or_refuse
+from servimg.backends import registry, transport
+from servimg.backends.referrers import Referrers
+from servimg.backends.registryclient import RegistryClient
+from servimg.backends.registryreferrers import RegistryReferrers
+from servimg.backends.target import Target
+from servimg.core.digest import Digest
+from servimg.core.errors import BuildError, ServimgError
+from servimg.core.progress import NULL, Log, Progress
+from servimg.core.reference import Reference, is_valid_tag
+from servimg.formats import cosign, referrers
+from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope, publish
+from servimg.judging import indexcheck
+from servimg.judging import rebuild as rebuilds
+from servimg.judging.check import CheckFailed, CheckReport, Policy, evaluate, gather
+from servimg.judging.evidence import Located, locate, top_layer
+from servimg.judging.policy import REBUILD_V1
+from servimg.oci.image import Descriptor, Image
+from servimg.oci.index import ImageIndex
+from servimg.oci.store import BlobStore
+from servimg.proof.verify import VerifyFailed, VerifyReport
+from servimg.signing import dsse, gpgsign
+from servimg.statements import attest, binding, sbom, vex
+from servimg.statements import derived as provenance
+from servimg.statements.derived import ImageFacts, Invocation
+
+
+class AttachError(ServimgError):
+    """An image or result could not be pushed, attached or promoted."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    digest: Digest
+    config_digest: Digest
+    destination: str
+    tag: str | None
+    attached: tuple[Attached, ...]
+    note: str | None = None  # what was deliberately not attached, and why
+    gpg: tuple[gpgsign.GpgSigned, ...] = ()
+    signatures: tuple[str, ...] = ()  # cosign simple signatures of the manifest (`.sig` layers)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "digest": str(self.digest),
+            "config_digest": str(self.config_digest),
+            "destination": self.destination,
+            "tag": self.tag,
+            "attestations": [a.as_dict() for a in self.attached],
+            **({"signatures": list(self.signatures)} if self.signatures else {}),
+            **({"gpg_signatures": [g.as_dict() for g in self.gpg]} if self.gpg else {}),
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def envelope(statement: bytes, key: dsse.Signer | None) -> tuple[bytes, bool]:
+    """DSSE envelope bytes: signed with `key`, or unsigned (which `check` reports) when key is None."""
+    if key is not None:
+        return attest.sign_statement(statement, key).to_bytes(), True
+    attest.parse_statement(statement)
+    return dsse.Envelope(attest.PAYLOAD_TYPE, statement, ()).to_bytes(), False
+
+
+def _make(kind: str, predicate_type: str, statement: bytes, key: dsse.Signer | None) -> Envelope:
+    data, signed = envelope(statement, key)
+    return Envelope(kind, predicate_type, data, signed)
+
+
+# ------------------------------------------------------------------------------------------------ facts
+
+
+def image_facts(image: Image, store: BlobStore, log: Log) -> ImageFacts:
+    return provenance.read_facts(top_layer(image, store, log))
+
+
+def build_statements(
+    image: Image,
+    facts: ImageFacts,
+    report: VerifyReport,
+    key: dsse.Signer | None,
+    store: BlobStore,
+    *,
+    invocation: Invocation,
+    builder: str | None = None,
+    pulled_from: str | None = None,
+) -> list[Envelope]:
+    """The provenance, the verify test-result and the SBOM of `image` (every layer in `store`), as
+    envelopes (deterministic when the invocation has no times: ed25519 signatures are, so a rerun
+    attaches nothing new). `pulled_from` is the registry repository it is published to (VEX names it)."""
+    name = provenance.subject_name(facts)
+    subjects = provenance.subjects(name, image.digest, image.config_digest)
+    prov = provenance.provenance_predicate(facts, invocation, provenance.builder_id(builder))
+    verify = provenance.verify_predicate(report, facts)
+    bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), name)
+    document = vex.openvex(facts, name, image.digest, provenance.builder_id(builder), pulled_from=pulled_from)
+    vex_envelopes = (
+        [_make("vex", attest.OPENVEX_V020, attest.statement(subjects, attest.OPENVEX_V020, document), key)]
+        if document is not None
+        else []
+    )
+    return [
+        *vex_envelopes,
+        _make("sbom", attest.CYCLONEDX_BOM, attest.statement(subjects, attest.CYCLONEDX_BOM, bom), key),
+        _make(
+            "provenance", attest.PROVENANCE_V1, attest.statement(subjects, attest.PROVENANCE_V1, prov), key
+        ),
+        _make(
+            "test-result",
+            attest.TEST_RESULT_V01,
+            attest.statement(subjects, attest.TEST_RESULT_V01, verify),
+            key,
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ push
+
+
+class PushOptions(TypedDict, total=False):
+    """What `push` and `push_image` take beside the image and the destination."""
+
+    key: dsse.Signer | None
+    report: VerifyReport | None  # the probe runs when it is None
+    builder: str | None
+    invocation: Invocation | None
+    tag: str | None
+    progress: Progress
+    unsigned: bool  # without a key, attach unsigned attestations even beside signed ones
+    formats: frozenset[str]  # formats.cosign.FORMATS to write (default: all)
+    gpg: GpgPlan | None  # containers/image GPG simple signatures too
+
+
+def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
+    """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
+    verify result. `report` (a VerifyReport) is used instead of running the probe when given."""
+    image = transport.fetch_argument(image_ref, store, log, progress=options.get("progress", NULL))
+    return push_image(image, dest, store, log, **options)
+
+
+def push_image(
+    image: Image,
+    dest: str,
+    store: BlobStore,
+    log: Log,
+    *,
+    key: dsse.Signer | None = None,
+    report: VerifyReport | None = None,
+    builder: str | None = None,
+    invocation: Invocation | None = None,
+    tag: str | None = None,
+    progress: Progress = NULL,
+    unsigned: bool = False,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+    gpg: GpgPlan | None = None,
+) -> Pushed:
+    """Push an image value whose blobs are in `store` (see `push`) to a registry or an OCI layout: the
+    places attestations can live beside the image.
+
+    Without a key, a digest that already carries signed attestations at the destination gets none of
+    the unsigned ones (`check` would only report them, ignored): the image and tag are pushed and the
+    result says so; `unsigned` attaches them anyway."""
+    target = Target.parse(dest)
+    if not target.holds_attestations:
+        raise AttachError(
+            f"{dest}: attestations cannot live in a {target.kind}",
+            hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
+        )
+    if gpg is not None and target.is_layout:
+        raise AttachError(
+            f"{dest}: GPG simple signatures are for images in a registry (containers/image keeps none for "
+            "an OCI layout)",
+            hint="push to HOST/REPO[:TAG] with --gpg-key, or leave --gpg-key out",
+        )
+    facts = image_facts(image, store, log)
+    binding.refuse_rebinding(binding.tag_of(dest) or tag, facts.definition, facts.lock_digest, "push under")
+    if report is None:  # the same verifier a build runs (cached verdicts, split where it can)
+        report = verify_or_refuse(
+            ProbeVerifier(), image, store, log, base_config=None, consequence="nothing was pushed"
+        )
+    elif not report.ok:
+        raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")
+    invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
+    pulled_from = None if target.is_layout else vex.repository_url(target.registry_ref)
+    envelopes = build_statements(
+        image, facts, report, key, store, invocation=invocation, builder=builder, pulled_from=pulled_from
+    )
+    if key is not None:
+        envelopes = _not_yet_stated(target, image.digest, envelopes, key, log)
+    note = None
+    if key is None and not unsigned:
+        signed = signed_attestations(target, image.digest)
+        if signed:
+            note = (
+                f"attached nothing unsigned: {image.digest} already carries {signed} signed "
+                "attestation(s) here (sign with --key; --unsigned attaches unsigned ones anyway)"
+            )
+            log(note)
+            envelopes = []
+    publishing = Publishing(envelopes, key, formats, gpg)
+    if target.is_layout:
+        pushed = _push_layout(image, target, store, log, publishing, tag)
+    else:
+        pushed = _push_registry(image, dest, store, log, publishing, tag, progress)
+    return replace(pushed, note=note)
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """What a push publishes beside the image, before its tag moves: the attestations, and with a key
+    the manifest's own cosign signature (`.sig`), each in the chosen formats."""
+
+    envelopes: Sequence[Envelope]
+    key: dsse.Signer | None
+    formats: frozenset[str]
+    gpg: GpgPlan | None = None
+
+    def publish(
+        self, place: Referrers, subject: Descriptor, name: str, log: Log
+    ) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
+        """The attestations as attached, and the manifest's cosign signatures (`.sig`)."""
+        signer = (self.key, name) if self.key is not None else None
+        return publish(place, subject, self.envelopes, self.formats, signer, log)
+
+
+@dataclass(frozen=True)
+class GpgPlan:
+    """`--gpg-key FPR [--lookaside DIR]`: containers/image simple signatures of each pushed reference."""
+
+    signer: gpgsign.GpgSigner
+    lookaside: gpgsign.Lookaside | None = None
+
+
+@dataclass(frozen=True)
+class _GpgSignature:
+    """A GPG signature made before anything was pushed (a key that cannot sign stops the push first)."""
+
+    plan: GpgPlan
+    reference: str
+    digest: Digest
+    data: bytes
+    to_registry: bool
+
+
+def _gpg_prepare(
+    plan: GpgPlan | None, client: RegistryClient, reference: str, digest: Digest
+) -> _GpgSignature | None:
+    if plan is None:
+        return None
+    to_registry = client.supports_signatures()
+    if plan.lookaside is None and not to_registry:
+        raise AttachError(
+            f"--gpg-key: {client.registry} does not store signatures (no X-Registry-Supports-Signatures), "
+            "and no --lookaside DIR was given",
+            hint="pass --lookaside DIR (serve it over HTTP and name it in registries.d: "
+            "`servimg policy export --runtime containers`)",
+        )
+    data = plan.signer.sign(gpgsign.atomic_payload(reference, digest))
+    return _GpgSignature(plan, reference, digest, data, to_registry)
+
+
+def _gpg_write(
+    prepared: _GpgSignature | None, client: RegistryClient, repository: str, log: Log
+) -> tuple[gpgsign.GpgSigned, ...]:
+    if prepared is None:
+        return ()
+    out = []
+    lookaside = prepared.plan.lookaside
+    if lookaside is not None:
+        there = lookaside.signatures(repository, prepared.digest)
+        found = gpgsign.existing(prepared.plan.signer, there, prepared.reference, prepared.digest)
+        path = found or lookaside.add(repository, prepared.digest, prepared.data)
+        log(f"gpg signature of {prepared.reference}: {path}" + (" (already there)" if found else ""))
+        out.append(gpgsign.GpgSigned(prepared.reference, str(path), found is not None))
+    if prepared.to_registry:
+        name = f"{prepared.digest}@{uuid.uuid4().hex}"
+        client.put_signature(repository, prepared.digest, name, prepared.data)
+        out.append(gpgsign.GpgSigned(prepared.reference, f"registry:{name}", False))
+    return tuple(out)
+
+
+def _not_yet_stated(
+    target: Target, subject: Digest, envelopes: Sequence[Envelope], key: dsse.Signer, log: Log
+) -> list[Envelope]:
+    """The envelopes to publish, each one this key already made about `subject` at the destination
+    replaced by the copy that is there.
+
+    A push is idempotent (issue 48 item 5): pushing the same image again, or pushing what `build --sign`
+    already published, states nothing new, so nothing new is attached, even where the signature bytes
+    would differ (ECDSA is randomised; a build's provenance carries its own invocation id and times).
+    Publishing the copy that is there reports it as already attached, and completes any format it is
+    still missing from. The same statement is `attest.statement_identity`: what it says, without when or
+    by which command it was said. Only envelopes this key verifiably signed count: anyone may attach
+    bytes claiming to be ours."""
+    stated = _stated_by(target, subject, key.public_key)
+    out = []
+    for envelope in envelopes:
+        identity = attest.statement_identity(dsse.Envelope.parse(envelope.data).payload)
+        there = stated.get(identity) if identity is not None else None
+        if there is not None and there != envelope.data:
+            log(
+                f"{envelope.kind}: this key already stated the same about {subject.short} here: kept as it is"
+            )
+            envelope = replace(envelope, data=there)
+        out.append(envelope)
+    return out
+
+
+def _stated_by(target: Target, subject: Digest, key: dsse.VerifyKey) -> dict[bytes, bytes]:
+    """The statements about `subject` at `target` that `key` verifiably signed: identity → envelope."""
+    out: dict[bytes, bytes] = {}
+    with transport.referrers(target) as place:
+        listed, _ = place.discover(subject)
+        for descriptor in listed:
+            if descriptor.get("artifactType") == cosign.BUNDLE_V03:
+                continue  # a bundle wraps the same envelope as a referrer of its own
+            try:
+                data = referrers.fetch_envelope(place, subject, Digest.parse(str(descriptor.get("digest"))))
+                envelope = dsse.Envelope.parse(data)
+            except ServimgError:
+                continue  # unreadable or foreign: `check` reports it; here it simply states nothing
+            if dsse.verify(envelope, [key]).verified:
+                identity = attest.statement_identity(envelope.payload)
+                if identity is not None:
+                    out.setdefault(identity, data)
+    return out
+
+
+def signed_attestations(target: Target, subject: Digest) -> int:
+    """How many attestations of `subject` at the destination carry at least one signature (whoever's:
+    an unsigned push beside any signed evidence adds only noise). Unreadable entries are not counted."""
+    with transport.referrers(target) as place:
+        listed, _ = place.discover(subject)
+        return _count_signed(listed, lambda a: referrers.fetch_envelope(place, subject, a))
+
+
+def _count_signed(listed: Sequence[Mapping[str, object]], fetch: Callable[[Digest], bytes]) -> int:
+    count = 0
+    for descriptor in listed:
+        try:
+            count += bool(dsse.Envelope.parse(fetch(Digest.parse(str(descriptor.get("digest"))))).signatures)
+        except ServimgError:
+            continue
+    return count
+
+
+def _push_registry(
+    image: Image,
+    dest: str,
+    store: BlobStore,
+    log: Log,
+    publishing: Publishing,
+    tag: str | None,
+    progress: Progress,
+) -> Pushed:
+    """Blobs and the manifest by digest (`backends.registry`), every attestation and signature, the
+    tag last."""
+    ref = Reference.parse(dest)
+    if ref.digest is not None:
+        raise AttachError(f"{dest}: push to a repository (and tag), not a digest")
+    chosen = ref.tag or tag
+    with RegistryClient(ref.registry) as client:
+        identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
+        gpg = _gpg_prepare(publishing.gpg, client, identity, image.digest)
+        registry.write_image(client, ref.repository, image, store, log, progress=progress)
+        subject = _subject(image)
+        attached, signatures = _publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
+        signed = _gpg_write(gpg, client, ref.repository, log)
+        if chosen:
+            registry.put_tag(client, ref.repository, chosen, image, log)
+            _confirm(client, ref.repository, chosen, subject, "after tagging")
+    where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
+    return Pushed(
+        image.digest, image.config_digest, where, chosen, attached, gpg=signed, signatures=signatures
+    )
+
+
+def _subject(image: Image) -> Descriptor:
+    return Descriptor(image.media_type, image.digest, len(image.manifest_bytes))
+
+
+def _confirm(client: RegistryClient, repo: str, reference: str, subject: Descriptor, when: str) -> None:
+    """HEAD the image manifest: it must still be exactly `subject` (attaching never changes it)."""
+    head = client.head_manifest(repo, reference)
+    if head is None or head[0] != subject.digest or head[2] != subject.size:
+        found = f"{head[0]} ({head[2]} bytes)" if head is not None else "nothing"
+        raise AttachError(
+            f"{repo}@{reference} {when}: the registry answers {found}, "
+            f"expected {subject.digest} ({subject.size} bytes)",
+            hint="something rewrote the image manifest; do not trust this registry's copy",
+        )
+
+
+def _publish_confirmed(
+    client: RegistryClient, repo: str, subject: Descriptor, publishing: Publishing, name: str, log: Log
+) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
+    """`publishing` in a registry repository, the image manifest confirmed to be exactly the subject
+    before and after (attaching never changes it)."""
+    _confirm(client, repo, str(subject.digest), subject, "before attaching")
+    attached = publishing.publish(RegistryReferrers(client, repo), subject, name, log)
+    _confirm(client, repo, str(subject.digest), subject, "after attaching")
+    return attached
+
+
+def _push_layout(
+    image: Image, target: Target, store: BlobStore, log: Log, publishing: Publishing, tag: str | None
+) -> Pushed:
+    root = Path(target.location)
+    chosen = target.tag or tag
+    transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
+    with transport.referrers(Target.layout(root)) as place:
+        attached, signatures = publishing.publish(place, _subject(image), Target.layout(root).text(), log)
+    where = Target.layout(root, chosen).text()
+    return Pushed(image.digest, image.config_digest, where, chosen, attached, signatures=signatures)
+
+
+# ---------------------------------------------------------------------------------------- build --sign
+
+
+@dataclass(frozen=True)
+class AttestingSink:
+    """The signed route as a sink of the one pipeline (`assembly.pipeline.build`): the verified image is
+    pushed with the signed provenance of this very build (its invocation: id, start, end, command) and
+    its verify result (`push_image`). `attached` collects what was attached, for the command's result."""
+
+    key: dsse.Signer | None
+    command: tuple[str, ...]
+    builder: str | None = None
+    started: str = dataclasses.field(default_factory=provenance.now)
+    attached: list[Attached] = dataclasses.field(default_factory=list)
+    formats: frozenset[str] = DEFAULT_FORMATS
+    gpg: GpgPlan | None = None
+
+    def check(self, target: Target) -> None:
+        if not target.holds_attestations:
+            raise BuildError(
+                f"--sign needs a registry or an OCI layout target, not {target.kind}",
+                hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
+            )
+        transport.check_reachable(target)
+
+    def publish(self, release: Release, ctx: Context) -> str:
+        """Proven first (nothing is pushed before), then one image with its attestations, or every child
+        with its own and then the index with its provenance naming the children, the tag last."""
+        proven = release.proven()
+        if release.index is None:
+            (one,) = proven
+            return self._push(one, release.target, ctx, tag=release.tag)
+        return self._push_index(release.index, proven, release.target, ctx, tag=release.tag)
+
+    def _push(self, child: PlatformImage, target: Target, ctx: Context, *, tag: str | None) -> str:
+        image, report = child.image, child.report
+        if report is None:
+            raise BuildError("a signed build publishes only verified images", hint="build with verify")
+        ctx.store.put_bytes(image.config_bytes)  # push_image reads every blob from the store
+        invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
+        pushed = push_image(
+            image,
+            target.text(),
+            ctx.store,
+            ctx.log,
+            key=self.key,
+            report=report,
+            builder=self.builder,
+            invocation=invocation,
+            tag=tag,
+            progress=ctx.progress,
+            formats=self.formats,
+            gpg=self.gpg,
+        )
+        self.attached.extend(pushed.attached)
+        return pushed.destination
+
+    def _push_index(
+        self, index: ImageIndex, children: Sequence[PlatformImage], target: Target, ctx: Context, *, tag: str
+    ) -> str:
+        """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
+        its own provenance naming the children, and the tag last (each written once)."""
+        untagged = _untagged(target)
+        for child in children:
+            self._push(child, untagged, ctx, tag=None)
+        transport.name_index(index, untagged, tag=None)
+        invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
+        name = index_name(children, ctx.store, ctx.log)
+        builder = provenance.builder_id(self.builder)
+        statement = indexcheck.index_statement(index, children, name, invocation, builder)
+        envelopes = [_make("provenance", attest.PROVENANCE_V1, statement, self.key)]
+        with transport.referrers(untagged) as place:
+            published, _ = Publishing(envelopes, self.key, self.formats).publish(
+                place, index.descriptor, name, ctx.log
+            )
+        self.attached.extend(published)
+        return transport.name_index(index, target, tag=tag)
+
+
+def _untagged(target: Target) -> Target:
+    """The repository or layout of `target`, without its tag (children and the index go there by digest)."""
+    if target.is_layout:
+        return Target.layout(target.location)
+    ref = target.registry_ref
+    return Target.parse(f"{ref.registry}/{ref.repository}")
+
+
+def index_name(children: Sequence[PlatformImage], store: BlobStore, log: Log) -> str:
+    """The subject name of the index's statement: the repository its children's provenance names."""
+    return provenance.subject_name(image_facts(children[0].image, store, log))
+
+
+def build_and_push(
+    definition_path: Path,
+    ctx: Context,
+    *,
+    to: str,
+    key: dsse.Signer | None,
+    runner: str = "auto",
+    tag: str | None = None,
+    builder: str | None = None,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+    gpg: GpgPlan | None = None,
+) -> dict[str, object]:
+    """`servimg build DEF --to REPO|oci:DIR --sign KEY`: the one build pipeline, proven once, published
+    by an `AttestingSink` (the image with the signed provenance of this very build and its verify result;
+    for several platforms every child so, then the index with its own)."""
+    if not to:
+        raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
+    plan = BuildPlan.make(definition_path, to=to, tag=tag, runner=runner, cache_root=ctx.store.root)
+    if plan.multi_platform and gpg is not None:
+        raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
+    command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
+    sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)
+    result = build(plan, dataclasses.replace(ctx, seams=dataclasses.replace(ctx.seams, sink=sink)))
+    return {**result.as_dict(), "attestations": [a.as_dict() for a in sink.attached]}
+
+
+# ------------------------------------------------------------------------------------------------ attest
+
+
+def predicate_from_file(
+    data: bytes, predicate_type: str, manifest: Digest, config: Digest
+) -> tuple[str, dict[str, object]]:
+    """What `servimg attest --file` attaches: a ladder receipt (made into a test-result), an in-toto
+    statement about this image (its predicate), or a bare predicate of `predicate_type`."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise AttachError("the file is not JSON") from None
+    if not isinstance(doc, dict):
+        raise AttachError("the file is not a JSON object")
+    if doc.get("_type") == attest.STATEMENT_TYPE:
+        parsed = attest.parse_statement(data)
+        if not (parsed.covers(manifest) or parsed.covers(config)):
+            raise AttachError(
+                f"the statement is about {', '.join(str(d) for _, d in parsed.subjects)}, not {manifest}",
+                hint="attach a statement to the image it is about",
+            )
+        return parsed.predicate_type, dict(parsed.predicate)
+    if predicate_type == attest.TEST_RESULT_V01 and "verdict" in doc:
+        receipt = provenance.LadderReceipt.parse(data)
+        return predicate_type, provenance.ladder_predicate(receipt, manifest, config)
+    return predicate_type, doc
+
+
+def attest_file(
+    ref: str,
+    predicate_type: str,
+    file: Path,
+    store: BlobStore,
+    log: Log,
+    *,
+    key: dsse.Signer | None = None,
+    repo: str | None = None,
+    remote: bool = False,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+) -> Attached:
+    """`servimg attest REF --predicate-type T --file F`: attach a later result to the image REF names."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise AttachError(f"cannot read {file}: {exc.strerror}") from None
+    located = locate(ref, store, log, repo=repo, remote=remote)
+    kind_type, predicate = predicate_from_file(data, predicate_type, located.digest, located.config_digest)
+    kind = attest.kind_of(kind_type)
+    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
+    env = _make(kind, kind_type, attest.statement(subjects, kind_type, predicate), key)
+    return _attach_located(located, env, log, formats)
+
+
+def attest_rebuild(
+    located: Located,
+    result: rebuilds.Rebuilt,
+    key: dsse.Signer,
+    log: Log,
+    *,
+    rebuilder: str | None = None,
+) -> Attached:
+    """`check --rebuild --attach --key`: a signed statement of this rebuild's result (match or not)
+    about the image REF names, beside it."""
+    if result.problem is not None:
+        raise AttachError(f"nothing was rebuilt, so nothing is attached: {result.problem}")
+    predicate = rebuilds.rebuild_predicate(
+        result, rebuilder or rebuilds.DEFAULT_REBUILDER_ID, provenance.now()
+    )
+    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
+    env = _make("rebuild", REBUILD_V1, attest.statement(subjects, REBUILD_V1, predicate), key)
+    return _attach_located(located, env, log, DEFAULT_FORMATS)
+
+
+def _attach_located(
+    located: Located, env: Envelope, log: Log, formats: frozenset[str], key: dsse.Signer | None = None
+) -> Attached:
+    subject = _subject(located.image)
+    publishing = Publishing((env,), key, formats)
+    if located.layout is not None:
+        with transport.referrers(Target.layout(located.layout)) as place:
+            return publishing.publish(place, subject, located.name, log)[0][0]
+    with located.client() as client:
+        return _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0][
+            0
+        ]
+
+
+# ------------------------------------------------------------------------------------------------ promote
+
+
+@dataclass(frozen=True)
+class Promoted:
+    report: CheckReport
+    tag: str
+    vsa: Attached
+
+    def as_dict(self) -> dict[str, object]:
+        return {"tag": self.tag, "vsa": self.vsa.as_dict(), "check": self.report.as_dict()}
+
+
+def vsa_predicate(report: CheckReport, located: Located, policy: Policy, verifier: str) -> dict[str, object]:
+    """A SLSA verification summary of a passed check: the policy (by digest) and the attestations the
+    verdict rested on. Level 1: provenance exists and verifies; servimg makes no hosted-builder claim."""
+    return attest.verification_summary(
+        verifier_id=verifier,
+        time_verified=provenance.now(),
+        resource_uri=f"{located.name}@{located.digest}",
+        policy={"uri": policy.uri, "digest": {"sha256": provenance.canonical_sha256(policy.to_json())}},
+        verification_result="PASSED",
+        verified_levels=["SLSA_BUILD_LEVEL_1"],
+        input_attestations=[
+            {"uri": f"{located.name}@{a}", "digest": {"sha256": a.removeprefix("sha256:")}}
+            for a in report.used
+        ],
+    )
+
+
+def promote(
+    ref: str,
+    tag: str,
+    store: BlobStore,
+    log: Log,
+    policy: Policy,
+    *,
+    key: dsse.Signer | None = None,
+    verifier: str | None = None,
+    deep: bool = False,
+    repo: str | None = None,
+    remote: bool = False,
+    formats: frozenset[str] = DEFAULT_FORMATS,
+    gpg: GpgPlan | None = None,
+) -> Promoted:
+    """Check REF against `policy`; only if it passes, attach a VSA and then move `tag` to the digest."""
+    if not is_valid_tag(tag):
+        raise AttachError(f"invalid tag {tag!r}", hint="tags are 1-128 of [A-Za-z0-9_.-]")
+    located = locate(ref, store, log, repo=repo, remote=remote)
+    if located.registry is None:
+        raise AttachError(f"{ref} is not in a registry; promotion moves a registry tag")
+    evidence = gather(located, store, log, policy, deep=deep)
+    if evidence.facts is not None:
+        facts = evidence.facts
+        binding.refuse_rebinding(tag, facts.definition, facts.lock_digest, f"promote {located.name} to")
+    report = evaluate(policy, evidence)
+    if not report.ok:
+        raise CheckFailed(report, f"{located.name}:{tag} was not moved")
+    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
+    predicate = vsa_predicate(report, located, policy, verifier or provenance.DEFAULT_VERIFIER_ID)
+    env = _make("vsa", attest.VSA_V1, attest.statement(subjects, attest.VSA_V1, predicate), key)
+    with located.client() as client:
+        subject = _subject(located.image)
+        publishing = Publishing((env,), key, formats)
+        gpg_signature = _gpg_prepare(gpg, client, f"{located.name}:{tag}", located.digest)
+        vsa = _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0][
+            0
+        ]
+        _gpg_write(gpg_signature, client, str(located.repository), log)
+        registry.put_tag(client, str(located.repository), tag, located.image, log)
+        _confirm(client, str(located.repository), tag, subject, "after promotion")
+    return Promoted(report, tag, vsa)
