@@ -6,7 +6,7 @@ first), N rounds interleaved between the two checkouts; medians and the after/be
 Usage:
     git worktree add /tmp/wt-before <commit>
     .venv/bin/python benchmarks/imports.py --before /tmp/wt-before --runs 15 \
-        [--modules servimg.judging.check,servimg.commands.session]
+        [--modules servimg.judging.check,servimg.invocation.session]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = ("servimg.judging.policy", "servimg.judging.check", "servimg.commands.session")
+MODULES = ("servimg.judging.policy", "servimg.judging.check", "servimg.invocation.session")
 
 
 def _import_s(src: Path, module: str) -> float:

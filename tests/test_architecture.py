@@ -1,15 +1,15 @@
-"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private
-name of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
+"""The architecture, as tests: the import graph of src/servimg reads top-down, no test patches a private name
+of servimg, and every lazy (function-level) import of a servimg module is listed with its reason.
 
 Layers (lowest first; docs/architecture.md): `core` < `cache` < `oci` < `inimage` < `backends` < the concerns
 (`ladder`; then the build's rooms, each above the one before: `definitions` < `patching` < `proof` <
 `assembly` < `authoring`; then `bases`, and the provenance rooms, each above the one before: `signing` <
-`statements` < `formats` < `judging` < `reports` < `attesting`) < `commands` / `render` < `cli`. The CLI runs
-in the process the user started: there is no resident server (issue 39). A module imports only from its own
-layer or lower ones, at module level and inside functions alike: a function-level import is still a
-dependency, only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an image it is
-given); the build's rooms may use `ladder` (the build bundles and locks the ladder, and ships the witness
-hook); the provenance rooms and `bases` may use the build's rooms and `ladder`.
+`statements` < `formats` < `judging` < `reports` < `attesting`) < `invocation` / `render` < `commands` <
+`cli`. The CLI runs in the process the user started: there is no resident server (issue 39). A module imports
+only from its own layer or lower ones, at module level and inside functions alike: a function-level import is
+still a dependency, only a later one. Among the concerns, `ladder` is the lowest (it runs and judges an image
+it is given); the build's rooms may use `ladder` (the build bundles and locks the ladder, and ships the
+witness hook); the provenance rooms and `bases` may use the build's rooms and `ladder`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ BUILD_ROOMS = ("definitions", "patching", "proof", "assembly", "authoring")
 # from the judgement; and the attesting sink and promotion, which use all of these.
 PROVENANCE_ROOMS = ("signing", "statements", "formats", "judging", "reports", "attesting")
 PROVENANCE_PACKAGES = tuple(f"servimg.{room}" for room in PROVENANCE_ROOMS)
-_CONCERNS = {*BUILD_ROOMS, *PROVENANCE_ROOMS, "ladder", "bases"}
+_CONCERNS = {*BUILD_ROOMS, *PROVENANCE_ROOMS, "ladder", "placement", "bases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "core": {"core"},
     "cache": {"core", "cache"},
@@ -44,20 +44,26 @@ MAY_IMPORT: dict[str, set[str]] = {
     "inimage": {"core", "oci", "inimage"},
     "backends": _BELOW_CONCERNS,
     "ladder": _BELOW_CONCERNS | {"ladder"},
+    # Where a ladder's chains run when not here (slurm, k8s, the node-side entry): above the ladder it
+    # places, used only by the ladder command (issue 49 took it out of ladder/).
+    "placement": _BELOW_CONCERNS | {"ladder", "placement"},
     **{room: _BELOW_CONCERNS | {"ladder", *BUILD_ROOMS[: i + 1]} for i, room in enumerate(BUILD_ROOMS)},
     **{
         room: _BELOW_CONCERNS | {*BUILD_ROOMS, "ladder", *PROVENANCE_ROOMS[: i + 1]}
         for i, room in enumerate(PROVENANCE_ROOMS)
     },
     "bases": _BELOW_CONCERNS | {*BUILD_ROOMS, "bases"},
-    "commands": _BELOW_CONCERNS | _CONCERNS | {"commands"},
-    "cli": _BELOW_CONCERNS | _CONCERNS | {"commands", "cli"},
+    # One run of a command at the command line's edge (flags, parameters, outcomes, context, session):
+    # what every command module uses, so below them; issue 49 took it out of commands/.
+    "invocation": _BELOW_CONCERNS | _CONCERNS | {"invocation"},
+    "commands": _BELOW_CONCERNS | _CONCERNS | {"invocation", "commands"},
+    "cli": _BELOW_CONCERNS | _CONCERNS | {"invocation", "commands", "cli"},
 }
 # Top-level modules (not in a subpackage) and the layer each belongs to.
 TOP_LEVEL = {
     "servimg": "core",
     "servimg.commands": "commands",
-    "servimg.render": "commands",
+    "servimg.render": "invocation",
     "servimg.cli": "cli",
     "servimg.__main__": "cli",  # `python -m servimg`: the CLI, nothing else
 }
@@ -436,7 +442,7 @@ def test_a_command_loads_only_what_it_needs() -> None:
     """A plain build (to an OCI layout) loads neither the provenance stack, the ladder runner, the
     Debian base builder, the Docker SDK nor requests (servimg.core.lazy: imported when an engine or a
     registry is first asked)."""
-    loaded = _loaded_after("import servimg.commands.build, servimg.commands.session")
+    loaded = _loaded_after("import servimg.commands.build, servimg.invocation.session")
     assert not [
         m for m in loaded if m.startswith((*PROVENANCE_PACKAGES, "servimg.bases", "servimg.ladder.runner"))
     ]
@@ -543,3 +549,25 @@ def test_the_pipeline_imports_no_cache_module() -> None:
     reaches them only through those (issue 39)."""
     pipeline = sorted({e.imported for e in edges() if e.importer == "servimg.assembly.pipeline"})
     assert [m for m in pipeline if m in CACHE_MODULES] == [], pipeline
+
+
+# ------------------------------------------------------------------------------------------ rooms (issue 49)
+ROOM_LIMIT = 16  # modules per folder, its __init__ counted
+MODULE_LIMIT = 700  # lines per module; the in-image probe is one file by design (it is copied into images)
+
+
+def test_every_room_holds_one_concept_of_a_readable_size() -> None:
+    """No folder over 16 modules (provenance/ had 25 of five concepts), and no folder named like build
+    output (`build/`, which tree and packaging tools skip)."""
+    rooms = {d.name: len(list(d.glob("*.py"))) for d in PACKAGE.iterdir() if (d / "__init__.py").exists()}
+    assert {name: n for name, n in rooms.items() if n > ROOM_LIMIT} == {}
+    assert "build" not in rooms and "dist" not in rooms
+
+
+def test_no_module_is_over_700_lines_but_the_probe() -> None:
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MODULE_LIMIT and p != PACKAGE / "inimage" / "probe.py"
+    }
+    assert long == {}

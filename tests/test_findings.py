@@ -13,9 +13,10 @@ import pytest
 
 from servimg import cli
 from servimg.bases import catalog
-from servimg.commands import ladder, params
-from servimg.commands.context import Context
+from servimg.commands import ladder
 from servimg.core.findings import ERROR, FAIL, NOT_EXERCISED, PASS, WARN, Finding, Findings, Status
+from servimg.invocation import params
+from servimg.invocation.context import Context
 from servimg.judging.check import CheckReport
 from servimg.judging.evidence import row
 from servimg.ladder import receipt
@@ -160,7 +161,7 @@ def test_the_cli_has_one_registry_of_commands() -> None:
 
 
 def test_the_parameters_name_what_the_library_names() -> None:
-    """servimg.commands.params repeats two names so that parsing imports nothing behind a command."""
+    """servimg.invocation.params repeats two names so that parsing imports nothing behind a command."""
     assert tuple(catalog.BASES) == params.BASES
     assert params.DEFAULT_KEY_NAME == keys.DEFAULT_NAME
 

@@ -15,7 +15,7 @@ from conftest import REPO
 from servimg.core import canonical
 from servimg.core.errors import LadderError
 from servimg.ladder import receipt
-from servimg.ladder.definition import LadderDefinition, load, substitute
+from servimg.ladder.definition import LadderDefinition, substitute
 from servimg.ladder.evaluation import (
     ADAPTERS,
     FAIL,
@@ -34,6 +34,7 @@ from servimg.ladder.evaluation import (
     out_of_script_fraction,
     parse_prometheus,
 )
+from servimg.ladder.loading import load
 from servimg.ladder.probeset import ProbeSet, probe_problems, send_keys
 
 CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"

@@ -15,6 +15,7 @@ import yaml
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import LadderError, LadderRunError
 from servimg.ladder import definition as ld
+from servimg.ladder.loading import load
 from servimg.ladder.runner import check_cpu_flags, host_cpu_flags, onednn_isa
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ def _write(tmp_path: Path, doc: dict[str, object]) -> Path:
 
 
 def test_the_connector_ladder_pins_its_instrument_and_loads_it() -> None:
-    loaded = ld.load(LADDER)
+    loaded = load(LADDER)
     assert loaded.definition.instrument is not None
     assert loaded.definition.instrument.module == "servimg_hybrid_connector"
     assert loaded.instrument_path == INSTRUMENT
@@ -56,7 +57,7 @@ def test_an_edited_instrument_is_refused(tmp_path: Path) -> None:
     instrument = tmp_path / "verify" / "instruments" / "servimg_hybrid_connector.py"
     instrument.write_text(instrument.read_text() + "\n# restores a little after all\n")
     with pytest.raises(LadderError, match="the ladder pins") as caught:
-        ld.load(path)
+        load(path)
     assert "pre-registered" in (caught.value.hint or "")
 
 
@@ -67,7 +68,7 @@ def test_an_arm_may_attach_only_the_ladders_instrument(tmp_path: Path) -> None:
     arms[3] = {**arms[3], "args": ["--enable-prefix-caching", "--kv-transfer-config", other]}
     arms[5] = {**arms[5], "args": ["--enable-prefix-caching", "--kv-transfer-config", "{not json"]}
     with pytest.raises(LadderError) as caught:
-        ld.load(_write(tmp_path, {**doc, "arms": arms}))
+        load(_write(tmp_path, {**doc, "arms": arms}))
     problems = "\n".join(caught.value.problems)
     assert "kv_connector_module_path 'lmcache.x' is not the ladder's instrument" in problems
     assert "arms[5].args (connector-restart): --kv-transfer-config is not a JSON object" in problems
@@ -76,19 +77,19 @@ def test_an_arm_may_attach_only_the_ladders_instrument(tmp_path: Path) -> None:
 def test_a_connector_module_without_a_declared_instrument_is_refused(tmp_path: Path) -> None:
     doc = {k: v for k, v in _doc().items() if k != "instrument"}
     with pytest.raises(LadderError) as caught:
-        ld.load(_write(tmp_path, doc))
+        load(_write(tmp_path, doc))
     assert any("declares no `instrument` to mount" in p for p in caught.value.problems)
 
 
 def test_a_ladder_without_an_instrument_keeps_its_canonical_bytes() -> None:
     """`instrument` is left out of the canonical form when unset: no earlier receipt changes meaning."""
-    hybrid = ld.load(REPO / "verify" / "ladders" / "cpu-hybrid.yaml")
+    hybrid = load(REPO / "verify" / "ladders" / "cpu-hybrid.yaml")
     assert "instrument" not in hybrid.definition.as_json()
     assert hybrid.instrument_path is None
 
 
 def test_a_host_without_the_cpu_flags_the_model_needs_is_refused_before_any_server() -> None:
-    ladder = ld.load(LADDER).definition
+    ladder = load(LADDER).definition
     assert ladder.requires_cpu_flags == ("avx512_bf16",)
     check_cpu_flags(ladder, frozenset({"avx2", "avx512f", "avx512_bf16"}))  # this ladder's host
     check_cpu_flags(ladder, None)  # unreadable: judged by the run itself
@@ -107,7 +108,7 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
 def test_the_refusal_says_which_onednn_isa_this_cpu_reaches_and_a_cap_above_it_is_refused() -> None:
     """Issue 47: a host whose CPU cannot serve the seed-era torch is told which ISA it reaches and what
     to do; a ladder capping oneDNN above that reach is refused before any server starts."""
-    ladder = ld.load(LADDER).definition
+    ladder = load(LADDER).definition
     assert ladder.server.env["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
     avx512 = {"avx2", "avx", "sse4_1", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
     with pytest.raises(LadderRunError, match="needs a CPU with avx512_bf16") as caught:

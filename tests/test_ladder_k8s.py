@@ -30,12 +30,13 @@ from kubernetes.utils import parse_quantity
 
 from conftest import REPO
 from servimg import cli
-from servimg.ladder import k8s, receipt, remote
-from servimg.ladder.definition import LoadedLadder, load
+from servimg.ladder import receipt
+from servimg.ladder.loading import LoadedLadder, load
 from servimg.ladder.plan import chains
 from servimg.ladder.receipt import Placement
 from servimg.ladder.runner import image_facts
 from servimg.ladder.server import RunConfig
+from servimg.placement import k8s, remote
 
 TOY = REPO / "tests" / "fixtures" / "ladder"
 DIGEST = "sha256:" + "ab" * 32
@@ -205,7 +206,7 @@ def test_the_jobs_command_is_the_node_entry_as_its_own_parser_reads_it(tmp_path:
     _, results = _emit(tmp_path, tmp_path / "k8s")
     for chain, job in zip(remote.read_plan(results).chains, _jobs(tmp_path / "k8s"), strict=True):
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
-        assert command[1:3] == ["-m", "servimg.ladder.remote"]
+        assert command[1:3] == ["-m", "servimg.placement.remote"]
         args = remote.node_parser().parse_args(command[3:])
         assert (args.results, args.chain, args.in_container) == (results.resolve(), chain.index, True)
         assert command[0] == sys.executable  # the ladder server's interpreter: the image's python

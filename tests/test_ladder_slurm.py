@@ -24,12 +24,13 @@ import pytest
 import yaml
 
 from conftest import REPO, _require, docker_available
-from servimg.ladder import receipt, remote, slurm
-from servimg.ladder.definition import load
+from servimg.ladder import receipt
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
+from servimg.ladder.loading import load
 from servimg.ladder.plan import chains
 from servimg.ladder.receipt import ArmRecord, Placement
 from servimg.ladder.server import RunConfig
+from servimg.placement import remote, slurm
 
 TOY = REPO / "tests" / "fixtures" / "ladder"
 CPU_LADDER = REPO / "verify" / "ladders" / "cpu-smoke.yaml"
@@ -73,7 +74,7 @@ def test_sbatch_argv_is_one_throttled_array_running_the_node_side_module(tmp_pat
     )
     assert "--array=0-2%2" in argv and "--partition=gpu" in argv and "--gres=gpu:1" in argv
     assert "--time=1:00:00" in argv and "--mem=8G" in argv
-    assert argv[-1].startswith("--wrap=exec ") and "-m servimg.ladder.remote" in argv[-1]
+    assert argv[-1].startswith("--wrap=exec ") and "-m servimg.placement.remote" in argv[-1]
     assert argv[-1].endswith('"$SLURM_ARRAY_TASK_ID"')
     with pytest.raises(slurm.SlurmError, match="at least 1"):
         slurm.SlurmOptions(nodes_max=0)

@@ -23,13 +23,8 @@ from servimg.core.errors import DefinitionError
 from servimg.inimage import probe
 from servimg.oci.layer import Entry, Kind
 from servimg.oci.store import BlobStore
-from servimg.proof.verify import (
-    VerifyReport,
-    base_sentinel_verdicts,
-    probe_spec,
-    run_probe_in_docker,
-    verify_ref,
-)
+from servimg.proof.sentinels import base_sentinel_verdicts
+from servimg.proof.verify import VerifyReport, probe_spec, run_probe_in_docker, verify_ref
 from tinyimage import Tiny, build_tiny, cleanup, compile_in_image, files, plant
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]

@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 
 from servimg.core.digest import Digest
+from servimg.core.errors import VerifyError
 from servimg.definitions.definition import ImageDefinition, Sentinel
 from servimg.definitions.lock import BaseLock, FileLock, InterpreterLock, Lock, OverlayLock, PackageLock
 from servimg.inimage import probe
 from servimg.proof import verify
+from servimg.proof.sentinels import base_sentinel_verdicts, base_sources, sentinel_key
 from servimg.render import findings_table
 
 PROBE = Path(probe.__file__)
@@ -721,13 +723,13 @@ def _lock_for(image: FakeImage, definition: ImageDefinition, absent: tuple[str, 
 def test_probe_spec_from_lock_runs_clean(image: FakeImage) -> None:
     definition = ImageDefinition.parse(DEFINITION.format(zeros="0" * 64))
     sentinels = definition.overlays[0].sentinels
-    verdicts = verify.base_sentinel_verdicts({"svpkg.mod": PRE.encode()}, sentinels)
+    verdicts = base_sentinel_verdicts({"svpkg.mod": PRE.encode()}, sentinels)
     assert verdicts == {
         "svpkg.mod:Scheduler.schedule:name=_servimg_gate": False,
         'svpkg.mod:_servimg_gate:const="servimg-gate"': False,
     }
-    assert verify.base_sentinel_verdicts({"svpkg.mod": POST.encode()}, sentinels[:1]) == {
-        verify.sentinel_key(sentinels[0]): True
+    assert base_sentinel_verdicts({"svpkg.mod": POST.encode()}, sentinels[:1]) == {
+        sentinel_key(sentinels[0]): True
     }
     spec = verify.probe_spec(_lock_for(image, definition), definition, verdicts, entry="none")
     assert [m["module"] for m in spec["modules"]] == ["svpkg.mod"]
@@ -746,7 +748,7 @@ def test_probe_spec_from_lock_runs_clean(image: FakeImage) -> None:
     assert report.as_dict()["checks"] == data["checks"]
 
     # Without explicit verdicts, the lock's `sentinels_absent_in_base` decides; unknown is a FAIL.
-    key = verify.sentinel_key(sentinels[0])
+    key = sentinel_key(sentinels[0])
     assert (
         verify.probe_spec(_lock_for(image, definition, (key,)), definition)["sentinels"][0][
             "base_has_sentinel"
@@ -768,9 +770,9 @@ def test_base_sources_reads_each_sentinel_module_from_the_base(image: FakeImage)
         Sentinel(module="svpkg", qualname="<module>", name="x"),
         Sentinel(module="svpkg.new", qualname="<module>", name="x"),
     ]
-    sources = verify.base_sources(_lock_for(image, definition), sentinels, base.get)
+    sources = base_sources(_lock_for(image, definition), sentinels, base.get)
     assert sources == {"svpkg.mod": PRE.encode(), "svpkg": b"# init\n"}
-    verdicts = verify.base_sentinel_verdicts(sources, sentinels)
+    verdicts = base_sentinel_verdicts(sources, sentinels)
     assert set(verdicts.values()) == {False} and len(verdicts) == 4
 
 
@@ -788,12 +790,12 @@ def test_module_names_from_paths() -> None:
 def test_probe_spec_refuses_a_foreign_definition(image: FakeImage) -> None:
     definition = ImageDefinition.parse(DEFINITION.format(zeros="0" * 64))
     other = ImageDefinition.parse(DEFINITION.format(zeros="0" * 64).replace("local/testimg", "local/x"))
-    with pytest.raises(verify.VerifyError, match="another definition"):
+    with pytest.raises(VerifyError, match="another definition"):
         verify.probe_spec(_lock_for(image, definition), other)
 
 
 def test_report_from_probe_error_is_refused() -> None:
-    with pytest.raises(verify.VerifyError, match="the probe failed"):
+    with pytest.raises(VerifyError, match="the probe failed"):
         verify.VerifyReport.from_json({"probe_version": 1, "error": "bad spec", "ok": False})
 
 

@@ -19,8 +19,8 @@ from servimg.assembly import seams
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 from servimg.cli import parser
-from servimg.commands.context import seams_from
 from servimg.definitions.lock import Lock
+from servimg.invocation.context import seams_from
 from servimg.proof.verify import VerifyFailed, VerifyReport
 
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from servimg import __version__
-from servimg.commands import flags, params, session
+from servimg.invocation import flags, params, session
 
 if TYPE_CHECKING:
     from servimg.assembly.seams import Seams
-    from servimg.commands.context import Context
-    from servimg.commands.outcome import Outcome
+    from servimg.invocation.context import Context
+    from servimg.invocation.outcome import Outcome
 
 
 def load(function: str) -> Any:
@@ -300,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> int:
     """The CLI. `seams` (base source, runner choice, verifier) are chosen once, when the command runs
-    (servimg.commands.session): from the arguments (`--base-from`), or given by an embedding caller (the
+    (servimg.invocation.session): from the arguments (`--base-from`), or given by an embedding caller (the
     Nix builder, tests' fake base)."""
     args = parser().parse_args(argv)
     return session.execute(args, seams)

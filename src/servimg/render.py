@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from servimg.commands.outcome import Outcome
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Findings, Status
 from servimg.core.lazy import LazyModule
+from servimg.invocation.outcome import Outcome
 
 if TYPE_CHECKING:
     from rich import console as rich_console

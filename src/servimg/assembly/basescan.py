@@ -32,7 +32,7 @@ from servimg.patching.bytecode import (
     compile_sources,
 )
 from servimg.proof import verify
-from servimg.proof.verify import base_sentinel_verdicts_in_image
+from servimg.proof.sentinels import base_sentinel_verdicts_in_image
 
 SERVIMG_DIR = "opt/servimg"
 
@@ -205,7 +205,7 @@ def sentinels_in_base(
     interpreter: InterpreterLock,
 ) -> dict[str, bool]:
     """Whether the base's code already holds each sentinel, answered by the image's own interpreter
-    (`verify.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
+    (`sentinels.base_sentinel_verdicts_in_image`: a base newer than the host compiles there), kept by the
     sources' sha256 and that interpreter (servimg.patching.basefacts): a module's bytes, the sentinel and
     the compiler decide it, and asking the image costs a run of it."""
     if not wanted:

@@ -54,7 +54,7 @@ from servimg.definitions.lock import (
 )
 from servimg.definitions.platformlock import PlatformLocks
 from servimg.definitions.platformlock import check_drift as check_platform_drift
-from servimg.ladder.definition import load as load_ladder
+from servimg.ladder.loading import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import DOCKER_LAYER, DOCKER_MANIFEST, Descriptor, Image, Layer
@@ -71,7 +71,8 @@ from servimg.patching.bytecode import (
 )
 from servimg.patching.overlay import apply_patch
 from servimg.patching.patch import Patch
-from servimg.proof.verify import base_sources, probe_files, probe_spec
+from servimg.proof.sentinels import base_sources
+from servimg.proof.verify import probe_files, probe_spec
 
 SERVIMG_DIR = "opt/servimg"
 

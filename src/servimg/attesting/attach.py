@@ -14,7 +14,6 @@ and a different answer (digest or size) stops everything with an error.
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -34,14 +33,11 @@ from servimg.backends.target import Target
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
-from servimg.core.reference import Reference, is_valid_tag
+from servimg.core.reference import Reference
 from servimg.formats import cosign, referrers
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope, publish
 from servimg.judging import indexcheck
-from servimg.judging import rebuild as rebuilds
-from servimg.judging.check import CheckFailed, CheckReport, Policy, evaluate, gather
-from servimg.judging.evidence import Located, locate, top_layer
-from servimg.judging.policy import REBUILD_V1
+from servimg.judging.evidence import top_layer
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
@@ -88,7 +84,7 @@ def envelope(statement: bytes, key: dsse.Signer | None) -> tuple[bytes, bool]:
     return dsse.Envelope(attest.PAYLOAD_TYPE, statement, ()).to_bytes(), False
 
 
-def _make(kind: str, predicate_type: str, statement: bytes, key: dsse.Signer | None) -> Envelope:
+def make_envelope(kind: str, predicate_type: str, statement: bytes, key: dsse.Signer | None) -> Envelope:
     data, signed = envelope(statement, key)
     return Envelope(kind, predicate_type, data, signed)
 
@@ -121,17 +117,23 @@ def build_statements(
     bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), name)
     document = vex.openvex(facts, name, image.digest, provenance.builder_id(builder), pulled_from=pulled_from)
     vex_envelopes = (
-        [_make("vex", attest.OPENVEX_V020, attest.statement(subjects, attest.OPENVEX_V020, document), key)]
+        [
+            make_envelope(
+                "vex", attest.OPENVEX_V020, attest.statement(subjects, attest.OPENVEX_V020, document), key
+            )
+        ]
         if document is not None
         else []
     )
     return [
         *vex_envelopes,
-        _make("sbom", attest.CYCLONEDX_BOM, attest.statement(subjects, attest.CYCLONEDX_BOM, bom), key),
-        _make(
+        make_envelope(
+            "sbom", attest.CYCLONEDX_BOM, attest.statement(subjects, attest.CYCLONEDX_BOM, bom), key
+        ),
+        make_envelope(
             "provenance", attest.PROVENANCE_V1, attest.statement(subjects, attest.PROVENANCE_V1, prov), key
         ),
-        _make(
+        make_envelope(
             "test-result",
             attest.TEST_RESULT_V01,
             attest.statement(subjects, attest.TEST_RESULT_V01, verify),
@@ -268,7 +270,7 @@ class _GpgSignature:
     to_registry: bool
 
 
-def _gpg_prepare(
+def gpg_prepare(
     plan: GpgPlan | None, client: RegistryClient, reference: str, digest: Digest
 ) -> _GpgSignature | None:
     if plan is None:
@@ -285,7 +287,7 @@ def _gpg_prepare(
     return _GpgSignature(plan, reference, digest, data, to_registry)
 
 
-def _gpg_write(
+def gpg_write(
     prepared: _GpgSignature | None, client: RegistryClient, repository: str, log: Log
 ) -> tuple[gpgsign.GpgSigned, ...]:
     if prepared is None:
@@ -387,25 +389,27 @@ def _push_registry(
     chosen = ref.tag or tag
     with RegistryClient(ref.registry) as client:
         identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
-        gpg = _gpg_prepare(publishing.gpg, client, identity, image.digest)
+        gpg = gpg_prepare(publishing.gpg, client, identity, image.digest)
         registry.write_image(client, ref.repository, image, store, log, progress=progress)
-        subject = _subject(image)
-        attached, signatures = _publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
-        signed = _gpg_write(gpg, client, ref.repository, log)
+        subject = subject_descriptor(image)
+        attached, signatures = publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
+        signed = gpg_write(gpg, client, ref.repository, log)
         if chosen:
             registry.put_tag(client, ref.repository, chosen, image, log)
-            _confirm(client, ref.repository, chosen, subject, "after tagging")
+            confirm_unchanged(client, ref.repository, chosen, subject, "after tagging")
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
     return Pushed(
         image.digest, image.config_digest, where, chosen, attached, gpg=signed, signatures=signatures
     )
 
 
-def _subject(image: Image) -> Descriptor:
+def subject_descriptor(image: Image) -> Descriptor:
     return Descriptor(image.media_type, image.digest, len(image.manifest_bytes))
 
 
-def _confirm(client: RegistryClient, repo: str, reference: str, subject: Descriptor, when: str) -> None:
+def confirm_unchanged(
+    client: RegistryClient, repo: str, reference: str, subject: Descriptor, when: str
+) -> None:
     """HEAD the image manifest: it must still be exactly `subject` (attaching never changes it)."""
     head = client.head_manifest(repo, reference)
     if head is None or head[0] != subject.digest or head[2] != subject.size:
@@ -417,14 +421,14 @@ def _confirm(client: RegistryClient, repo: str, reference: str, subject: Descrip
         )
 
 
-def _publish_confirmed(
+def publish_confirmed(
     client: RegistryClient, repo: str, subject: Descriptor, publishing: Publishing, name: str, log: Log
 ) -> tuple[tuple[Attached, ...], tuple[str, ...]]:
     """`publishing` in a registry repository, the image manifest confirmed to be exactly the subject
     before and after (attaching never changes it)."""
-    _confirm(client, repo, str(subject.digest), subject, "before attaching")
+    confirm_unchanged(client, repo, str(subject.digest), subject, "before attaching")
     attached = publishing.publish(RegistryReferrers(client, repo), subject, name, log)
-    _confirm(client, repo, str(subject.digest), subject, "after attaching")
+    confirm_unchanged(client, repo, str(subject.digest), subject, "after attaching")
     return attached
 
 
@@ -435,7 +439,9 @@ def _push_layout(
     chosen = target.tag or tag
     transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
     with transport.referrers(Target.layout(root)) as place:
-        attached, signatures = publishing.publish(place, _subject(image), Target.layout(root).text(), log)
+        attached, signatures = publishing.publish(
+            place, subject_descriptor(image), Target.layout(root).text(), log
+        )
     where = Target.layout(root, chosen).text()
     return Pushed(image.digest, image.config_digest, where, chosen, attached, signatures=signatures)
 
@@ -510,7 +516,7 @@ class AttestingSink:
         name = index_name(children, ctx.store, ctx.log)
         builder = provenance.builder_id(self.builder)
         statement = indexcheck.index_statement(index, children, name, invocation, builder)
-        envelopes = [_make("provenance", attest.PROVENANCE_V1, statement, self.key)]
+        envelopes = [make_envelope("provenance", attest.PROVENANCE_V1, statement, self.key)]
         with transport.referrers(untagged) as place:
             published, _ = Publishing(envelopes, self.key, self.formats).publish(
                 place, index.descriptor, name, ctx.log
@@ -556,164 +562,3 @@ def build_and_push(
     sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)
     result = build(plan, dataclasses.replace(ctx, seams=dataclasses.replace(ctx.seams, sink=sink)))
     return {**result.as_dict(), "attestations": [a.as_dict() for a in sink.attached]}
-
-
-# ------------------------------------------------------------------------------------------------ attest
-
-
-def predicate_from_file(
-    data: bytes, predicate_type: str, manifest: Digest, config: Digest
-) -> tuple[str, dict[str, object]]:
-    """What `servimg attest --file` attaches: a ladder receipt (made into a test-result), an in-toto
-    statement about this image (its predicate), or a bare predicate of `predicate_type`."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        raise AttachError("the file is not JSON") from None
-    if not isinstance(doc, dict):
-        raise AttachError("the file is not a JSON object")
-    if doc.get("_type") == attest.STATEMENT_TYPE:
-        parsed = attest.parse_statement(data)
-        if not (parsed.covers(manifest) or parsed.covers(config)):
-            raise AttachError(
-                f"the statement is about {', '.join(str(d) for _, d in parsed.subjects)}, not {manifest}",
-                hint="attach a statement to the image it is about",
-            )
-        return parsed.predicate_type, dict(parsed.predicate)
-    if predicate_type == attest.TEST_RESULT_V01 and "verdict" in doc:
-        receipt = provenance.LadderReceipt.parse(data)
-        return predicate_type, provenance.ladder_predicate(receipt, manifest, config)
-    return predicate_type, doc
-
-
-def attest_file(
-    ref: str,
-    predicate_type: str,
-    file: Path,
-    store: BlobStore,
-    log: Log,
-    *,
-    key: dsse.Signer | None = None,
-    repo: str | None = None,
-    remote: bool = False,
-    formats: frozenset[str] = DEFAULT_FORMATS,
-) -> Attached:
-    """`servimg attest REF --predicate-type T --file F`: attach a later result to the image REF names."""
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        raise AttachError(f"cannot read {file}: {exc.strerror}") from None
-    located = locate(ref, store, log, repo=repo, remote=remote)
-    kind_type, predicate = predicate_from_file(data, predicate_type, located.digest, located.config_digest)
-    kind = attest.kind_of(kind_type)
-    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
-    env = _make(kind, kind_type, attest.statement(subjects, kind_type, predicate), key)
-    return _attach_located(located, env, log, formats)
-
-
-def attest_rebuild(
-    located: Located,
-    result: rebuilds.Rebuilt,
-    key: dsse.Signer,
-    log: Log,
-    *,
-    rebuilder: str | None = None,
-) -> Attached:
-    """`check --rebuild --attach --key`: a signed statement of this rebuild's result (match or not)
-    about the image REF names, beside it."""
-    if result.problem is not None:
-        raise AttachError(f"nothing was rebuilt, so nothing is attached: {result.problem}")
-    predicate = rebuilds.rebuild_predicate(
-        result, rebuilder or rebuilds.DEFAULT_REBUILDER_ID, provenance.now()
-    )
-    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
-    env = _make("rebuild", REBUILD_V1, attest.statement(subjects, REBUILD_V1, predicate), key)
-    return _attach_located(located, env, log, DEFAULT_FORMATS)
-
-
-def _attach_located(
-    located: Located, env: Envelope, log: Log, formats: frozenset[str], key: dsse.Signer | None = None
-) -> Attached:
-    subject = _subject(located.image)
-    publishing = Publishing((env,), key, formats)
-    if located.layout is not None:
-        with transport.referrers(Target.layout(located.layout)) as place:
-            return publishing.publish(place, subject, located.name, log)[0][0]
-    with located.client() as client:
-        return _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0][
-            0
-        ]
-
-
-# ------------------------------------------------------------------------------------------------ promote
-
-
-@dataclass(frozen=True)
-class Promoted:
-    report: CheckReport
-    tag: str
-    vsa: Attached
-
-    def as_dict(self) -> dict[str, object]:
-        return {"tag": self.tag, "vsa": self.vsa.as_dict(), "check": self.report.as_dict()}
-
-
-def vsa_predicate(report: CheckReport, located: Located, policy: Policy, verifier: str) -> dict[str, object]:
-    """A SLSA verification summary of a passed check: the policy (by digest) and the attestations the
-    verdict rested on. Level 1: provenance exists and verifies; servimg makes no hosted-builder claim."""
-    return attest.verification_summary(
-        verifier_id=verifier,
-        time_verified=provenance.now(),
-        resource_uri=f"{located.name}@{located.digest}",
-        policy={"uri": policy.uri, "digest": {"sha256": provenance.canonical_sha256(policy.to_json())}},
-        verification_result="PASSED",
-        verified_levels=["SLSA_BUILD_LEVEL_1"],
-        input_attestations=[
-            {"uri": f"{located.name}@{a}", "digest": {"sha256": a.removeprefix("sha256:")}}
-            for a in report.used
-        ],
-    )
-
-
-def promote(
-    ref: str,
-    tag: str,
-    store: BlobStore,
-    log: Log,
-    policy: Policy,
-    *,
-    key: dsse.Signer | None = None,
-    verifier: str | None = None,
-    deep: bool = False,
-    repo: str | None = None,
-    remote: bool = False,
-    formats: frozenset[str] = DEFAULT_FORMATS,
-    gpg: GpgPlan | None = None,
-) -> Promoted:
-    """Check REF against `policy`; only if it passes, attach a VSA and then move `tag` to the digest."""
-    if not is_valid_tag(tag):
-        raise AttachError(f"invalid tag {tag!r}", hint="tags are 1-128 of [A-Za-z0-9_.-]")
-    located = locate(ref, store, log, repo=repo, remote=remote)
-    if located.registry is None:
-        raise AttachError(f"{ref} is not in a registry; promotion moves a registry tag")
-    evidence = gather(located, store, log, policy, deep=deep)
-    if evidence.facts is not None:
-        facts = evidence.facts
-        binding.refuse_rebinding(tag, facts.definition, facts.lock_digest, f"promote {located.name} to")
-    report = evaluate(policy, evidence)
-    if not report.ok:
-        raise CheckFailed(report, f"{located.name}:{tag} was not moved")
-    subjects = provenance.subjects(located.name, located.digest, located.config_digest)
-    predicate = vsa_predicate(report, located, policy, verifier or provenance.DEFAULT_VERIFIER_ID)
-    env = _make("vsa", attest.VSA_V1, attest.statement(subjects, attest.VSA_V1, predicate), key)
-    with located.client() as client:
-        subject = _subject(located.image)
-        publishing = Publishing((env,), key, formats)
-        gpg_signature = _gpg_prepare(gpg, client, f"{located.name}:{tag}", located.digest)
-        vsa = _publish_confirmed(client, str(located.repository), subject, publishing, located.name, log)[0][
-            0
-        ]
-        _gpg_write(gpg_signature, client, str(located.repository), log)
-        registry.put_tag(client, str(located.repository), tag, located.image, log)
-        _confirm(client, str(located.repository), tag, subject, "after promotion")
-    return Promoted(report, tag, vsa)

@@ -12,7 +12,7 @@
 
 A proposed sentinel is a name a changed function gains: in the new code's `co_names` under a qualname,
 not under that qualname in the old code, and nowhere in the base's module (checked by the image's
-interpreter, `verify.base_sentinel_verdicts_in_image`).
+interpreter, `sentinels.base_sentinel_verdicts_in_image`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from servimg.definitions.lock import lock_path_for
 from servimg.definitions.remembered import remember
 from servimg.oci.store import BlobStore
 from servimg.patching.bytecode import CompileJob, InterpreterFacts
-from servimg.proof.verify import base_sentinel_verdicts_in_image, module_name, sentinel_key
+from servimg.proof.sentinels import base_sentinel_verdicts_in_image, sentinel_key
+from servimg.proof.verify import module_name
 
 MANIFEST = ".servimg-edit.json"
 SKIPPED = (".pyc", ".so", ".pyd")  # compiled: servimg recompiles pycs, and a diff cannot patch a binary

@@ -56,7 +56,7 @@ from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 from servimg.patching.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
 from servimg.patching.patch import FilePatch, Patch, split_lines
-from servimg.proof.verify import base_sentinel_lookups, module_sources, sentinel_elsewhere, sentinel_key
+from servimg.proof.sentinels import base_sentinel_lookups, module_sources, sentinel_elsewhere, sentinel_key
 
 SHOWN_LINES = 12  # at most this many of the new base's lines per conflicting hunk
 

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 from servimg.bases import catalog as bases
 from servimg.bases import platforms
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.core.platform import Platform
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 from servimg.patching import emulation
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from servimg.assembly import pipeline
 from servimg.assembly.plan import BuildPlan
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import lock_path_for
 from servimg.definitions.platformlock import PlatformLocks
 from servimg.definitions.remembered import remember
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 
 
 def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:

@@ -10,10 +10,10 @@ from servimg.cache import hold as cachehold
 from servimg.cache import layout as cachelayout
 from servimg.cache import state as cachestate
 from servimg.cache.bases import cached_bases
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import StoreError, UsageError
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 
 
 def cache_verify(p: params.CacheVerify, ctx: Context) -> Iterator[Outcome]:

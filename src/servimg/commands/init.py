@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from servimg.authoring import skeleton
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 
 
 def init(p: params.Init, ctx: Context) -> Iterator[Outcome]:

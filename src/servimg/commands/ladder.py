@@ -7,19 +7,20 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from servimg.attesting import attach
+from servimg.attesting import later
 from servimg.backends import transport
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.commands.platformref import one_platform
 from servimg.commands.signed import signing_key
 from servimg.core.errors import LadderError, UsageError
 from servimg.core.platform import Platform
 from servimg.core.progress import Log
-from servimg.ladder import k8s, receipt, runner, server, slurm
-from servimg.ladder.definition import LoadedLadder, load
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
+from servimg.ladder import receipt, runner, server
+from servimg.ladder.loading import LoadedLadder, load
 from servimg.ladder.receipt import Receipt
+from servimg.placement import k8s, slurm
 from servimg.statements.attest import TEST_RESULT_V01
 
 
@@ -114,7 +115,7 @@ def _ladder_outcome(p: params.Ladder, doc: Receipt, out: Path, on: str, ctx: Con
     if on != "local" and doc.placement is not None:
         fields["placement"] = doc.placement.to_json()
     if p.attach:
-        attached = attach.attest_file(
+        attached = later.attest_file(
             p.image,
             TEST_RESULT_V01,
             out / "receipt.json",

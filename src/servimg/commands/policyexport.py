@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.core.atomic import atomic_write
 from servimg.core.errors import UsageError
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 from servimg.judging import export
 from servimg.judging.policy import Policy
 from servimg.signing.dsse import DsseError, VerifyKey

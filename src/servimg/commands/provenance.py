@@ -6,11 +6,8 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from servimg.attesting import attach
+from servimg.attesting import attach, later
 from servimg.backends import transport
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt, tally
 from servimg.commands.platformref import index_of, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core import jsonview as jv
@@ -19,6 +16,9 @@ from servimg.core.canonical import dumps_pretty
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import Findings
 from servimg.core.platform import Platform
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt, tally
 from servimg.judging import fixes as fixproof
 from servimg.judging import indexcheck
 from servimg.judging.check import (
@@ -83,7 +83,7 @@ def push(p: params.Push, ctx: Context) -> Iterator[Outcome]:
 
 def attest(p: params.Attest, ctx: Context) -> Iterator[Outcome]:
     def run() -> Outcome:
-        attached = attach.attest_file(
+        attached = later.attest_file(
             p.ref,
             predicate_type(p.predicate_type),
             p.file,
@@ -138,7 +138,7 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             full["rebuild"] = evidence.rebuild.as_dict()
             brief["rebuild_seconds"] = round(evidence.rebuild.seconds, 1)
         if signer is not None and evidence.rebuild is not None and p.rebuild is not None:
-            attached = attach.attest_rebuild(
+            attached = later.attest_rebuild(
                 evidence.located, evidence.rebuild, signer, ctx.log, rebuilder=p.rebuild.rebuilder_id
             )
             full["attestation"] = brief["attestation"] = attached.as_dict()
@@ -170,7 +170,7 @@ def promote(p: params.Promote, ctx: Context) -> Iterator[Outcome]:
 
     def run() -> Outcome:
         try:
-            promoted = attach.promote(
+            promoted = later.promote(
                 p.ref,
                 p.tag,
                 ctx.store,

@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 from servimg.authoring import rebase as rebasing
 from servimg.bases import localrebase
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.core.digest import Digest
 from servimg.core.errors import UsageError
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 
 
 def rebase_request(p: params.Rebase) -> rebasing.RebaseRequest:

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from servimg.attesting import attach
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt
 from servimg.core.errors import UsageError
 from servimg.formats import cosign
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt
 from servimg.signing import gpgsign, keys
 from servimg.signing.dsse import Signer
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from servimg.commands import params
-from servimg.commands.context import Context
-from servimg.commands.outcome import Outcome, attempt, tally
 from servimg.commands.platformref import each_platform
 from servimg.core.errors import ServimgError
 from servimg.core.platform import Platform
+from servimg.invocation import params
+from servimg.invocation.context import Context
+from servimg.invocation.outcome import Outcome, attempt, tally
 from servimg.proof.verify import VerifyFailed, verify_ref
 
 

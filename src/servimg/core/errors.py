@@ -165,6 +165,10 @@ class ModelError(ServimgError):
     """The tiny model servimg builds for the CPU ladder could not be built or used."""
 
 
+class VerifyError(ServimgError):
+    """The probe could not be prepared or run, or its report is unreadable."""
+
+
 class WitnessError(ServimgError):
     """A serving process ran code that is not the patched code, or its witness records are unusable."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from servimg.core import canonical
 from servimg.core.digest import sha256_hex
-from servimg.ladder.definition import LoadedLadder
+from servimg.ladder.loading import LoadedLadder
 
 HARNESS_MODULES = (
     "ladder/runner",
@@ -19,6 +19,7 @@ HARNESS_MODULES = (
     "ladder/server",
     "ladder/vllm",
     "ladder/definition",
+    "ladder/loading",  # reads the definition and its pinned probe set
     "ladder/readers",  # the parser the definition and probe set were read with
     "ladder/evaluation",
     "ladder/receipt",

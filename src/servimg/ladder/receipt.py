@@ -25,7 +25,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import ServimgError
 from servimg.core.findings import Status
-from servimg.ladder.definition import ArmSpec, LoadedLadder
+from servimg.ladder.definition import ArmSpec
 from servimg.ladder.evaluation import (
     ArmOutcome,
     ArmVerdict,
@@ -36,6 +36,7 @@ from servimg.ladder.evaluation import (
     arm_finding,
     ladder_verdict,
 )
+from servimg.ladder.loading import LoadedLadder
 from servimg.ladder.prereg import Inputs, now
 from servimg.ladder.probeset import send_keys
 

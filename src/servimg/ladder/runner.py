@@ -44,7 +44,7 @@ from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, LadderError, LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.ladder import receipt, vllm
-from servimg.ladder.definition import ArmSpec, LadderDefinition, LoadedLadder
+from servimg.ladder.definition import ArmSpec, LadderDefinition
 from servimg.ladder.evaluation import (
     ADAPTERS,
     ArmOutcome,
@@ -55,6 +55,7 @@ from servimg.ladder.evaluation import (
     judge,
     parse_prometheus,
 )
+from servimg.ladder.loading import LoadedLadder
 from servimg.ladder.prereg import Inputs, capture_inputs, now
 from servimg.ladder.probeset import send_keys
 from servimg.ladder.receipt import ArmRecord, Placement, Receipt, build_receipt

@@ -26,7 +26,8 @@ from servimg.core.digest import sha256_hex
 from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.inimage import cpu_permissions
-from servimg.ladder.definition import ArmSpec, LoadedLadder, substitute
+from servimg.ladder.definition import ArmSpec, substitute
+from servimg.ladder.loading import LoadedLadder
 from servimg.ladder.witness import collect, collect_dir
 from servimg.oci.store import BlobStore
 
@@ -388,7 +389,7 @@ def _start_container(
     return server
 
 
-# What a Kubernetes Job adds to the image's environment for the harness (`servimg.ladder.k8s`): not for
+# What a Kubernetes Job adds to the image's environment for the harness (`servimg.placement.k8s`): not for
 # the servers, which get the environment a container of the image would.
 HARNESS_ENV = ("PYTHONDONTWRITEBYTECODE", "SERVIMG_JOB_ID", "SERVIMG_NODE")
 

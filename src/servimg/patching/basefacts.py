@@ -2,7 +2,7 @@
 
 A build asks the base some questions whose answers depend on nothing but the base's bytes and the code
 that asks: which optimisation levels its pycs carry (`bytecode.base_opt_levels`), whether a sentinel is
-already in its code (`verify.base_sentinel_verdicts`). Answering them costs time on every build and the
+already in its code (`sentinels.base_sentinel_verdicts`). Answering them costs time on every build and the
 answer cannot change while the base does not, so like the interpreter's facts it is computed once per
 base:
 

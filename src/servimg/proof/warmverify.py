@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.core import jsonview as jv
+from servimg.core.errors import VerifyError
 from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import (
     SPEC_IN_IMAGE,
-    VerifyError,
     VerifyReport,
     probe_command,
     probe_in,

@@ -12,7 +12,7 @@ are pure functions of them.
 - verify: in-toto test-result, one test per probe check; configuration = the probe spec and probe.
 - ladder: in-toto test-result made from a ladder receipt (verdict PASS | FAIL | NOT_EXERCISED; only PASS
   is PASSED).
-- promotion: SLSA verification summary (see `attach.promote`).
+- promotion: SLSA verification summary (see `attesting.later.promote`).
 
 Roles: every ResourceDescriptor servimg writes carries `annotations.role`, which is how `check` and
 `card` find "the base manifest" or "the patches" again without relying on names or order.

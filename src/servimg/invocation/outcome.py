@@ -1,5 +1,5 @@
 """What a command yields per target (`Outcome`), and `attempt`: one target's failure as an outcome.
-Standard library and servimg.core only (what every command runs with is `servimg.commands.context`)."""
+Standard library and servimg.core only (what every command runs with is `servimg.invocation.context`)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ directory is a pure function of the image digest, the ladder, the pre-registered
 emitting twice writes identical bytes.
 
 Each Job's one container IS the image under test, pinned by digest (the kubelet pulls exactly those bytes),
-and runs the same node-side entry as a Slurm job, `python -m servimg.ladder.remote RESULTS N --in-container`:
+and runs the same node-side entry as a Slurm job,
+`python -m servimg.placement.remote RESULTS N --in-container`:
 it re-hashes the pre-registered inputs before its first arm, runs the chain's arms with the local harness
 (servers as processes of the container, the ladder's mounts and caches as symlinks) and writes every arm's
 record atomically to the results volume. The volume (a PersistentVolumeClaim or a hostPath) is mounted at
@@ -33,12 +34,13 @@ from servimg.core.atomic import atomic_write
 from servimg.core.errors import LadderError, LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
-from servimg.ladder import remote
-from servimg.ladder.definition import LoadedLadder, load, substitute
+from servimg.ladder.definition import substitute
+from servimg.ladder.loading import LoadedLadder, load
 from servimg.ladder.plan import Chain, chains
 from servimg.ladder.receipt import PlacedJob, Placement, Receipt
 from servimg.ladder.runner import finish, prepare
 from servimg.ladder.server import RunConfig
+from servimg.placement import remote
 
 INDEX = "k8s.json"  # in the results directory: what `--collect` reads (job names, namespace)
 HARNESS = "harness"  # in the results directory: servimg's source, on the pod's PYTHONPATH
@@ -164,8 +166,8 @@ def labels(emission: Emission, chain: Chain) -> dict[str, str]:
 
 
 def node_argv(emission: Emission, chain: Chain) -> list[str]:
-    """The container's command: `servimg.ladder.remote`'s, in the container (`remote.node_parser`)."""
-    entry = [emission.python, "-m", "servimg.ladder.remote"]
+    """The container's command: `servimg.placement.remote`'s, in the container (`remote.node_parser`)."""
+    entry = [emission.python, "-m", "servimg.placement.remote"]
     return [*entry, emission.results, str(chain.index), "--in-container"]
 
 

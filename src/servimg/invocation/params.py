@@ -103,7 +103,7 @@ class WitnessCollect:
 
 @dataclass(frozen=True)
 class Slurm:
-    """`--on slurm`'s options, as given (servimg.ladder.slurm.SlurmOptions checks them when it runs)."""
+    """`--on slurm`'s options, as given (servimg.placement.slurm.SlurmOptions checks them when it runs)."""
 
     partition: str | None = None
     gres: str | None = None
@@ -114,7 +114,7 @@ class Slurm:
 
 @dataclass(frozen=True)
 class K8s:
-    """`--on k8s`'s options, as given (servimg.ladder.k8s.K8sOptions checks them when it emits)."""
+    """`--on k8s`'s options, as given (servimg.placement.k8s.K8sOptions checks them when it emits)."""
 
     namespace: str = "default"
     gpu_resource: str = "nvidia.com/gpu"

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from servimg.commands import params
+from servimg.invocation import params
 
 
 # -- flags ---------------------------------------------------------------------------------------------

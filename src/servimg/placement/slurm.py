@@ -3,7 +3,7 @@
 Why a job array: chains are independent by construction (everything an arm needs from another arm is in
 its own chain), so the jobs need no dependencies, and an array is one `sbatch`, one id to watch and to
 cancel, and a native throttle: `--nodes-max N` is `--array=0-K%N` (at most N chains run at once). Each
-array task runs chain `$SLURM_ARRAY_TASK_ID` with `python -m servimg.ladder.remote` (this interpreter,
+array task runs chain `$SLURM_ARRAY_TASK_ID` with `python -m servimg.placement.remote` (this interpreter,
 this servimg: the harness hashes are part of the pre-registration and re-checked on the node).
 
 The registry is the shared state for the image (pulled BY DIGEST on every node); `--out` is the shared
@@ -34,12 +34,12 @@ from servimg.core.digest import Digest
 from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
 from servimg.core.reference import Reference
-from servimg.ladder import remote
-from servimg.ladder.definition import LoadedLadder
+from servimg.ladder.loading import LoadedLadder
 from servimg.ladder.plan import Chain, chains
 from servimg.ladder.receipt import ArmRecord, PlacedJob, Placement, Receipt
 from servimg.ladder.runner import finish, image_facts, prepare
 from servimg.ladder.server import RunConfig
+from servimg.placement import remote
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING")
 
@@ -247,7 +247,7 @@ def sbatch_argv(
 ) -> list[str]:
     """One array, task N = chain N; stdout/stderr per task under RESULTS/slurm/."""
     throttle = f"%{options.nodes_max}" if options.nodes_max else ""
-    job = f"exec {shlex.quote(python)} -m servimg.ladder.remote {shlex.quote(str(results))}"
+    job = f"exec {shlex.quote(python)} -m servimg.placement.remote {shlex.quote(str(results))}"
     command = f'{job} "$SLURM_ARRAY_TASK_ID"'
     argv = [
         f"--job-name={name}",

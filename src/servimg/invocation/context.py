@@ -1,6 +1,6 @@
 """What every command runs with (`Context`, the build's: `servimg.assembly.context`), and the run of a
 parsed command with it: the seams the
-arguments ask for, the blob store, the command's outcomes (`servimg.commands.session` runs every parsed
+arguments ask for, the blob store, the command's outcomes (`servimg.invocation.session` runs every parsed
 command through it)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from servimg.assembly.context import Context as Context
 from servimg.assembly.seams import FromRef, Seams
-from servimg.commands.outcome import Outcome
+from servimg.invocation.outcome import Outcome
 from servimg.oci.store import BlobStore
 from servimg.render import Reporter
 

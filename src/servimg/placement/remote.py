@@ -1,8 +1,8 @@
 """A ladder run split over scheduler jobs: the plan a job reads, the results it writes, and the job itself.
 
-The submitter (`servimg.ladder.slurm`) pre-registers the inputs, writes `plan.json` into the shared results
+The submitter (`servimg.placement.slurm`) pre-registers the inputs, writes `plan.json` into the shared results
 directory (`--out`, which every node must see) and submits one job per chain (`servimg.ladder.plan`). A job
-runs `python -m servimg.ladder.remote RESULTS CHAIN` on its node, which:
+runs `python -m servimg.placement.remote RESULTS CHAIN` on its node, which:
 
 1. pulls the image BY DIGEST and refuses other bytes (`engine.pull_by_digest`);
 2. re-hashes the pre-registered inputs (ladder, probes, harness source, model files, variables) on the
@@ -10,9 +10,9 @@ runs `python -m servimg.ladder.remote RESULTS CHAIN` on its node, which:
 3. runs its chain's arms with the local harness (`runner.run_arms`), writing each arm's record atomically
    to `arms/<arm>.json` as it finishes, and its own status to `jobs/chain-<n>.json`.
 
-In a Kubernetes Job (`servimg.ladder.k8s`) the same entry runs with `--in-container`: the kubelet pulled the
-image by digest and the job runs INSIDE it, so step 1 is the kubelet's, and the arms' servers are processes
-of this container (`RunConfig.command`, mounts as symlinks) instead of containers of an engine.
+In a Kubernetes Job (`servimg.placement.k8s`) the same entry runs with `--in-container`: the kubelet pulled
+the image by digest and the job runs INSIDE it, so step 1 is the kubelet's, and the arms' servers are
+processes of this container (`RunConfig.command`, mounts as symlinks) instead of containers of an engine.
 
 The submitter then reads the records back (`read_record`: outputs are re-judged by the same pure
 functions) and writes the same receipt a local run writes.
@@ -40,8 +40,8 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import LadderRunError, ServimgError
 from servimg.core.progress import Log
-from servimg.ladder.definition import LoadedLadder, load
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
+from servimg.ladder.loading import LoadedLadder, load
 from servimg.ladder.plan import Chain
 from servimg.ladder.prereg import capture_inputs
 from servimg.ladder.receipt import ArmRecord, PlacedJob, Placement
@@ -467,7 +467,9 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def node_parser() -> argparse.ArgumentParser:
     """The job's command line (`sbatch_argv`, and the Kubernetes manifests, are tested against it)."""
-    p = argparse.ArgumentParser(prog="python -m servimg.ladder.remote", description="run one chain of arms")
+    p = argparse.ArgumentParser(
+        prog="python -m servimg.placement.remote", description="run one chain of arms"
+    )
     p.add_argument("results", type=Path, help="the shared results directory holding plan.json")
     p.add_argument("chain", type=int, help="the chain's index in the plan")
     p.add_argument(
