@@ -415,14 +415,27 @@ def test_parsing_imports_no_command_and_no_concern_behind_one() -> None:
     """`servimg --help`, `--version` and every parse: the CLI imports the session (reporter, context,
     exit status) statically, and names each command's function as a string in its one table, loaded as
     that command runs; so parsing imports no command module, no provenance, ladder runner, base builder
-    or build pipeline, and no third-party package but yaml (what reads a definition)."""
+    or build pipeline, and no third-party package (not even yaml: nothing is read before a command runs)."""
     loaded = _loaded_after("import servimg.cli; servimg.cli.parser().parse_args(['build', 'x.yaml'])")
     commands = {c.run.function.partition(":")[0] for c in cli.COMMANDS}
     commands |= {c.run.signed.partition(":")[0] for c in cli.COMMANDS if c.run.signed}
     assert sorted(commands & set(loaded)) == []
     behind = (*PROVENANCE_PACKAGES, "servimg.ladder.runner", "servimg.bases", "servimg.assembly.pipeline")
     assert [m for m in loaded if m.startswith(behind)] == []
-    assert _heavy(loaded) == ["yaml"]
+    assert _heavy(loaded) == []
+
+
+CLI_IMPORT_BUDGET = 12  # servimg modules that `import servimg.cli` may load (issue 49; it loaded 69)
+
+
+def test_importing_the_cli_loads_the_parser_only() -> None:
+    """`servimg --help` imports the CLI: its table, flags and parameters, and no context, seam, backend,
+    proof, cache or image code (the session that runs a command is loaded with the command)."""
+    loaded = [m for m in _loaded_after("import servimg.cli") if m == "servimg" or m.startswith("servimg.")]
+    assert len(loaded) <= CLI_IMPORT_BUDGET, loaded
+    below = ("servimg.backends", "servimg.proof", "servimg.assembly", "servimg.oci", "servimg.cache")
+    assert [m for m in loaded if m.startswith(below)] == []
+    assert cli.SESSION.partition(":")[0] not in loaded
 
 
 def test_the_only_string_imports_are_the_cli_table() -> None:

@@ -4,9 +4,10 @@
 # loaded (importlib) only when that command runs: the one place servimg imports its own code lazily,
 # because the commands' imports differ by a measured amount (`servimg build` imports the build pipeline
 # in ≈0.15 s, the provenance stack behind `check`/`push` takes ≈0.4 s: docs/benchmarks.md, "Issue 39").
-# Everything else is a static import: the session and its context come with the CLI. tests/
-# test_architecture.py checks what parsing loads, and that every name in the table is a function of the
-# commands layer taking the parameters its entry builds. (The docstring above is `servimg --help`'s.)
+# The session that runs a parsed command is loaded the same way (`SESSION`); everything else is a static
+# import. tests/test_architecture.py checks what importing and parsing load (at most 12 servimg modules),
+# and that every name in the table is a function of the commands layer taking the parameters its entry
+# builds. (The docstring above is `servimg --help`'s.)
 
 from __future__ import annotations
 
@@ -19,12 +20,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from servimg import __version__
-from servimg.invocation import flags, params, session
+from servimg.invocation import flags, params
 
 if TYPE_CHECKING:
     from servimg.assembly.seams import Seams
     from servimg.invocation.context import Context
     from servimg.invocation.outcome import Outcome
+
+
+# What runs every parsed command (the reporter, the cache held, the outcomes, the exit status): loaded
+# as a command's function is, when a command runs, so that `import servimg.cli` (what `servimg --help`
+# runs) loads the parser and its flags only, and no context, seam, backend or proof (issue 49's import
+# budget, tests/test_architecture.py).
+SESSION = "servimg.invocation.session:execute"
 
 
 def load(function: str) -> Any:
@@ -303,7 +311,7 @@ def main(argv: Sequence[str] | None = None, *, seams: Seams | None = None) -> in
     (servimg.invocation.session): from the arguments (`--base-from`), or given by an embedding caller (the
     Nix builder, tests' fake base)."""
     args = parser().parse_args(argv)
-    return session.execute(args, seams)
+    return cast("int", load(SESSION)(args, seams))
 
 
 if __name__ == "__main__":
