@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from servimg.assembly.context import Context  # noqa: E402
+from servimg.assembly.defaults import default_seams, probe_host  # noqa: E402
 from servimg.assembly.pipeline import base_fs, resolve  # noqa: E402
 from servimg.backends import transport  # noqa: E402
 from servimg.backends.target import Target  # noqa: E402
@@ -58,6 +59,8 @@ from servimg.definitions.definition import ImageDefinition  # noqa: E402
 from servimg.oci.image import Descriptor, Image, Layer  # noqa: E402
 from servimg.oci.layer import Entry, Kind, write_layer  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
+
+HOST_SEAMS = default_seams(probe_host())  # what servimg does on this host, as its CLI runs it
 
 BENCH_REPOSITORY = "servimg-bench13/vllm"  # its own repository: the benchmark removes its images
 DOCKER = ["docker"]
@@ -118,7 +121,7 @@ def variant(demo: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Pa
 
 def dockerfile_context(demo: Path, tmp: Path) -> tuple[Path, str]:
     """The patched files (exactly what servimg's overlays produce) plus a Dockerfile that installs them."""
-    resolution = resolve(demo, Context(BlobStore(), lambda m: None))
+    resolution = resolve(demo, Context(BlobStore(), lambda m: None, seams=HOST_SEAMS))
     definition = ImageDefinition.load(demo)
     base_ref = definition.base.ref.removeprefix("docker-daemon:")
     lines = [f"FROM {base_ref}"]
@@ -180,7 +183,7 @@ def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
 
 def changed_files_overlay(demo: Path, count: int) -> dict[str, Any]:
     """One overlay appending a comment to `count` vLLM modules (sorted, none the demo overlays touch)."""
-    resolution = resolve(demo, Context(BlobStore(), lambda m: None))
+    resolution = resolve(demo, Context(BlobStore(), lambda m: None, seams=HOST_SEAMS))
     site = resolution.lock.package("vllm").site_packages.lstrip("/")
     touched = {c.path for c in resolution.changes}
     fs = resolution.fs

@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from servimg.assembly.defaults import probe_host
 from servimg.attesting.attach import push_image
 from servimg.backends import transport
 from servimg.backends.registryclient import RegistryClient
@@ -45,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     store = BlobStore()
     image = transport.fetch_argument(args.image, store, print)
-    report = verify_image_value(image, store, print)
+    report = verify_image_value(image, store, print, in_container=probe_host().engine)
     assert report.ok, "the image does not verify"
     key = SigningKey.generate("ecdsa-p256")
     base_layers = image.layer_descriptors[:-1]

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from servimg.assembly.context import Context  # noqa: E402
+from servimg.assembly.defaults import default_seams, probe_host  # noqa: E402
 from servimg.assembly.pipeline import build  # noqa: E402
 from servimg.assembly.plan import BuildPlan  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
@@ -42,6 +43,8 @@ from servimg.definitions.lock import Lock, lock_path_for  # noqa: E402
 from servimg.definitions.naming import derive_tag  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
 from servimg.proof.verify import SPEC_IN_IMAGE  # noqa: E402
+
+HOST_SEAMS = default_seams(probe_host())  # what servimg does on this host, as its CLI runs it
 
 SERVIMG = str(REPO / ".venv" / "bin" / "servimg")
 DEMO = REPO / "images" / "demo.yaml"
@@ -54,7 +57,7 @@ def demo_image() -> str:
     try:
         client().images.get(tag)
     except Exception:
-        build(BuildPlan.make(DEMO, to="docker"), Context(BlobStore(), lambda m: None))
+        build(BuildPlan.make(DEMO, to="docker"), Context(BlobStore(), lambda m: None, seams=HOST_SEAMS))
     return tag
 
 

@@ -35,12 +35,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from servimg.assembly.context import Context  # noqa: E402
+from servimg.assembly.defaults import default_seams, probe_host  # noqa: E402
 from servimg.assembly.pipeline import build, lock  # noqa: E402
 from servimg.assembly.plan import BuildPlan  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
 from servimg.bases import catalog as bases  # noqa: E402
 from servimg.bases.assemble import base_image  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
+
+HOST_SEAMS = default_seams(probe_host())  # what servimg does on this host, as its CLI runs it
 
 STDLIB = (
     "import asyncio, argparse, concurrent.futures, csv, dataclasses, decimal, email.mime.multipart, "
@@ -138,8 +141,10 @@ def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]
     text = path.read_text().replace("oci:FILLED-IN-BY-THE-TEST", base["oci_ref"])
     text = text.replace("sha256:" + "0" * 64, base["digest"])
     path.write_text(text.replace("witness: false", "witness: true"))
-    lock(path, Context(store, lambda m: None), "docker")
-    result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, lambda m: None))
+    lock(path, Context(store, lambda m: None, seams=HOST_SEAMS), "docker")
+    result = build(
+        BuildPlan.make(path, to="docker", runner="docker"), Context(store, lambda m: None, seams=HOST_SEAMS)
+    )
     python = base_image(recipe, store, lambda m: None).labels["io.servimg.test.python"]
     return str(result.image.config_digest), python
 

@@ -9,7 +9,7 @@ file only adapts the environment:
 
 1. The base is read from the OCI layout in $SERVIMG_BASE_LAYOUT (a store path assembled from
    fixed-output blobs) instead of the definition's `base.ref` (e.g. `docker-daemon:`, unreachable here),
-   through servimg's base-source seam (`servimg.assembly.seams.FromRef`, as `servimg build --base-from`).
+   through servimg's base-source seam (`servimg.assembly.defaults.FromRef`, as `servimg build --base-from`).
    servimg still selects the manifest by the definition's pinned digest and verifies every blob; the
    definition, the lock and the image labels keep `base.ref`. When the pin names a multi-platform
    index, the platform manifest is the one the lock recorded ($SERVIMG_BASE_MANIFEST; nix/base.nix
@@ -69,11 +69,14 @@ def _seams(base_layout: str) -> Any:
     servimg still selects the manifest by the definition's pinned digest and verifies every blob; the
     lock and the labels keep `base.ref`. For a pin that names a multi-platform index, the platform
     manifest is the one the lock recorded (nix/base.nix checked that the pinned index lists it)."""
-    from servimg.assembly.seams import FromRef, Seams
+    import dataclasses
+
+    from servimg.assembly.defaults import FromRef, default_seams, probe_host
 
     index, manifest = os.environ.get("SERVIMG_BASE_INDEX", ""), os.environ.get("SERVIMG_BASE_MANIFEST", "")
     manifests = {index: manifest} if index and manifest else {}
-    return Seams(base_source=FromRef(f"oci:{base_layout}", manifests=manifests))
+    source = FromRef(f"oci:{base_layout}", manifests=manifests)
+    return dataclasses.replace(default_seams(probe_host()), base_source=source)
 
 
 def _run_cli(argv: list[str], seams: Any = None) -> list[dict[str, Any]]:

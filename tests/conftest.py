@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from fakebase import HOST_SEAMS
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 
@@ -200,9 +201,10 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
 def build_image(repo: Path, name: str, store: Any) -> Any:
     from servimg.assembly.pipeline import build, lock
 
-    lock(repo / "images" / f"{name}.yaml", Context(store, print), "docker")
+    lock(repo / "images" / f"{name}.yaml", Context(store, print, seams=HOST_SEAMS), "docker")
     return build(
-        BuildPlan.make(repo / "images" / f"{name}.yaml", to="docker", runner="docker"), Context(store, print)
+        BuildPlan.make(repo / "images" / f"{name}.yaml", to="docker", runner="docker"),
+        Context(store, print, seams=HOST_SEAMS),
     )
 
 

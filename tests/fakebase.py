@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from servimg.assembly.context import Context
-from servimg.assembly.release import Release
-from servimg.assembly.seams import ByReference, Seams, TargetSink
+from servimg.assembly.defaults import ByReference, TargetSink, default_seams, probe_host
+from servimg.assembly.release import ProvenRelease, Release
+from servimg.assembly.seams import Seams, Staged
 from servimg.backends.target import Target
 from servimg.core.digest import Digest
 from servimg.core.progress import Log
@@ -250,7 +251,11 @@ class NoProbe:
         return VerifyReport()
 
 
-FAKE_SEAMS = Seams(runners=HostRunners(), verifier=NoProbe())
+# This machine, as every command sees it (each capability asked once, when first needed), and what servimg
+# does on it: the seams every test that builds for real runs with.
+HOST = probe_host()
+HOST_SEAMS = default_seams(HOST)
+FAKE_SEAMS = dataclasses.replace(HOST_SEAMS, runners=HostRunners(), verifier=NoProbe())
 
 
 def main(argv: list[str], seams: Seams = FAKE_SEAMS) -> int:
@@ -416,9 +421,12 @@ class StallingSink:
     def check(self, target: Target) -> None:
         self.inner.check(target)
 
-    def publish(self, release: Release, ctx: Context) -> str:
+    def stage(self, release: Release, ctx: Context) -> Staged | None:
+        return self.inner.stage(release, ctx)
+
+    def publish(self, proven: ProvenRelease, staged: Staged | None, ctx: Context) -> str:
         stalling = dataclasses.replace(ctx, store=_StallOnLookup(ctx.store.root, self.marker))
-        return self.inner.publish(release, stalling)
+        return self.inner.publish(proven, staged, stalling)
 
 
 def stall_seams(spec: str, marker: Path) -> Seams:

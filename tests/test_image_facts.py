@@ -9,6 +9,7 @@ The "image" is tests/fakebase.py's fake base with a runner seam that runs anothe
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -19,7 +20,6 @@ import pytest
 
 import fakebase as fb
 from conftest import _require
-from servimg.assembly.seams import Seams
 
 NEWER = sorted(glob.glob("/root/.pyenv/versions/3.1[2-9]*/bin/python3"))
 # PEP 695 (3.12): a SyntaxError for the host's 3.11 compiler.
@@ -55,7 +55,7 @@ def test_absent_in_base_is_decided_by_the_images_interpreter(
     assert sys.version_info < (3, 12), "the point: the host cannot compile what the image can"
     _require(bool(NEWER), "needs a Python newer than the host's (pyenv's 3.12+ on these machines)")
     definition = _repo(tmp_path)
-    image_python = Seams(runners=fb.HostRunners(NEWER[-1]), verifier=fb.NoProbe())
+    image_python = dataclasses.replace(fb.FAKE_SEAMS, runners=fb.HostRunners(NEWER[-1]))
     cache = str(tmp_path / "cache")
     assert fb.main(["lock", str(definition), "--cache", cache, "--json"], seams=image_python) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -35,7 +35,6 @@ from in_toto_attestation.v1.statement import Statement
 
 import fakebase as fb
 from conftest import _require, docker_available
-from servimg.assembly.seams import Seams
 from servimg.backends import registry as registry_module
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
@@ -294,10 +293,10 @@ def tiny_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = bases.build_base(bases.pinned_recipe("test-trixie"), store, print, targets=["docker"])
     definition = prepare_repo(root / "repo", base)
     cache = ("--cache", str(store.root))
-    assert fb.main(["lock", str(definition), "--runner", "docker", *cache], seams=Seams()) == 0
+    assert fb.main(["lock", str(definition), "--runner", "docker", *cache], seams=fb.HOST_SEAMS) == 0
     layout = root / "tiny"
     build = ["build", str(definition), "--to", f"oci:{layout}:tiny", "--runner", "docker", *cache]
-    assert fb.main(build, seams=Seams()) == 0
+    assert fb.main(build, seams=fb.HOST_SEAMS) == 0
     lock = json.loads(definition.with_suffix(".lock.json").read_text())
     return {"layout": layout, "store": store, "python": lock["interpreter"]["path"]}
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
+from fakebase import HOST_SEAMS
 from servimg.assembly.context import Context
 from servimg.cli import main
 from servimg.core.errors import DefinitionError
@@ -24,7 +25,8 @@ from servimg.inimage import probe
 from servimg.oci.layer import Entry, Kind
 from servimg.oci.store import BlobStore
 from servimg.proof.sentinels import base_sentinel_verdicts
-from servimg.proof.verify import VerifyReport, probe_spec, run_probe_in_docker, verify_ref
+from servimg.proof.verifier import verify_ref
+from servimg.proof.verify import VerifyReport, probe_spec, run_probe_in_docker
 from tinyimage import Tiny, build_tiny, cleanup, compile_in_image, files, plant
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
@@ -80,7 +82,7 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def verify(image: str) -> VerifyReport:
-    return verify_ref(image, BlobStore(), lambda _: None)
+    return verify_ref(image, BlobStore(), lambda _: None, verifier=HOST_SEAMS.verifier, host=HOST_SEAMS.host)
 
 
 def fails(report: VerifyReport, status: str = probe.FAIL) -> dict[str, list[Any]]:
@@ -281,5 +283,5 @@ def test_lock_refuses_a_sentinel_the_base_already_has(tiny: Tiny, tmp_path: Path
     path = prepare_repo(tmp_path / "repo", base, lambda t: t.replace("    forbidden:\n", extra, 1))
     refused = r"already present in the base: tinypkg\.core:Scheduler\.schedule:name=clamp"
     with pytest.raises(DefinitionError, match=refused):
-        lock(path, Context(tiny.store, lambda _: None), "docker")
+        lock(path, Context(tiny.store, lambda _: None, seams=HOST_SEAMS), "docker")
     assert not (tmp_path / "repo" / "images" / "tiny.lock.json").exists()

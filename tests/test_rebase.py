@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 import wheelbase
+from fakebase import HOST_SEAMS
 from servimg import cli
 from servimg.assembly import pipeline
 from servimg.assembly.context import Context
-from servimg.assembly.seams import Seams
 from servimg.authoring.defedit import definition_text
 from servimg.authoring.rebase import (
     NewBase,
@@ -288,7 +288,7 @@ def _repo(root: Path, name: str, base: wheelbase.WheelBase, store: BlobStore) ->
     text = text.replace("oci:FILLED-IN-BY-THE-TEST", base.ref).replace("sha256:" + "0" * 64, base.digest)
     path = root / "images" / f"{name}.yaml"
     path.write_text(text)
-    pipeline.lock(path, Context(store, print), "chroot")
+    pipeline.lock(path, Context(store, print, seams=HOST_SEAMS), "chroot")
     return path
 
 
@@ -297,7 +297,9 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 def _cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    code = cli.main([*args, "--json", "--runner", "chroot"], seams=Seams(verifier=ChrootProbe()))
+    code = cli.main(
+        [*args, "--json", "--runner", "chroot"], seams=dataclasses.replace(HOST_SEAMS, verifier=ChrootProbe())
+    )
     return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -361,7 +363,7 @@ def test_backport_onto_0_28_0_drops_the_absorbed_overlay_and_the_rebased_stack_b
     lock = Lock.load(proposed.with_name("backport.rebased.lock.json"))
     assert str(lock.base.manifest_digest) == wheel_bases.mid.digest
     # The proposed lock is exactly what `servimg lock` gives the proposed definition.
-    relocked, changed = pipeline.lock(proposed, Context(store, print), "chroot")
+    relocked, changed = pipeline.lock(proposed, Context(store, print, seams=HOST_SEAMS), "chroot")
     assert not changed and relocked == lock
     # A rebased stack builds and verifies like any other (the probe runs on the built image).
     code, built = _cli("build", str(proposed), "--to", f"oci:{tmp_path / 'out'}", capsys=capsys)
@@ -419,7 +421,12 @@ def test_bad_input_says_what_to_do_and_writes_nothing(
     )
     assert code == 1 and "9.9 is not installed" in " ".join(out["problems"])
     with pytest.raises(RebaseError, match="does not declare"):
-        rebase(RebaseRequest(backport, wheel_bases.new.ref, versions={"torch": "1"}), BlobStore(), print)
+        rebase(
+            RebaseRequest(backport, wheel_bases.new.ref, versions={"torch": "1"}),
+            BlobStore(),
+            print,
+            HOST_SEAMS,
+        )
     assert _snapshot(backport.parent.parent) == before
 
 

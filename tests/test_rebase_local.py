@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from fakebase import HOST_SEAMS
 from servimg import cli
 from servimg.assembly import pipeline
 from servimg.assembly.context import Context
@@ -165,7 +166,12 @@ def test_a_version_pypi_does_not_have_fails_before_anything_is_built_or_written(
     )
     before = _snapshot(tmp_path)
     with pytest.raises(BaseBuildError) as info:
-        rebase_packages(RebaseRequest(definition, ""), {"lmcache": "0.0.999"}, store, print, recipes=[recipe])
+        rebase_packages(
+            RebaseRequest(definition, ""),
+            {"lmcache": "0.0.999"},
+            Context(store, print, seams=HOST_SEAMS),
+            recipes=[recipe],
+        )
     assert "pip cannot resolve lmcache==0.0.999 for python3.11" in info.value.message
     assert any("0.0.999" in p for p in info.value.problems)  # pip's own words
     assert _snapshot(tmp_path) == before
@@ -220,7 +226,7 @@ def _rebase(
     definition: Path, old: OldBase, store: BlobStore, write: bool = False, **moved: str
 ) -> LocalRebase:
     request = RebaseRequest(definition, "", write=write, runner="chroot")
-    return rebase_packages(request, moved, store, print, recipes=[old.recipe])
+    return rebase_packages(request, moved, Context(store, print, seams=HOST_SEAMS), recipes=[old.recipe])
 
 
 def _proposal(infix: str, *definitions: str) -> set[str]:
@@ -259,7 +265,9 @@ def test_a_new_lmcache_builds_a_new_base_and_the_proposal_lies_beside(
     assert base_lock["recipe_key"] == result.rebase.base_ref.split("/")[-1].split(":")[0]
     # the proposed lock is the one `servimg lock` gives the proposal
     proposed_lock = Lock.load(root / "images" / "noop.rebased.lock.json")
-    relocked, changed = pipeline.lock(root / "images" / "noop.rebased.yaml", Context(store, print), "chroot")
+    relocked, changed = pipeline.lock(
+        root / "images" / "noop.rebased.yaml", Context(store, print, seams=HOST_SEAMS), "chroot"
+    )
     assert relocked.digest == proposed_lock.digest and not changed
 
 
@@ -306,14 +314,17 @@ def test_write_moves_the_pins_the_base_lock_and_every_definition_on_the_base(
             str(moved.base.digest) == base_lock["manifest_digest"]
             and moved.packages["lmcache"].version == "0.5.4"
         )
-        assert pipeline.lock(path, Context(store, print), "chroot")[1] is False  # its lock is current
+        assert (
+            pipeline.lock(path, Context(store, print, seams=HOST_SEAMS), "chroot")[1] is False
+        )  # its lock is current
     # Once more from the written pins with the same version: the same base (cached), the same files.
     recorded = wheelpins.requirements_in((tmp_path / PINS).read_text())
     assert recorded == ("lmcache==0.5.4",)
     now = dataclasses.replace(new_recipe, wheel_source=dataclasses.replace(SOURCE, requirements=recorded))
     snapshot = _snapshot(tmp_path)
     request = RebaseRequest(noop, "", write=True, runner="chroot")
-    assert rebase_packages(request, {"lmcache": "0.5.4"}, store, print, recipes=[now]).moved == ()
+    ctx = Context(store, print, seams=HOST_SEAMS)
+    assert rebase_packages(request, {"lmcache": "0.5.4"}, ctx, recipes=[now]).moved == ()
     assert _snapshot(tmp_path) == snapshot
 
 

@@ -15,12 +15,13 @@ import pytest
 
 import fakebase as fb
 from conftest import _require, docker_available
-from servimg.assembly import seams
+from servimg.assembly import defaults
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 from servimg.cli import parser
 from servimg.definitions.lock import Lock
 from servimg.invocation.context import seams_from
+from servimg.proof.verifier import ProbeRoute, probe_route
 from servimg.proof.verify import VerifyFailed, VerifyReport
 
 
@@ -65,18 +66,18 @@ def test_base_from_must_still_hold_the_pinned_digest(
 
 def test_seams_are_chosen_once_from_the_arguments() -> None:
     args = parser().parse_args(["build", "images/demo.yaml", "--base-from", "oci:/x"])
-    chosen = seams_from(args, seams.Seams())
-    assert chosen.base_source == seams.FromRef("oci:/x")
-    assert isinstance(chosen.runners, seams.DefaultRunners) and isinstance(
-        chosen.verifier, seams.ProbeVerifier
+    chosen = seams_from(args, fb.HOST_SEAMS)
+    assert chosen.base_source == defaults.FromRef("oci:/x")
+    assert isinstance(chosen.runners, defaults.DefaultRunners) and isinstance(
+        chosen.verifier, defaults.ProbeVerifier
     )
-    assert seams_from(parser().parse_args(["lock", "images/demo.yaml"]), seams.Seams()) == seams.Seams()
+    assert seams_from(parser().parse_args(["lock", "images/demo.yaml"]), fb.HOST_SEAMS) == fb.HOST_SEAMS
     assert seams_from(args, fb.FAKE_SEAMS).runners is fb.FAKE_SEAMS.runners
 
 
 def test_from_ref_answers_a_pinned_index_offline() -> None:
     index, manifest = "sha256:" + "1" * 64, "sha256:" + "2" * 64
-    source = seams.FromRef("oci:/x", manifests={index: manifest})
+    source = defaults.FromRef("oci:/x", manifests={index: manifest})
     from servimg.core.digest import Digest
 
     assert str(source.platform_manifest("r", Digest.parse(index), "linux/amd64")) == manifest
@@ -89,21 +90,21 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     import dataclasses
 
     from servimg.assembly.pipeline import build, lock
-    from servimg.assembly.release import Release
+    from servimg.assembly.release import ProvenRelease
+    from servimg.assembly.seams import Staged
     from servimg.oci.image import Image
     from servimg.oci.store import BlobStore
 
     seen: list[tuple[Image, str, str | None]] = []
 
-    class Recording(seams.StoreOnly):
-        def publish(self, release: Release, ctx: Context) -> str:
-            release.proven()
-            seen.append((release.image.image, release.target.kind, release.tag))
+    class Recording(defaults.StoreOnly):
+        def publish(self, proven: ProvenRelease, staged: Staged | None, ctx: Context) -> str:
+            seen.append((proven.image.image, proven.target.kind, proven.tag))
             return "recorded"
 
     definition, base = _repo(tmp_path)
     store = BlobStore(tmp_path / "cache")
-    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=defaults.FromRef(base.ref))
     lock(definition, Context(store, lambda _: None, seams=given))
     out = tmp_path / "never"
     result = build(
@@ -114,7 +115,7 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     assert seen == [(result.image, "oci", result.tag)]
     kept = build(
         BuildPlan.make(definition, to=f"oci:{out}"),
-        Context(store, lambda _: None, seams=dataclasses.replace(given, sink=seams.StoreOnly())),
+        Context(store, lambda _: None, seams=dataclasses.replace(given, sink=defaults.StoreOnly())),
     )
     assert kept.image == result.image and not out.exists()
     assert store.has(kept.image.config_digest) and all(
@@ -122,27 +123,75 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
     )
 
 
-def test_a_sink_that_skips_the_proof_is_refused(tmp_path: Path) -> None:
-    """A sink must ask for the proof (`Release.proven`) before it makes anything visible; a build whose
-    sink did not is an error, so no sink publishes an unproven image by forgetting to ask."""
+def test_a_sink_publishes_only_a_proven_release(tmp_path: Path) -> None:
+    """The order is in the types: `Sink.publish` takes a `ProvenRelease`, which only the whole probe's
+    passing reports make. A sink is handed every image with its passing report; when the proof fails,
+    publish is never called and what the sink staged is discarded; a plan without the proof (a rebuild
+    comparing digests) publishes nothing; and no one can make a proven release of an unproven image."""
     from servimg.assembly.pipeline import build, lock
-    from servimg.assembly.release import Release
+    from servimg.assembly.release import PlatformImage, ProvenRelease, Release
+    from servimg.assembly.seams import Staged
     from servimg.core.errors import BuildError
     from servimg.oci.store import BlobStore
 
-    class Forgetful(seams.StoreOnly):
-        def publish(self, release: Release, ctx: Context) -> str:
-            return "published without the proof"
+    calls: list[str] = []
+
+    class Staging:
+        def result(self) -> str:
+            return "staged"
+
+        def discard(self) -> None:
+            calls.append("discard")
+
+    class Watching(defaults.StoreOnly):
+        def stage(self, release: Release, ctx: Context) -> Staged | None:
+            calls.append("stage")
+            return Staging()
+
+        def publish(self, proven: ProvenRelease, staged: Staged | None, ctx: Context) -> str:
+            assert all(c.report is not None and c.report.ok for c in proven.images)
+            calls.append(f"publish {staged.result() if staged else None}")
+            return "published"
+
+    class Failing(fb.NoProbe):
+        def report(
+            self, image: Any, store: Any, log: Any, *, base_config: Any, probe: Any = None
+        ) -> VerifyReport:
+            return VerifyReport.from_json(
+                {"checks": [{"code": "X", "status": "FAIL", "subject": "s", "message": "m"}]}
+            )
 
     definition, base = _repo(tmp_path)
     store = BlobStore(tmp_path / "cache")
-    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=defaults.FromRef(base.ref), sink=Watching())
     lock(definition, Context(store, seams=given))
     plan = BuildPlan.make(definition, to=f"oci:{tmp_path / 'never'}")
-    with pytest.raises(BuildError, match="published without asking for the proof"):
-        build(plan, Context(store, seams=dataclasses.replace(given, sink=Forgetful())))
+    built = build(plan, Context(store, seams=given))
+    assert calls == ["stage", "publish staged"] and built.destination == "published"
+    assert built.image is not None and all(c.report is not None for c in built.images)
+
+    calls.clear()
+    with pytest.raises(VerifyFailed, match="nothing was tagged"):
+        build(plan, Context(store, seams=dataclasses.replace(given, verifier=Failing())))
+    assert calls == ["stage", "discard"], "a failed proof publishes nothing and undoes what was staged"
+
+    calls.clear()
     unverified = dataclasses.replace(plan, verify=False)  # a rebuild comparing digests asks for none
-    assert build(unverified, Context(store, seams=dataclasses.replace(given, sink=Forgetful()))).image
+    kept = build(unverified, Context(store, seams=given))
+    assert calls == [] and kept.destination.startswith("the blob store")
+
+    release = Release(built.images, None, plan.target, plan.full_tag)
+    unproven = (dataclasses.replace(built.images[0], report=None),)
+    with pytest.raises(BuildError, match="no passing probe report"):
+        ProvenRelease(release, unproven)
+    failed = (
+        dataclasses.replace(built.images[0], report=Failing().report(None, None, None, base_config=None)),
+    )
+    with pytest.raises(BuildError, match="no passing probe report"):
+        ProvenRelease(release, failed)
+    other = PlatformImage(built.images[0].platform, base.image, VerifyReport(), built.images[0].base_config)
+    with pytest.raises(BuildError, match="not the release's"):
+        ProvenRelease(release, (other,))
 
 
 class _WaitsThenRules:
@@ -187,14 +236,14 @@ def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifie
 
     definition, base = _repo(tmp_path)
     store = BlobStore(tmp_path / "cache")
-    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref), verifier=Recording())
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=defaults.FromRef(base.ref), verifier=Recording())
     lock(definition, Context(store, lambda _: None, seams=given))
     resolution = resolve(definition, Context(store, lambda _: None, seams=given))
-    assert resolution.probe is seams.probe_route() and isinstance(resolution.probe, seams.ProbeRoute)
+    assert resolution.probe is probe_route(fb.HOST) and isinstance(resolution.probe, ProbeRoute)
     build(
         BuildPlan.make(definition, to=f"oci:{tmp_path / 'out'}"), Context(store, lambda _: None, seams=given)
     )
-    assert routes == [seams.probe_route()]
+    assert routes == [probe_route(fb.HOST)]
 
 
 def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
@@ -209,7 +258,7 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
     base = fb.make_base(tmp_path / "base", [fb.tar(fb.package_members()), marker])
     definition = fb.make_repo(tmp_path / "repo", base)
     store = BlobStore(tmp_path / "cache")
-    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=seams.FromRef(base.ref))
+    given = dataclasses.replace(fb.FAKE_SEAMS, base_source=defaults.FromRef(base.ref))
     lock(definition, Context(store, lambda _: None, seams=given))
     tag = f"staged-{uuid.uuid4().hex[:8]}"  # not 12 hex digits: that names a lock
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
+from fakebase import HOST_SEAMS
 from servimg.attesting.attach import push_image
 from servimg.backends.registryclient import RegistryClient
 from servimg.cli import main
@@ -62,7 +63,14 @@ def images(
     refs = {}
     for name, tiny in (("clean", clean), ("variant", variant)):
         tag = tiny.tag.rpartition(":")[2]
-        push_image(tiny.image, f"{registry.host}/{REPO}:{tag}", store, print, key=signer)
+        push_image(
+            tiny.image,
+            f"{registry.host}/{REPO}:{tag}",
+            store,
+            print,
+            key=signer,
+            verifier=HOST_SEAMS.verifier,
+        )
         refs[name] = f"{registry.host}/{REPO}:{tag}"
     yield {"store": store, "clean": clean, "variant": variant, "refs": refs}
 
@@ -172,7 +180,13 @@ def test_push_and_promote_refuse_a_template_tag_naming_another_lock(
     clean, variant = images["clean"], images["variant"]
     wrong = images["refs"]["clean"].rpartition(":")[2]
     with pytest.raises(Exception, match=f"names lock {lock12(clean)}"):
-        push_image(variant.image, f"{registry.host}/{REPO}-push:{wrong}", images["store"], print)
+        push_image(
+            variant.image,
+            f"{registry.host}/{REPO}-push:{wrong}",
+            images["store"],
+            print,
+            verifier=HOST_SEAMS.verifier,
+        )
     with RegistryClient(registry.host) as client:
         assert client.head_manifest(f"{REPO}-push", wrong) is None, "nothing was pushed"
     code, out = run_cli(
@@ -289,7 +303,7 @@ def test_rebuild_after_editing_one_byte_in_the_pushed_overlay_layer_names_the_fi
     # Re-signed with the trusted key, vouched for by the clean image's verify (an insider).
     from servimg.proof.verify import verify_image_value
 
-    report = verify_image_value(clean.image, images["store"], print)
+    report = verify_image_value(clean.image, images["store"], print, in_container=HOST_SEAMS.host.engine)
     ref = f"{registry.host}/{REPO}:edited"
     push_image(edited, ref, images["store"], print, key=keys.load_signing(keyring["key"]), report=report)
     code, out = check(ref, keyring, capsys, "--rebuild", "--definition", str(clean.definition_path))

@@ -395,10 +395,13 @@ def _remove(container: str) -> None:
 def test_witness_image_records_the_patched_code(
     witnessed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from fakebase import HOST_SEAMS
     from servimg.oci.store import BlobStore
-    from servimg.proof.verify import verify_ref
+    from servimg.proof.verifier import verify_ref
 
-    report = verify_ref(witnessed.tag, BlobStore(), lambda _: None)
+    report = verify_ref(
+        witnessed.tag, BlobStore(), lambda _: None, verifier=HOST_SEAMS.verifier, host=HOST_SEAMS.host
+    )
     assert report.ok and report.counts()["WARN"] == 0, "the hook does not disturb the probe"
     container = _container(
         witnessed.tag,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fakebase import HOST_SEAMS
 from servimg.assembly.context import Context
 from servimg.assembly.pipeline import build, lock
 from servimg.assembly.plan import BuildPlan
@@ -134,8 +135,8 @@ def build_tiny(
     recipe = bases.pinned_recipe(f"test-{suite}")
     base_info = bases.build_base(recipe, store, log, targets=["docker"])
     path = prepare_repo(root, base_info, edit)
-    lock(path, Context(store, log), "docker")
-    result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, log))
+    lock(path, Context(store, log, seams=HOST_SEAMS), "docker")
+    result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, log, seams=HOST_SEAMS))
     base = base_image(recipe, store, log)
     definition = ImageDefinition.load(path)
     return Tiny(

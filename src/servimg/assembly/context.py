@@ -1,5 +1,6 @@
 """What a command and the build run with, carried as one value: the blob cache, where steps are logged,
-how transfers show progress, and the build's seams (chosen once by the caller)."""
+how transfers show progress, and the build's seams (chosen once by the caller: `assembly.defaults.
+default_seams(host)` for what `servimg` does on this host, with any seam replaced on the value)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,4 @@ class Context:
     store: BlobStore
     log: Log = _silent
     progress: Progress = NULL
-    seams: Seams = field(default_factory=Seams)
+    seams: Seams = field(kw_only=True)

@@ -13,7 +13,7 @@ import datetime as dt
 import os
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servimg.assembly.basescan import find_package, interpreter_lock, sentinels_in_base
@@ -26,15 +26,8 @@ from servimg.assembly.platforms import (
     index_annotations,
     locks_of,
 )
-from servimg.assembly.release import PlatformImage, Proof, Release
-from servimg.assembly.seams import (
-    BaseSource,
-    CachedCompiler,
-    Compiler,
-    ProbeRoute,
-    choose_sandboxes,
-    verify_or_refuse,
-)
+from servimg.assembly.release import PlatformImage, ProvenRelease, Release, keep_in_store
+from servimg.assembly.seams import BaseSource, Compiler, choose_sandboxes
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
@@ -72,6 +65,7 @@ from servimg.patching.bytecode import (
 from servimg.patching.overlay import apply_patch
 from servimg.patching.patch import Patch
 from servimg.proof.sentinels import base_sources
+from servimg.proof.verifier import ProbeRoute, verify_or_refuse
 from servimg.proof.verify import probe_files, probe_spec
 
 SERVIMG_DIR = "opt/servimg"
@@ -96,11 +90,11 @@ class Resolution:
     changes: tuple[Change, ...]
     runner: Runner
     # The bundled ladder's files by image path (definition `ladder:`), verified against the lock.
-    ladder_files: Mapping[str, bytes] = field(default_factory=dict)
+    ladder_files: Mapping[str, bytes]
     # How the built image is probed: chosen with the runner, once, when the build resolves.
-    probe: ProbeRoute | None = None
+    probe: ProbeRoute
     # How the overlay's sources become bytecode (seams.compiler: the compile cache behind it).
-    compiler: Compiler = field(default_factory=CachedCompiler)
+    compiler: Compiler
 
 
 @dataclass(frozen=True)
@@ -181,7 +175,7 @@ def resolve(
         find_package(fs, name, spec.distribution, spec.version)
         for name, spec in sorted(definition.packages.items())
     )
-    sandboxes = choose_sandboxes(seams.runners, runner, base, fs, store)
+    sandboxes = choose_sandboxes(seams, runner, base, fs, store)
     chosen = sandboxes.runner
     interpreter = interpreter_lock(definition, fs, base, packages, chosen, log, store)
     repo_root = repo_root_for(definition_path)  # overlay and ladder paths are relative to it
@@ -440,9 +434,10 @@ def lock(
 # -- build ----------------------------------------------------------------------------------------
 def build(plan: BuildPlan, ctx: Context) -> BuildResult:
     """Build `plan` as locked, every step in this run: resolve every platform, refuse any drift from the
-    written lock, assemble each image, and hand the release to the sink, which publishes it only after
-    the whole probe proved every image (`Release.proven`). One platform makes an image; several make an
-    image each and the index over them, its name last."""
+    written lock, assemble each image; the sink stages what makes nothing visible while the whole probe
+    proves every image, and publishes the `ProvenRelease` only that proof makes (a failed proof discards
+    what was staged). One platform makes an image; several make an image each and the index over them,
+    its name last."""
     sink = ctx.seams.sink
     sink.check(plan.target)
     resolutions = resolve_all(plan.definition, plan.definition_path, ctx, plan.runner)
@@ -456,17 +451,21 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
         index = ImageIndex.of(
             {c.platform: c.image for c in images}, index_annotations(plan.definition, plan.lock)
         )
-    proof = Proof(lambda: _prove(plan, images, resolutions, ctx))
-    release = Release(images, index, plan.target, plan.full_tag, proof, plan.engine_platform)
-    destination = sink.publish(release, ctx)
-    if plan.verify and not proof.ran:
-        raise BuildError(
-            f"{type(sink).__name__} published without asking for the proof (Release.proven)",
-            hint="a sink must call release.proven() before it makes anything visible: report this bug",
-        )
+    release = Release(images, index, plan.target, plan.full_tag, plan.engine_platform)
+    if not plan.verify:  # a rebuild comparing digests: no proof, so nothing is published
+        destination, built_images = keep_in_store(release, ctx.store), images
+    else:
+        staged = sink.stage(release, ctx)
+        try:
+            proven = ProvenRelease(release, _prove(plan, images, resolutions, ctx))
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        destination, built_images = sink.publish(proven, staged, ctx), proven.images
     changed = len(plan.lock_for(plan.platforms[0]).changed_files)
     return BuildResult(
-        proof() if plan.verify else images,
+        built_images,
         index,
         plan.tag,
         plan.lock.digest,
@@ -507,10 +506,8 @@ def _prove(
     resolutions: Mapping[Platform, Resolution],
     ctx: Context,
 ) -> tuple[PlatformImage, ...]:
-    """The whole probe over each image's own filesystem, now (nothing cached or merged); without
-    `plan.verify` (a rebuild comparing digests) the images as they are."""
-    if not plan.verify:
-        return images
+    """The whole probe over each image's own filesystem, now (nothing cached or merged): each image with
+    its passing report, or VerifyFailed."""
     consequence = "nothing was published" if plan.multi_platform else "nothing was tagged"
     proven = []
     for child in images:

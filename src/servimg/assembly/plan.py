@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.backends import engine
 from servimg.backends.target import Target
 from servimg.core.errors import BuildError, LockError, UsageError
-from servimg.core.platform import Platform
+from servimg.core.platform import Host, Platform
 from servimg.definitions import naming
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import LOCK_VERSION, Lock, lock_path_for
@@ -67,13 +66,15 @@ class BuildPlan:
         verify: bool = True,
         definition: ImageDefinition | None = None,
         cache_root: Path | None = None,
+        host: Host | None = None,
     ) -> BuildPlan:
         """The plan for building `definition_path` as locked (`definition`: the caller's read of it;
-        `cache_root`: where the definition as locked may be remembered)."""
+        `cache_root`: where the definition as locked may be remembered; `host`: what chooses the target
+        when `to` names none)."""
         definition = definition or ImageDefinition.load(definition_path)
         definition.refuse_placeholders(str(definition_path))
         lock = _lock_of(definition, definition_path)
-        target = Target.parse(to) if to else default_target(definition_path)
+        target = Target.parse(to) if to else default_target(definition_path, host)
         engine_platform = _engine_platform(definition, definition_path, platform)
         if definition.multi_platform and target.is_archive:
             raise BuildError(
@@ -97,9 +98,11 @@ class BuildPlan:
         )
 
 
-def default_target(definition_path: Path) -> Target:
+def default_target(definition_path: Path, host: Host | None) -> Target:
     """Without `--to`: the Docker Engine when one answers, else an OCI layout under out/."""
-    if engine.engine_available():
+    if host is None:
+        raise BuildError(f"no target for {definition_path}", hint="name one with --to")
+    if host.engine:
         return Target.parse("docker")
     return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))
 

@@ -1,22 +1,24 @@
 """What a build hands its sink: the built images (one, or one per platform with the index over them), where
-they go and under which tag, and the proof that must pass before any of it is visible.
+they go and under which tag; and, once the whole probe passed over every image, the same release as
+proven (`ProvenRelease`), the only value a sink publishes.
 
-The sink calls `release.proven()` before it makes anything visible; it may start work that publishes
-nothing first (the engine's untagged load, `seams.TargetSink(stage=True)`), and must undo that work when
-the proof fails. The pipeline refuses a publish that skipped the proof, so no sink can publish an
-unproven image by forgetting to ask.
+The order is in the types (issue 49): a sink may begin work that publishes nothing while the proof runs
+(`Sink.stage`: the engine's untagged load), and `Sink.publish` takes a `ProvenRelease`, which only a
+passing proof makes: every image carries its report, and every report passed. So no sink can publish an
+unproven image by forgetting to ask (the pipeline used to check that only after the sink had returned).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from servimg.backends.target import Target
 from servimg.core.digest import Digest
+from servimg.core.errors import BuildError
 from servimg.core.platform import Platform
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
+from servimg.oci.store import BlobStore
 from servimg.proof.verify import VerifyReport
 
 
@@ -31,30 +33,12 @@ class PlatformImage:
     base_config: Digest  # the base's config digest: the engine loads only the layers it lacks
 
 
-class Proof:
-    """The whole probe over every image of a release, run once when first asked (`Release.proven`)."""
-
-    def __init__(self, run: Callable[[], tuple[PlatformImage, ...]]) -> None:
-        self._run = run
-        self._proven: tuple[PlatformImage, ...] | None = None
-
-    def __call__(self) -> tuple[PlatformImage, ...]:
-        if self._proven is None:
-            self._proven = self._run()
-        return self._proven
-
-    @property
-    def ran(self) -> bool:
-        return self._proven is not None
-
-
 @dataclass(frozen=True)
 class Release:
     images: tuple[PlatformImage, ...]  # one, or every platform's in the index's order
     index: ImageIndex | None  # over `images` when the definition builds several platforms
     target: Target
     tag: str  # as the destination names it (`BuildPlan.full_tag`)
-    proof: Proof
     engine_platform: Platform | None = None  # which child the Docker Engine gets (it stores no index)
 
     @property
@@ -64,6 +48,54 @@ class Release:
             raise ValueError("a multi-platform release has no single image")
         return self.images[0]
 
-    def proven(self) -> tuple[PlatformImage, ...]:
-        """Every image with its probe report; raises (core.errors.VerifyFailed) when any image fails."""
-        return self.proof()
+
+@dataclass(frozen=True)
+class ProvenRelease:
+    """`release` with every image proven: `images` are its images in order, each with the passing report
+    of the whole probe run over it in this build. Refused unless every image is there and passed."""
+
+    release: Release
+    images: tuple[PlatformImage, ...]
+
+    def __post_init__(self) -> None:
+        problems = []
+        if tuple(c.image.digest for c in self.images) != tuple(c.image.digest for c in self.release.images):
+            problems.append("its images are not the release's")
+        problems += [
+            f"{c.platform} ({c.image.digest.short}) has no passing probe report"
+            for c in self.images
+            if c.report is None or not c.report.ok
+        ]
+        if problems:
+            raise BuildError(
+                "not a proven release: " + "; ".join(problems),
+                hint="only the whole probe's passing reports prove a release: report this bug",
+            )
+
+    @property
+    def index(self) -> ImageIndex | None:
+        return self.release.index
+
+    @property
+    def target(self) -> Target:
+        return self.release.target
+
+    @property
+    def tag(self) -> str:
+        return self.release.tag
+
+    @property
+    def image(self) -> PlatformImage:
+        """The one proven image of a single-platform release (`Release.image` refuses the others)."""
+        one = self.release.image
+        return next(c for c in self.images if c.image.digest == one.image.digest)
+
+
+def keep_in_store(release: Release, store: BlobStore) -> str:
+    """The release's images left as values in the blob store (their layers are there already, their configs
+    are added), published nowhere: where a build planned without the proof ends (a rebuild comparing
+    digests), and the `StoreOnly` sink."""
+    for child in release.images:
+        store.put_bytes(child.image.config_bytes)
+    digest = release.index.digest if release.index is not None else release.image.image.digest
+    return f"the blob store ({digest}; not published)"

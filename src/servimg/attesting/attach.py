@@ -23,8 +23,8 @@ from typing import TypedDict, Unpack
 from servimg.assembly.context import Context
 from servimg.assembly.pipeline import build
 from servimg.assembly.plan import BuildPlan
-from servimg.assembly.release import PlatformImage, Release
-from servimg.assembly.seams import ProbeVerifier, verify_or_refuse
+from servimg.assembly.release import PlatformImage, ProvenRelease, Release
+from servimg.assembly.seams import Staged
 from servimg.backends import registry, transport
 from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
@@ -41,6 +41,7 @@ from servimg.judging.evidence import top_layer
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
+from servimg.proof.verifier import Verifier, verify_or_refuse
 from servimg.proof.verify import VerifyFailed, VerifyReport
 from servimg.signing import dsse, gpgsign
 from servimg.statements import attest, binding, sbom, vex
@@ -149,7 +150,8 @@ class PushOptions(TypedDict, total=False):
     """What `push` and `push_image` take beside the image and the destination."""
 
     key: dsse.Signer | None
-    report: VerifyReport | None  # the probe runs when it is None
+    report: VerifyReport | None  # the verifier's report is asked when it is None
+    verifier: Verifier | None  # the build's verifier seam (`Seams.verifier`), for an image without a report
     builder: str | None
     invocation: Invocation | None
     tag: str | None
@@ -174,6 +176,7 @@ def push_image(
     *,
     key: dsse.Signer | None = None,
     report: VerifyReport | None = None,
+    verifier: Verifier | None = None,
     builder: str | None = None,
     invocation: Invocation | None = None,
     tag: str | None = None,
@@ -202,9 +205,14 @@ def push_image(
         )
     facts = image_facts(image, store, log)
     binding.refuse_rebinding(binding.tag_of(dest) or tag, facts.definition, facts.lock_digest, "push under")
-    if report is None:  # the same verifier a build runs (cached verdicts, split where it can)
+    if report is None:  # the verifier a build runs: the one seam (`Seams.verifier`)
+        if verifier is None:
+            raise AttachError(
+                f"nothing proves {image.digest.short}: no probe report and no verifier to run the probe",
+                hint="pass the report of the build that proved it, or the build's verifier",
+            )
         report = verify_or_refuse(
-            ProbeVerifier(), image, store, log, base_config=None, consequence="nothing was pushed"
+            verifier, image, store, log, base_config=None, consequence="nothing was pushed"
         )
     elif not report.ok:
         raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")
@@ -471,14 +479,15 @@ class AttestingSink:
             )
         transport.check_reachable(target)
 
-    def publish(self, release: Release, ctx: Context) -> str:
-        """Proven first (nothing is pushed before), then one image with its attestations, or every child
-        with its own and then the index with its provenance naming the children, the tag last."""
-        proven = release.proven()
-        if release.index is None:
-            (one,) = proven
-            return self._push(one, release.target, ctx, tag=release.tag)
-        return self._push_index(release.index, proven, release.target, ctx, tag=release.tag)
+    def stage(self, release: Release, ctx: Context) -> Staged | None:
+        return None  # nothing is pushed before the release is proven
+
+    def publish(self, proven: ProvenRelease, staged: Staged | None, ctx: Context) -> str:
+        """One proven image with its attestations, or every child with its own and then the index with
+        its provenance naming the children, the tag last."""
+        if proven.index is None:
+            return self._push(proven.image, proven.target, ctx, tag=proven.tag)
+        return self._push_index(proven.index, proven.images, proven.target, ctx, tag=proven.tag)
 
     def _push(self, child: PlatformImage, target: Target, ctx: Context, *, tag: str | None) -> str:
         image, report = child.image, child.report
@@ -555,7 +564,9 @@ def build_and_push(
     for several platforms every child so, then the index with its own)."""
     if not to:
         raise BuildError("--sign needs --to", hint="--to HOST/REPO[:TAG] or --to oci:DIR[:TAG]")
-    plan = BuildPlan.make(definition_path, to=to, tag=tag, runner=runner, cache_root=ctx.store.root)
+    plan = BuildPlan.make(
+        definition_path, to=to, tag=tag, runner=runner, cache_root=ctx.store.root, host=ctx.seams.host
+    )
     if plan.multi_platform and gpg is not None:
         raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
     command = ("servimg", "build", definition_path.name, "--to", to, "--sign")

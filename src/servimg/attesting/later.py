@@ -30,6 +30,7 @@ from servimg.judging.check import CheckFailed, CheckReport, Policy, evaluate, ga
 from servimg.judging.evidence import Located, locate
 from servimg.judging.policy import REBUILD_V1
 from servimg.oci.store import BlobStore
+from servimg.proof.verifier import Verifier
 from servimg.signing import dsse
 from servimg.statements import attest, binding
 from servimg.statements import derived as provenance
@@ -160,7 +161,7 @@ def promote(
     *,
     key: dsse.Signer | None = None,
     verifier: str | None = None,
-    deep: bool = False,
+    deep: Verifier | None = None,
     repo: str | None = None,
     remote: bool = False,
     formats: frozenset[str] = DEFAULT_FORMATS,

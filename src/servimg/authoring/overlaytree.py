@@ -27,7 +27,7 @@ from pathlib import Path
 
 from servimg.assembly.context import Context
 from servimg.assembly.pipeline import Resolution, lock, resolve
-from servimg.assembly.seams import DEFAULT, Seams
+from servimg.assembly.seams import Seams
 from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.core import fixid
 from servimg.core import jsonview as jv
@@ -78,7 +78,7 @@ def edit(
     log: Log,
     *,
     with_stack: bool = False,
-    seams: Seams = DEFAULT,
+    seams: Seams,
 ) -> Edited:
     if directory.exists() and any(directory.iterdir()):
         raise OverlayError(f"{directory} is not empty; nothing was written", hint="name a new directory")
@@ -123,7 +123,7 @@ def save(
     description: str | None = None,
     fixes: tuple[str, ...] = (),
     upstream: tuple[str, ...] = (),
-    seams: Seams = DEFAULT,
+    seams: Seams,
 ) -> Saved:
     """The edits as overlays/PACKAGE/ID.patch, added to the definition and locked. Without `description`
     the entry gets the placeholder and the definition is not locked (lock and build refuse it until the

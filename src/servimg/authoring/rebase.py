@@ -34,7 +34,7 @@ from pathlib import Path
 
 from servimg.assembly import basescan, pipeline
 from servimg.assembly.context import Context
-from servimg.assembly.seams import DEFAULT, Seams
+from servimg.assembly.seams import Seams
 from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.backends import transport
 from servimg.core.atomic import atomic_write
@@ -526,7 +526,7 @@ def open_base(
     versions: Mapping[str, str],
     store: BlobStore,
     log: Log,
-    seams: Seams = DEFAULT,
+    seams: Seams,
 ) -> NewBase:
     """Read the new base (refusing another digest than `digest`, when given) and find in it, per
     declared package, the one version installed (or the one asked for in `versions`)."""
@@ -615,7 +615,7 @@ def proposed_paths(definition_path: Path, in_place: bool) -> tuple[Path, Path]:
 
 
 def propose(
-    request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DEFAULT
+    request: RebaseRequest, store: BlobStore, log: Log, seams: Seams
 ) -> tuple[RebaseResult, dict[Path, bytes]]:
     """Judge the stack on the new base; when it carries over, compute the proposed definition and its lock
     (resolved as a build resolves). Returns the result and the files to write (none when it does not
@@ -645,7 +645,7 @@ def propose(
     return written, files
 
 
-def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams = DEFAULT) -> RebaseResult:
+def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams) -> RebaseResult:
     """`propose`, then write the proposed lock and definition (each atomically) when the stack carries."""
     result, files = propose(request, store, log, seams)
     for out, data in files.items():

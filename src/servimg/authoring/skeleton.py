@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servimg.assembly.basescan import guess_interpreter, interpreter_facts, providers
 from servimg.assembly.pipeline import base_fs
-from servimg.assembly.seams import DEFAULT, Seams
+from servimg.assembly.seams import Seams
 from servimg.backends import transport
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
@@ -75,7 +75,7 @@ class Skeleton:
 
 
 def inspect(
-    ref: str, name: str, repository: str | None, store: BlobStore, log: Log, seams: Seams = DEFAULT
+    ref: str, name: str, repository: str | None, store: BlobStore, log: Log, seams: Seams
 ) -> Skeleton:
     """The skeleton of a definition over the base `ref` (an IMAGE argument, resolved as docker would)."""
     found = transport.resolve(ref, log)

@@ -129,7 +129,7 @@ class WriteOptions(TypedDict, total=False):
     target names its own; base_config: the base's image ID (the engine loads thin over it); mount_from: a
     repository on the same registry to cross-mount blobs from; progress: transfer progress; staged: how
     the engine's load went when it ran while the image was proven
-    (`assembly.seams.TargetSink(stage=True)`)."""
+    (`assembly.defaults.TargetSink`, its `stage`)."""
 
     tag: str | None
     base_config: Digest | None

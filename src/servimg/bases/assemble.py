@@ -16,13 +16,14 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from servimg.backends import engine, layout
+from servimg.backends import layout
 from servimg.backends.transport import Target, publish
 from servimg.bases import pinned as basepin
 from servimg.bases.debian import Clock
 from servimg.bases.debpins import DebianPins
 from servimg.bases.demo import VENV, build_rootfs, python_version
 from servimg.bases.recipe import Recipe
+from servimg.core.platform import Host
 from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import entries_from_dir, write_layer
@@ -142,13 +143,16 @@ def cached_base(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def publish_base(
-    image: Image, tag: str, targets: Sequence[str] | None, store: BlobStore, log: Log
-) -> list[str]:
-    """Publish a base to each target (default: the engine when one runs), tagged in the engine."""
-    chosen = list(targets if targets is not None else (["docker"] if engine.engine_available() else []))
+def default_targets(host: Host) -> list[str]:
+    """Where a base goes when the command names no `--to`: the engine when one runs, else nowhere (it
+    stays in the cache's OCI layout)."""
+    return ["docker"] if host.engine else []
+
+
+def publish_base(image: Image, tag: str, targets: Sequence[str], store: BlobStore, log: Log) -> list[str]:
+    """Publish a base to each target, tagged in the engine."""
     published = []
-    for text in chosen:
+    for text in targets:
         target = Target.parse(text)
         published.append(publish(image, target, store, log, tag=tag if target.in_engine else None))
     return published

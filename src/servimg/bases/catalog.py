@@ -146,12 +146,13 @@ def build_base(
     store: BlobStore,
     log: Log,
     *,
-    targets: Sequence[str] | None = None,
+    targets: Sequence[str],
     workdir: Path | None = None,
     clock: debian.Clock | None = None,
 ) -> dict[str, object]:
     """Build (or reuse) any base — by name from its committed pins, or a recipe — check its pinned digest,
-    publish it (default: the engine, when one runs); returns what a definition or a test needs of it.
+    publish it to `targets` (`assemble.default_targets`: the engine, when one runs); returns what a
+    definition or a test needs of it.
 
     `clock` is the seam the reproducibility tests use to build under another clock."""
     recipe = pinned_recipe(base) if isinstance(base, str) else base
@@ -178,8 +179,7 @@ def build_base(
 
 def repin(
     name: str,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     repo: Path = debpins.REPO_ROOT,
     workdir: Path | None = None,
@@ -189,6 +189,7 @@ def repin(
     step succeeded. Only the default platform's pins move the definitions built on the base: another
     architecture's base is no definition's `base.ref` by engine tag (a multi-platform definition pins the
     index)."""
+    store, log = ctx.store, ctx.log
     request = get(name, platform)
     if platform is not None:
         emulation.require(platform, f"re-pinning the {name} base")
@@ -205,7 +206,7 @@ def repin(
         image, files = rebuilt_base(recipe, store, log, work, pin_dir)
         files[debpins.pin_path(request.name, pin_dir)] = pins.render().encode()
         if recipe.arch == debpins.ARCH:
-            files.update(relock_dependents(repo, recipe, image, work, store, log))
+            files.update(relock_dependents(repo, recipe, image, work, ctx))
         write_all(files)
         tag = recipe.tag()
         return {
@@ -272,8 +273,7 @@ def relock_dependents(
     recipe: Recipe,
     image: Image,
     work: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     skip: Sequence[Path] = (),
     versions: Mapping[str, str] | None = None,
 ) -> dict[Path, bytes]:
@@ -281,13 +281,14 @@ def relock_dependents(
     distribution is in `versions` (canonical name → version) to those versions — and re-locked
     (`_relock`), the base published to the engine first when one of them names it there; nothing is
     written yet."""
+    store, log = ctx.store, ctx.log
     files: dict[Path, bytes] = {}
     todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
     refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
     if any(Target.parse(ref).in_engine for ref in refs.values()):
         publish_base(image, recipe.tag(), ["docker"], store, log)
     for definition, ref in refs.items():
-        files.update(_relock(repo, definition, ref, image.digest, work, store, log, versions or {}))
+        files.update(_relock(repo, definition, ref, image.digest, work, ctx, versions or {}))
     return files
 
 
@@ -308,8 +309,7 @@ def _relock(
     ref: str,
     digest: Digest,
     work: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     versions: Mapping[str, str],
 ) -> dict[Path, bytes]:
     """The definition on the new base ref and digest, each package whose distribution is in `versions`
@@ -332,9 +332,9 @@ def _relock(
         shutil.copytree(repo / "overlays", copy / "overlays")
     target = copy / "images" / definition.name
     target.write_text(new, encoding="utf-8")
-    log(f"re-locking {definition.relative_to(repo)} on {ref}")
+    ctx.log(f"re-locking {definition.relative_to(repo)} on {ref}")
     try:
-        lock_definition(target, Context(store, log))
+        lock_definition(target, ctx)
     except ServimgError as exc:
         raise exc.context(f"re-locking {definition.relative_to(repo)} on the new base") from None
     lock_file = target.with_name(target.name.removesuffix(".yaml") + ".lock.json")

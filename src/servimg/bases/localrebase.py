@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.assembly.seams import DEFAULT, Seams
+from servimg.assembly.context import Context
 from servimg.authoring import rebase as rebasing
 from servimg.backends.target import Target
 from servimg.bases import catalog, debian, wheelpins
@@ -36,7 +36,6 @@ from servimg.bases.demo import verify_wheel
 from servimg.bases.recipe import PinnedWheel, Recipe, WheelSource
 from servimg.core.distname import canonical_name
 from servimg.core.errors import RebaseError, ServimgError
-from servimg.core.progress import Log
 from servimg.definitions.definition import ImageDefinition, repo_root_for
 from servimg.oci.store import BlobStore
 
@@ -131,9 +130,7 @@ def parse_packages(texts: Sequence[str]) -> dict[str, str]:
 def rebase_packages(
     request: rebasing.RebaseRequest,
     packages: Mapping[str, str],
-    store: BlobStore,
-    log: Log,
-    seams: Seams = DEFAULT,
+    ctx: Context,
     recipes: Sequence[Recipe] | None = None,
     workdir: Path | None = None,
 ) -> LocalRebase:
@@ -142,6 +139,7 @@ def rebase_packages(
 
     `recipes` are the bases to look the definition's base up in (default: the catalog's, from the
     committed pins); `request.base` and `request.digest` are ignored (the new base is built here)."""
+    store, log = ctx.store, ctx.log
     definition = ImageDefinition.load(request.definition)
     repo = repo_root_for(request.definition)
     recipe = find_recipe(definition, catalog_recipes() if recipes is None else recipes, store)
@@ -165,7 +163,7 @@ def rebase_packages(
         if Target.parse(ref).in_engine:
             publish_base(image, new.tag(), ["docker"], store, log)
         judged, proposal = rebasing.propose(
-            dataclasses.replace(request, base=ref, digest=image.digest), store, log, seams
+            dataclasses.replace(request, base=ref, digest=image.digest), store, log, ctx.seams
         )
         # Proposals left beside by an earlier rebase are no definitions of the repository yet.
         proposals = [d for d in catalog.dependents(repo, recipe, store) if f"{BESIDE}." in d.name]
@@ -189,9 +187,7 @@ def rebase_packages(
             moved = {w.name: w.version for w in wheels if w not in recipe.wheels}
             skip = [request.definition, *proposals]
             files.update(
-                _relocked_others(
-                    lambda: catalog.relock_dependents(repo, new, image, work, store, log, skip, moved)
-                )
+                _relocked_others(lambda: catalog.relock_dependents(repo, new, image, work, ctx, skip, moved))
             )
         catalog.write_all(files)
         return dataclasses.replace(result, written=tuple(sorted(p.absolute() for p in files)))

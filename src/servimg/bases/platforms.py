@@ -38,7 +38,7 @@ def build_platforms(
     store: BlobStore,
     log: Log,
     *,
-    targets: Sequence[str] | None = None,
+    targets: Sequence[str],
     workdir: Path | None = None,
 ) -> dict[str, object]:
     """Build (or reuse) base `name` for each platform, check each pinned digest, and publish the children
@@ -48,13 +48,13 @@ def build_platforms(
         emulation.require(platform, f"building the {name} base")
     children: dict[Platform, Image] = {}
     built: dict[str, object] = {}
-    engine_wanted = targets is None or any(Target.parse(t).in_engine for t in targets)
+    in_engine = [t for t in targets if Target.parse(t).in_engine]
     recipes = {platform: pinned_recipe(name, platform) for platform in platforms}
     for platform, recipe in recipes.items():
         log(f"{name} base for {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
         image = base_image(recipe, store, log, workdir)
         children[platform] = image
-        published = publish_base(image, recipe.tag(), None if engine_wanted else [], store, log)
+        published = publish_base(image, recipe.tag(), in_engine, store, log)
         built[str(platform)] = {
             "recipe": recipe.name,
             "digest": str(image.digest),

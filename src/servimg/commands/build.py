@@ -47,7 +47,13 @@ def build_one(path: Path, p: params.Build, ctx: Context) -> Outcome:
     """Build it, every step in this run: one image, or for a definition with `base.platforms` one image
     per platform and an index over them."""
     plan = BuildPlan.make(
-        path, to=p.to, tag=p.tag, runner=p.runner, platform=p.platform, cache_root=ctx.store.root
+        path,
+        to=p.to,
+        tag=p.tag,
+        runner=p.runner,
+        platform=p.platform,
+        cache_root=ctx.store.root,
+        host=ctx.seams.host,
     )
     built = pipeline.build(plan, ctx).as_dict()
     return Outcome(str(path), {**built, **_described(built)}, json=built)

@@ -42,9 +42,7 @@ def rebase(p: params.Rebase, ctx: Context) -> Iterator[Outcome]:
     def run() -> Outcome:
         request = rebase_request(p)
         if p.packages:
-            local = localrebase.rebase_packages(
-                request, localrebase.parse_packages(p.packages), ctx.store, ctx.log, ctx.seams
-            )
+            local = localrebase.rebase_packages(request, localrebase.parse_packages(p.packages), ctx)
             result, text, data = local.rebase, local.text(), local.as_dict()
             written = local.written
         else:

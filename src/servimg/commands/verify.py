@@ -10,7 +10,8 @@ from servimg.core.platform import Platform
 from servimg.invocation import params
 from servimg.invocation.context import Context
 from servimg.invocation.outcome import Outcome, attempt, tally
-from servimg.proof.verify import VerifyFailed, verify_ref
+from servimg.proof.verifier import verify_ref
+from servimg.proof.verify import VerifyFailed
 
 
 def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
@@ -25,7 +26,9 @@ def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
         for label, image in images:
 
             def run(label: str = label, image: str = image) -> Outcome:
-                report = verify_ref(image, ctx.store, ctx.log, audit=p.audit)
+                report = verify_ref(
+                    image, ctx.store, ctx.log, verifier=ctx.seams.verifier, host=ctx.seams.host, audit=p.audit
+                )
                 error = None if report.ok else VerifyFailed(report)
                 return Outcome(
                     label, {"summary": tally(report.counts())}, report.as_dict(), report, error=error

@@ -1,4 +1,5 @@
-"""A platform (`linux/amd64`, `linux/arm64`): the OCI image-index entry's `platform`, as a type.
+"""A platform (`linux/amd64`, `linux/arm64`): the OCI image-index entry's `platform`, as a type; and the
+host as a value (`Host`: its platform, and whether an engine answers and overlays mount).
 
 Only the platforms servimg can build and probe are accepted (`SUPPORTED`): Linux on amd64 and arm64, the
 two architectures vLLM's own images cover. The OCI names and Debian's architecture names coincide for
@@ -7,8 +8,9 @@ both, and so do CPython's `platform.machine()` values after the kernel's (x86_64
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from servimg.core.errors import UsageError
@@ -80,3 +82,30 @@ class Platform:
 
 def texts(platforms: Iterable[Platform]) -> str:
     return ", ".join(str(p) for p in platforms)
+
+
+# What this host can do, as one value: whether a Docker Engine answers, whether overlays mount in a
+# private namespace (the warm root), and the platform it runs natively. Made once per command
+# (`assembly.defaults.probe_host`) and passed to whatever chooses by it: the default seams (which runner
+# compiles, where the probe runs), the default build target, where a base is published. Each capability
+# is asked at most once, when first needed: asking for the engine imports the Docker SDK and pings the
+# daemon, which a build from and to OCI layouts never needs. Issue 49: the engine alone was asked at
+# seven sites, each at its own moment.
+@dataclass(frozen=True)
+class Host:
+    ask_engine: Callable[[], bool]  # does a Docker Engine answer?
+    ask_overlays: Callable[[], bool]  # does overlayfs mount in a private mount namespace (the warm root)?
+    platform: Platform  # what this machine runs natively
+
+    @classmethod
+    def known(cls, *, engine: bool, overlays: bool, platform: Platform | None = None) -> Host:
+        """A host whose answers are already known (a caller that asked, tests)."""
+        return cls(lambda: engine, lambda: overlays, platform or Platform.host())
+
+    @functools.cached_property
+    def engine(self) -> bool:
+        return self.ask_engine()
+
+    @functools.cached_property
+    def overlays(self) -> bool:
+        return self.ask_overlays()

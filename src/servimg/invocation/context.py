@@ -1,7 +1,7 @@
 """What every command runs with (`Context`, the build's: `servimg.assembly.context`), and the run of a
-parsed command with it: the seams the
-arguments ask for, the blob store, the command's outcomes (`servimg.invocation.session` runs every parsed
-command through it)."""
+parsed command with it: this host asked once (`probe_host`), the seams the arguments ask for on top of
+its defaults (or a caller's), the blob store, the command's outcomes (`servimg.invocation.session` runs
+every parsed command through it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from servimg.assembly.context import Context as Context
-from servimg.assembly.seams import FromRef, Seams
+from servimg.assembly.defaults import FromRef, default_seams, probe_host
+from servimg.assembly.seams import Seams
 from servimg.invocation.outcome import Outcome
 from servimg.oci.store import BlobStore
 from servimg.render import Reporter
@@ -27,7 +28,7 @@ def seams_from(args: argparse.Namespace, given: Seams) -> Seams:
 
 def outcomes(args: argparse.Namespace, seams: Seams | None, reporter: Reporter) -> Iterator[Outcome]:
     """The parsed command (`args.run`) run with its context: one outcome per target, as each finishes."""
-    chosen = seams_from(args, seams or Seams())
-    context = Context(BlobStore(args.cache, tap=chosen.store_tap), reporter.log, reporter, chosen)
+    chosen = seams_from(args, seams or default_seams(probe_host()))
+    context = Context(BlobStore(args.cache, tap=chosen.store_tap), reporter.log, reporter, seams=chosen)
     run: Run = args.run
     return run(args, context)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servimg.assembly.seams import DEFAULT, Seams
+from servimg.assembly.seams import Seams
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -43,6 +43,7 @@ from servimg.judging.policy import (
 )
 from servimg.oci.image import Layer
 from servimg.oci.store import BlobStore
+from servimg.proof.verifier import Verifier
 from servimg.signing.keys import load_trusted
 from servimg.statements import attest, binding, sbom
 from servimg.statements import derived as provenance
@@ -618,8 +619,8 @@ class Rebuild:
     """`--rebuild [--definition PATH]`: rebuild the image here; the checkout's definition gives the
     overlay files (default images/<name>.yaml), the build's seams the runner."""
 
-    definition: Path | None = None
-    seams: Seams = DEFAULT
+    definition: Path | None
+    seams: Seams
 
 
 def gather(
@@ -628,7 +629,7 @@ def gather(
     log: Log,
     policy: Policy,
     *,
-    deep: bool = False,
+    deep: Verifier | None = None,
     rebuild: Rebuild | None = None,
 ) -> Evidence:
     """Every piece of evidence the policy asks for: attestations verified against every key it names
@@ -685,7 +686,7 @@ def check(
     log: Log,
     policy: Policy,
     *,
-    deep: bool = False,
+    deep: Verifier | None = None,
     repo: str | None = None,
     remote: bool = False,
     rebuild: Rebuild | None = None,

@@ -36,7 +36,8 @@ from servimg.oci import integrity
 from servimg.oci.image import Image
 from servimg.oci.layer import diff_id_of
 from servimg.oci.store import BlobStore
-from servimg.proof.verify import VerifyReport, run_probe_in_docker, verify_image_value
+from servimg.proof.verifier import Verifier
+from servimg.proof.verify import VerifyReport, run_probe_in_docker
 from servimg.signing import dsse
 from servimg.statements import attest
 from servimg.statements import derived as provenance
@@ -391,7 +392,7 @@ def collect(
     *,
     trusted: Sequence[dsse.VerifyKey] = (),
     threshold: int = 1,
-    deep: bool = False,
+    deep: Verifier | None = None,
 ) -> Evidence:
     """Every fact `evaluate` needs, fetched and verified; nothing here decides PASS or FAIL."""
     if trusted and threshold > len(set(trusted)):
@@ -409,7 +410,7 @@ def collect(
         changes = provenance.layer_changes(top)
     except ServimgError as exc:
         facts_problem = exc.message
-    report, deep_problem = _deep(located, store, log) if deep else (None, None)
+    report, deep_problem = _deep(located, store, log, deep) if deep is not None else (None, None)
     return Evidence(
         located,
         tuple(found),
@@ -596,9 +597,12 @@ def _signature_of(
     return ("forged" if claimed & {k.keyid for k in trusted} else "untrusted"), ()
 
 
-def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | None, str | None]:
-    """Pull the whole image and run the probe in it again. From a registry every blob is fetched from it
-    and hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
+def _deep(
+    located: Located, store: BlobStore, log: Log, verifier: Verifier
+) -> tuple[VerifyReport | None, str | None]:
+    """Pull the whole image and run the probe in it again, by the verifier seam (an image the engine holds:
+    in a container of it, as `servimg verify` does). From a registry every blob is fetched from it and
+    hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
     try:
         if located.source == "engine":
             log(f"running the probe in the local image {located.config_digest.short}")
@@ -606,6 +610,6 @@ def _deep(located: Located, store: BlobStore, log: Log) -> tuple[VerifyReport | 
         if located.source == "registry":
             ref = f"{located.name}@{located.digest}"
             registry.pull(ref, store, log, ReadOptions(expected=located.digest, rehash=True))
-        return verify_image_value(located.image, store, log), None
+        return verifier.report(located.image, store, log, base_config=None, whole_image=True), None
     except ServimgError as exc:
         return None, exc.message

@@ -31,6 +31,7 @@ from servimg.judging.check import CheckReport, Policy, check
 from servimg.judging.evidence import row
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
+from servimg.proof.verifier import Verifier
 from servimg.signing import dsse
 from servimg.signing.keys import load_trusted
 from servimg.statements import attest
@@ -85,7 +86,7 @@ def check_index(
     log: Log,
     policy: Policy,
     *,
-    deep: bool = False,
+    deep: Verifier | None = None,
     only: Platform | None = None,
 ) -> CheckReport:
     """Every platform checked as an image (`only`: that one), then the bindings into this index."""

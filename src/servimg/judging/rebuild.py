@@ -27,9 +27,10 @@ import yaml
 
 from servimg import __version__
 from servimg.assembly.context import Context
+from servimg.assembly.defaults import StoreOnly
 from servimg.assembly.pipeline import build
 from servimg.assembly.plan import BuildPlan
-from servimg.assembly.seams import DEFAULT, Seams, StoreOnly
+from servimg.assembly.seams import Seams
 from servimg.backends.target import Target
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
@@ -127,7 +128,7 @@ def rebuild(
     log: Log,
     *,
     fetch_layer: Callable[[Layer], None] = lambda layer: None,
-    seams: Seams = DEFAULT,
+    seams: Seams,
 ) -> Rebuilt:
     """Rebuild `image` from the inputs its provenance names (see the module docstring); never raises for
     a rebuild that cannot be done: the result's `problem` says why."""

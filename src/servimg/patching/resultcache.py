@@ -12,7 +12,7 @@ An entry (servimg.cache.results) holds its full key document and the sha256 of i
 both are checked (and each pyc's own sha256), so a corrupt, truncated or foreign entry (another key's
 file under this name) is ignored and the bytecode compiled and written again. Entries are written
 atomically (temp + rename): a reader sees a whole entry or none. No verdict is cached: every build runs
-the whole probe (assembly.seams.ProbeVerifier).
+the whole probe (assembly.defaults.ProbeVerifier).
 """
 
 from __future__ import annotations

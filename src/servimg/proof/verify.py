@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servimg.backends import engine, transport
+from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec
 from servimg.core import canonical
 from servimg.core import jsonview as jv
@@ -541,14 +541,14 @@ def verify_image_value(
     *,
     audit: bool = False,
     base_config: Digest | None = None,
-    in_container: bool | None = None,
+    in_container: bool,
 ) -> VerifyReport:
-    """Probe an image value whose blobs are in `store`: in a container when an engine runs (or as
-    `in_container` says: the route the build chose) (the image is
-    loaded untagged, thin over its base, and removed again if the probe fails and it was not there
-    before; `docker load` checks every layer it takes against its diffID), otherwise in a chroot of its
-    extracted layers, each layer of the store hashed first against its digest and diffID."""
-    if not (engine.engine_available() if in_container is None else in_container):
+    """Probe an image value whose blobs are in `store`: `in_container` (the route chosen for this host,
+    `proof.verifier.ProbeRoute`), in a container of it (the image is loaded untagged, thin over its base,
+    and removed again if the probe fails and it was not there before; `docker load` checks every layer it
+    takes against its diffID), otherwise in a chroot of its extracted layers, each layer of the store
+    hashed first against its digest and diffID."""
+    if not in_container:
         integrity.prove_layers(image, store)
         log("verifying in a chroot (no Docker Engine)")
         fs = LayeredFS.of_layers(image.layers, store)
@@ -571,24 +571,6 @@ def verify_image_value(
     if not report.ok and not existed:
         engine.remove(image.config_digest)
     return report
-
-
-def verify_ref(ref: str, store: BlobStore, log: Log, *, audit: bool = False) -> VerifyReport:
-    """`servimg verify IMAGE`: an engine name or (short) ID, oci:DIR[:TAG], docker-archive:FILE or
-    HOST/REPO:TAG, resolved as docker would (`transport.resolve`)."""
-    found = transport.resolve(ref, log)
-    if found.target.in_engine:
-        if engine.engine_available():
-            return VerifyReport.from_json(run_probe_in_docker(found.target.location, audit=audit))
-        raise VerifyError(
-            f"{ref} names an engine image, but no Docker Engine is reachable",
-            hint="start dockerd, or verify an OCI layout / registry ref instead",
-        )
-    # Every blob it relies on is hashed where it is relied on: the source's here (rehash), the store's
-    # copy where the probe runs on it (verify_image_value).
-    with transport.said_where(found):
-        image = transport.fetch(found.ref, store, log, rehash=True)
-    return verify_image_value(image, store, log, audit=audit)
 
 
 def _optional_digest(value: object, where: str) -> Digest | None:
