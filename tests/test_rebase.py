@@ -423,9 +423,7 @@ def test_bad_input_says_what_to_do_and_writes_nothing(
     with pytest.raises(RebaseError, match="does not declare"):
         rebase(
             RebaseRequest(backport, wheel_bases.new.ref, versions={"torch": "1"}),
-            BlobStore(),
-            print,
-            HOST_SEAMS,
+            Context(BlobStore(), print, seams=HOST_SEAMS),
         )
     assert _snapshot(backport.parent.parent) == before
 

@@ -161,11 +161,12 @@ class PushOptions(TypedDict, total=False):
     gpg: GpgPlan | None  # containers/image GPG simple signatures too
 
 
-def push(image_ref: str, dest: str, store: BlobStore, log: Log, **options: Unpack[PushOptions]) -> Pushed:
+def push(image_ref: str, dest: str, ctx: Context, **options: Unpack[PushOptions]) -> Pushed:
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
-    verify result. `report` (a VerifyReport) is used instead of running the probe when given."""
-    image = transport.fetch_argument(image_ref, store, log, progress=options.get("progress", NULL))
-    return push_image(image, dest, store, log, **options)
+    verify result. `report` (a VerifyReport) is used instead of the context's verifier when given."""
+    image = transport.fetch_argument(image_ref, ctx.store, ctx.log, progress=ctx.progress)
+    options = {"verifier": ctx.seams.verifier, "progress": ctx.progress, **options}
+    return push_image(image, dest, ctx.store, ctx.log, **options)
 
 
 def push_image(

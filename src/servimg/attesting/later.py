@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from servimg.assembly.context import Context
 from servimg.attesting.attach import (
     AttachError,
     GpgPlan,
@@ -29,8 +30,6 @@ from servimg.judging import rebuild as rebuilds
 from servimg.judging.check import CheckFailed, CheckReport, Policy, evaluate, gather
 from servimg.judging.evidence import Located, locate
 from servimg.judging.policy import REBUILD_V1
-from servimg.oci.store import BlobStore
-from servimg.proof.verifier import Verifier
 from servimg.signing import dsse
 from servimg.statements import attest, binding
 from servimg.statements import derived as provenance
@@ -67,8 +66,7 @@ def attest_file(
     ref: str,
     predicate_type: str,
     file: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     key: dsse.Signer | None = None,
     repo: str | None = None,
@@ -76,6 +74,7 @@ def attest_file(
     formats: frozenset[str] = DEFAULT_FORMATS,
 ) -> Attached:
     """`servimg attest REF --predicate-type T --file F`: attach a later result to the image REF names."""
+    store, log = ctx.store, ctx.log
     try:
         data = file.read_bytes()
     except OSError as exc:
@@ -155,25 +154,26 @@ def vsa_predicate(report: CheckReport, located: Located, policy: Policy, verifie
 def promote(
     ref: str,
     tag: str,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     policy: Policy,
     *,
     key: dsse.Signer | None = None,
     verifier: str | None = None,
-    deep: Verifier | None = None,
+    deep: bool = False,
     repo: str | None = None,
     remote: bool = False,
     formats: frozenset[str] = DEFAULT_FORMATS,
     gpg: GpgPlan | None = None,
 ) -> Promoted:
-    """Check REF against `policy`; only if it passes, attach a VSA and then move `tag` to the digest."""
+    """Check REF against `policy` (`deep`: a fresh probe run by the context's verifier seam); only if it
+    passes, attach a VSA and then move `tag` to the digest."""
+    store, log = ctx.store, ctx.log
     if not is_valid_tag(tag):
         raise AttachError(f"invalid tag {tag!r}", hint="tags are 1-128 of [A-Za-z0-9_.-]")
     located = locate(ref, store, log, repo=repo, remote=remote)
     if located.registry is None:
         raise AttachError(f"{ref} is not in a registry; promotion moves a registry tag")
-    evidence = gather(located, store, log, policy, deep=deep)
+    evidence = gather(located, ctx, policy, deep=deep)
     if evidence.facts is not None:
         facts = evidence.facts
         binding.refuse_rebinding(tag, facts.definition, facts.lock_digest, f"promote {located.name} to")

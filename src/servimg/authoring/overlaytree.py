@@ -27,7 +27,6 @@ from pathlib import Path
 
 from servimg.assembly.context import Context
 from servimg.assembly.pipeline import Resolution, lock, resolve
-from servimg.assembly.seams import Seams
 from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.core import fixid
 from servimg.core import jsonview as jv
@@ -74,15 +73,13 @@ def edit(
     definition: Path,
     package: str,
     directory: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     with_stack: bool = False,
-    seams: Seams,
 ) -> Edited:
     if directory.exists() and any(directory.iterdir()):
         raise OverlayError(f"{directory} is not empty; nothing was written", hint="name a new directory")
-    resolution = resolve(definition, Context(store, log, seams=seams))
+    resolution = resolve(definition, ctx)
     site = _site(resolution, package)
     stack = tuple(o.id for o in resolution.lock.overlays if o.package == package) if with_stack else ()
     stacked = {c.path: c.content for c in resolution.changes} if with_stack else {}
@@ -117,13 +114,11 @@ def save(
     package: str,
     directory: Path,
     overlay_id: str,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     description: str | None = None,
     fixes: tuple[str, ...] = (),
     upstream: tuple[str, ...] = (),
-    seams: Seams,
 ) -> Saved:
     """The edits as overlays/PACKAGE/ID.patch, added to the definition and locked. Without `description`
     the entry gets the placeholder and the definition is not locked (lock and build refuse it until the
@@ -157,7 +152,7 @@ def save(
             hint=f"choose another --id, or take the old overlay out first: servimg overlay drop {definition} "
             f"{overlay_id}",
         )
-    resolution = resolve(definition, Context(store, log, seams=seams))
+    resolution = resolve(definition, ctx)
     site = _site(resolution, package)
     stacked = {c.path: c.content for c in resolution.changes}
     old = {rel: _before(resolution, stacked, f"{site}/{rel}", manifest) for rel in changed}
@@ -167,8 +162,8 @@ def save(
             f"no change in {directory}: the files are what the definition's overlays already make",
             hint="edit a file of the package first",
         )
-    _refuse_what_does_not_compile(resolution, site, directory, changed, store)
-    sentinels = _proposals(resolution, site, old, directory, changed, log)
+    _refuse_what_does_not_compile(resolution, site, directory, changed, ctx.store)
+    sentinels = _proposals(resolution, site, old, directory, changed, ctx.log)
     if fixes and not sentinels:
         raise OverlayError(
             f"--fixes {', '.join(fixes)}: no sentinel could be proposed for this change, and a fix is proven "
@@ -194,9 +189,9 @@ def save(
         lock_digest = None
         if description is not None:
             saved = ImageDefinition.load(definition)
-            locked, _ = lock(definition, Context(store, log, seams=seams), definition=saved)
+            locked, _ = lock(definition, ctx, definition=saved)
             lock_digest = locked.digest
-            remember(store.root, saved)
+            remember(ctx.store.root, saved)
     except BaseException:
         atomic_write(definition, original, 0o644)  # nothing half-done: the definition as it was
         patch_path.unlink(missing_ok=True)

@@ -34,14 +34,12 @@ from pathlib import Path
 
 from servimg.assembly import basescan, pipeline
 from servimg.assembly.context import Context
-from servimg.assembly.seams import Seams
 from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.backends import transport
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import OverlayError, RebaseError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings, Status
-from servimg.core.progress import Log
 from servimg.definitions.definition import (
     BaseSpec,
     ImageDefinition,
@@ -53,7 +51,6 @@ from servimg.definitions.definition import (
 from servimg.definitions.lock import Lock, lock_path_for
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
 from servimg.patching.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
 from servimg.patching.patch import FilePatch, Patch, split_lines
 from servimg.proof.sentinels import base_sentinel_lookups, module_sources, sentinel_elsewhere, sentinel_key
@@ -524,12 +521,11 @@ def open_base(
     ref: str,
     digest: Digest | None,
     versions: Mapping[str, str],
-    store: BlobStore,
-    log: Log,
-    seams: Seams,
+    ctx: Context,
 ) -> NewBase:
     """Read the new base (refusing another digest than `digest`, when given) and find in it, per
     declared package, the one version installed (or the one asked for in `versions`)."""
+    store, log, seams = ctx.store, ctx.log, ctx.seams
     unknown = sorted(set(versions) - set(definition.packages))
     if unknown:
         raise RebaseError(
@@ -614,15 +610,13 @@ def proposed_paths(definition_path: Path, in_place: bool) -> tuple[Path, Path]:
 # ------------------------------------------------------------------------------------------------ command
 
 
-def propose(
-    request: RebaseRequest, store: BlobStore, log: Log, seams: Seams
-) -> tuple[RebaseResult, dict[Path, bytes]]:
+def propose(request: RebaseRequest, ctx: Context) -> tuple[RebaseResult, dict[Path, bytes]]:
     """Judge the stack on the new base; when it carries over, compute the proposed definition and its lock
     (resolved as a build resolves). Returns the result and the files to write (none when it does not
     carry); nothing is written here."""
     path = request.definition
     old = ImageDefinition.load(path)
-    new = open_base(old, request.base, request.digest, request.versions, store, log, seams)
+    new = open_base(old, request.base, request.digest, request.versions, ctx)
     verdicts = judge_stack(old, repo_root_for(path), new, drop_absorbed=request.drop_absorbed)
     packages = {n: (old.packages[n].version, v) for n, v in new.versions.items()}
     result = RebaseResult(path, new.ref, new.digest, packages, verdicts)
@@ -632,7 +626,7 @@ def propose(
     text = definition_text(path.read_text(encoding="utf-8"), old, proposed)
     with scratch_definition(path, text, "rebase") as scratch:
         try:
-            lock: Lock = pipeline.resolve(scratch, Context(store, log, seams=seams), request.runner).lock
+            lock: Lock = pipeline.resolve(scratch, ctx, request.runner).lock
         except ServimgError as exc:
             raise exc.context("locking the rebased definition") from None
     definition_out, lock_out = proposed_paths(path, request.write)
@@ -645,9 +639,9 @@ def propose(
     return written, files
 
 
-def rebase(request: RebaseRequest, store: BlobStore, log: Log, seams: Seams) -> RebaseResult:
+def rebase(request: RebaseRequest, ctx: Context) -> RebaseResult:
     """`propose`, then write the proposed lock and definition (each atomically) when the stack carries."""
-    result, files = propose(request, store, log, seams)
+    result, files = propose(request, ctx)
     for out, data in files.items():
         atomic_write(out, data, 0o644)
     return result

@@ -14,15 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.assembly.basescan import guess_interpreter, interpreter_facts, providers
+from servimg.assembly.context import Context
 from servimg.assembly.pipeline import base_fs
-from servimg.assembly.seams import Seams
 from servimg.backends import transport
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError
-from servimg.core.progress import Log
 from servimg.definitions.definition import DEFAULT_TEMPLATE, ImageDefinition
-from servimg.oci.store import BlobStore
 
 SERVING_PACKAGES = ("vllm", "lmcache")
 
@@ -74,10 +72,9 @@ class Skeleton:
         return "\n".join(lines) + "\n"
 
 
-def inspect(
-    ref: str, name: str, repository: str | None, store: BlobStore, log: Log, seams: Seams
-) -> Skeleton:
+def inspect(ref: str, name: str, repository: str | None, ctx: Context) -> Skeleton:
     """The skeleton of a definition over the base `ref` (an IMAGE argument, resolved as docker would)."""
+    store, log, seams = ctx.store, ctx.log, ctx.seams
     found = transport.resolve(ref, log)
     base = transport.fetch(found.ref, store, log)
     fs = base_fs(base, store)

@@ -162,9 +162,7 @@ def rebase_packages(
         ref = catalog.base_ref(definition.base.ref, new, store)
         if Target.parse(ref).in_engine:
             publish_base(image, new.tag(), ["docker"], store, log)
-        judged, proposal = rebasing.propose(
-            dataclasses.replace(request, base=ref, digest=image.digest), store, log, ctx.seams
-        )
+        judged, proposal = rebasing.propose(dataclasses.replace(request, base=ref, digest=image.digest), ctx)
         # Proposals left beside by an earlier rebase are no definitions of the repository yet.
         proposals = [d for d in catalog.dependents(repo, recipe, store) if f"{BESIDE}." in d.name]
         others = [

@@ -15,7 +15,7 @@ def init(p: params.Init, ctx: Context) -> Iterator[Outcome]:
     """Inspect the base and write images/NAME.yaml (or --out); an existing file is kept unless --force."""
 
     def run() -> Outcome:
-        found = skeleton.inspect(p.base, p.name, p.repository, ctx.store, ctx.log, ctx.seams)
+        found = skeleton.inspect(p.base, p.name, p.repository, ctx)
         path = p.out or Path("images") / f"{p.name}.yaml"
         skeleton.write(found, path, force=p.force)
         return Outcome(

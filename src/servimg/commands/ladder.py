@@ -119,8 +119,7 @@ def _ladder_outcome(p: params.Ladder, doc: Receipt, out: Path, on: str, ctx: Con
             p.image,
             TEST_RESULT_V01,
             out / "receipt.json",
-            ctx.store,
-            ctx.log,
+            ctx,
             key=signing_key(p.key),
             repo=p.attach,
         )

@@ -15,9 +15,7 @@ def edit(p: params.OverlayEdit, ctx: Context) -> Iterator[Outcome]:
     """Write the package's installed files (the base's bytes, or after its overlays) into --dir."""
 
     def run() -> Outcome:
-        done = authoring.edit(
-            p.definition, p.package, p.dir, ctx.store, ctx.log, with_stack=p.with_stack, seams=ctx.seams
-        )
+        done = authoring.edit(p.definition, p.package, p.dir, ctx, with_stack=p.with_stack)
         return Outcome(
             str(done.directory),
             {
@@ -41,12 +39,10 @@ def save(p: params.OverlaySave, ctx: Context) -> Iterator[Outcome]:
             p.package,
             p.dir,
             p.id,
-            ctx.store,
-            ctx.log,
+            ctx,
             description=p.description,
             fixes=p.fixes,
             upstream=p.upstream,
-            seams=ctx.seams,
         )
         sentinels = [f"{s.module}:{s.qualname}:{s.name}" for s in saved.sentinels]
         fields: dict[str, object] = {

@@ -66,13 +66,10 @@ def push(p: params.Push, ctx: Context) -> Iterator[Outcome]:
         pushed = attach.push(
             p.image,
             p.dest,
-            ctx.store,
-            ctx.log,
+            ctx,
             key=signing_key(p.key),
             report=report,
-            verifier=ctx.seams.verifier,
             builder=p.builder_id,
-            progress=ctx.progress,
             unsigned=p.unsigned,
             formats=formats(p.publish),
             gpg=gpg_plan(p.publish),
@@ -88,8 +85,7 @@ def attest(p: params.Attest, ctx: Context) -> Iterator[Outcome]:
             p.ref,
             predicate_type(p.predicate_type),
             p.file,
-            ctx.store,
-            ctx.log,
+            ctx,
             key=signing_key(p.key),
             repo=p.lookup.repo,
             remote=p.lookup.remote,
@@ -114,10 +110,9 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             found = indexcheck.check_index(
                 resolved,
                 index,
-                ctx.store,
-                ctx.log,
+                ctx,
                 policy,
-                deep=ctx.seams.verifier if p.policy.deep else None,
+                deep=p.policy.deep,
                 only=Platform.optional(p.platform),
             )
             summary: dict[str, object] = {"digest": str(found.digest or ""), "summary": tally(found.counts())}
@@ -125,13 +120,12 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             return Outcome(p.ref, summary, dict(found.as_dict()), found, error=failed)
         report, evidence = check(
             p.ref,
-            ctx.store,
-            ctx.log,
+            ctx,
             policy,
-            deep=ctx.seams.verifier if p.policy.deep else None,
+            deep=p.policy.deep,
             repo=p.lookup.repo,
             remote=p.lookup.remote,
-            rebuild=Rebuild(p.rebuild.definition, ctx.seams) if p.rebuild is not None else None,
+            rebuild=Rebuild(p.rebuild.definition) if p.rebuild is not None else None,
         )
         brief: dict[str, object] = {"digest": str(report.digest or ""), "summary": tally(report.counts())}
         full: dict[str, object] = dict(report.as_dict())
@@ -174,12 +168,11 @@ def promote(p: params.Promote, ctx: Context) -> Iterator[Outcome]:
             promoted = later.promote(
                 p.ref,
                 p.tag,
-                ctx.store,
-                ctx.log,
+                ctx,
                 policy_of(p.policy, p.lookup.keys),
                 key=signing_key(p.sign),
                 verifier=p.verifier_id,
-                deep=ctx.seams.verifier if p.policy.deep else None,
+                deep=p.policy.deep,
                 repo=p.lookup.repo,
                 remote=p.lookup.remote,
                 formats=formats(p.publish),
@@ -252,7 +245,7 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
         located = locate(p.ref, ctx.store, ctx.log, repo=p.lookup.repo, remote=p.lookup.remote)
-        evidence = gather(located, ctx.store, ctx.log, policy)
+        evidence = gather(located, ctx, policy)
         if evidence.facts is None:
             raise CheckError(
                 f"{p.ref} carries no lock of its own: {evidence.facts_problem}",
@@ -293,7 +286,7 @@ def vex(p: params.Vex, ctx: Context) -> Iterator[Outcome]:
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
         located = locate(p.ref, ctx.store, ctx.log, repo=p.lookup.repo, remote=p.lookup.remote)
-        evidence = gather(located, ctx.store, ctx.log, policy)
+        evidence = gather(located, ctx, policy)
         documents = [s.predicate for _, s in accepted(policy, evidence) if s.predicate_type == OPENVEX_V020]
         if not documents:
             declared = [a.id for a in advisories(evidence.facts)] if evidence.facts is not None else []

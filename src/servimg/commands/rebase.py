@@ -46,7 +46,7 @@ def rebase(p: params.Rebase, ctx: Context) -> Iterator[Outcome]:
             result, text, data = local.rebase, local.text(), local.as_dict()
             written = local.written
         else:
-            result = rebasing.rebase(request, ctx.store, ctx.log, ctx.seams)
+            result = rebasing.rebase(request, ctx)
             text, data, written = result.text(), result.as_dict(), result.written
         fields: dict[str, object] = {"carries": result.carries, **result.counts()}
         fields["written"] = [str(w) for w in written]

@@ -13,12 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servimg.assembly.seams import Seams
+from servimg.assembly.context import Context
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings
-from servimg.core.progress import Log
 from servimg.definitions.lock import Lock
 from servimg.formats.cosignread import CosignSignature
 from servimg.judging import fixes
@@ -42,8 +41,6 @@ from servimg.judging.policy import (
     predicate_type,
 )
 from servimg.oci.image import Layer
-from servimg.oci.store import BlobStore
-from servimg.proof.verifier import Verifier
 from servimg.signing.keys import load_trusted
 from servimg.statements import attest, binding, sbom
 from servimg.statements import derived as provenance
@@ -617,37 +614,41 @@ def _deep_row(ev: Evidence) -> Finding:
 @dataclass(frozen=True)
 class Rebuild:
     """`--rebuild [--definition PATH]`: rebuild the image here; the checkout's definition gives the
-    overlay files (default images/<name>.yaml), the build's seams the runner."""
+    overlay files (default images/<name>.yaml), the context's seams the runner."""
 
     definition: Path | None
-    seams: Seams
 
 
 def gather(
     located: Located,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     policy: Policy,
     *,
-    deep: Verifier | None = None,
+    deep: bool = False,
     rebuild: Rebuild | None = None,
 ) -> Evidence:
     """Every piece of evidence the policy asks for: attestations verified against every key it names
-    (which key may vouch for which predicate type is judged in `evaluate`), the lock file, a rebuild."""
+    (which key may vouch for which predicate type is judged in `evaluate`), the lock file, a fresh probe
+    run by the context's verifier seam (`deep`), a rebuild with its seams."""
     files = policy.all_keys()
     keyid_of = {path: load_trusted([path])[0].keyid for path in files}
     evidence = collect(
-        located, store, log, trusted=load_trusted(files), threshold=policy.threshold, deep=deep
+        located,
+        ctx.store,
+        ctx.log,
+        trusted=load_trusted(files),
+        threshold=policy.threshold,
+        deep=ctx.seams.verifier if deep else None,
     )
     lock_file = (str(policy.lock), Lock.load(policy.lock)) if policy.lock is not None else None
     evidence = replace(evidence, typed_trust=keyids_by_type(policy, keyid_of), lock_file=lock_file)
     if rebuild is None:
         return evidence
-    return replace(evidence, rebuild=_rebuild(policy, evidence, rebuild, store, log))
+    return replace(evidence, rebuild=_rebuild(policy, evidence, rebuild, ctx))
 
 
-def _rebuild(policy: Policy, ev: Evidence, request: Rebuild, store: BlobStore, log: Log) -> rebuilds.Rebuilt:
-    located = ev.located
+def _rebuild(policy: Policy, ev: Evidence, request: Rebuild, ctx: Context) -> rebuilds.Rebuilt:
+    located, store = ev.located, ctx.store
     if ev.facts is None:
         return rebuilds.Rebuilt(
             located.digest, problem=f"the image carries no servimg files: {ev.facts_problem}"
@@ -674,23 +675,22 @@ def _rebuild(policy: Policy, ev: Evidence, request: Rebuild, store: BlobStore, l
         predicate,
         request.definition,
         store,
-        log,
+        ctx.log,
         fetch_layer=fetch_layer,
-        seams=request.seams,
+        seams=ctx.seams,
     )
 
 
 def check(
     ref: str,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     policy: Policy,
     *,
-    deep: Verifier | None = None,
+    deep: bool = False,
     repo: str | None = None,
     remote: bool = False,
     rebuild: Rebuild | None = None,
 ) -> tuple[CheckReport, Evidence]:
-    located = locate(ref, store, log, repo=repo, remote=remote)
-    evidence = gather(located, store, log, policy, deep=deep, rebuild=rebuild)
+    located = locate(ref, ctx.store, ctx.log, repo=repo, remote=remote)
+    evidence = gather(located, ctx, policy, deep=deep, rebuild=rebuild)
     return evaluate(policy, evidence), evidence

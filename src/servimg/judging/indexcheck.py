@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from servimg.assembly.context import Context
 from servimg.assembly.platforms import INDEX_LOCK, PLATFORM_LABEL, PLATFORMS_LOCK_LABEL
 from servimg.assembly.release import PlatformImage
 from servimg.backends import transport
@@ -24,14 +25,11 @@ from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError, UsageError
 from servimg.core.findings import FAIL, PASS, Finding
 from servimg.core.platform import Platform
-from servimg.core.progress import Log
 from servimg.definitions.platformlock import PlatformLocks, load_any
 from servimg.formats import referrers
 from servimg.judging.check import CheckReport, Policy, check
 from servimg.judging.evidence import row
 from servimg.oci.index import ImageIndex
-from servimg.oci.store import BlobStore
-from servimg.proof.verifier import Verifier
 from servimg.signing import dsse
 from servimg.signing.keys import load_trusted
 from servimg.statements import attest
@@ -82,11 +80,10 @@ def child_ref(ref: str, digest: Digest) -> str:
 def check_index(
     ref: str,
     index: ImageIndex,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     policy: Policy,
     *,
-    deep: Verifier | None = None,
+    deep: bool = False,
     only: Platform | None = None,
 ) -> CheckReport:
     """Every platform checked as an image (`only`: that one), then the bindings into this index."""
@@ -104,7 +101,7 @@ def check_index(
     for entry in chosen:
         prefix = f"[{entry.platform}]"
         try:
-            report, evidence = check(child_ref(ref, entry.descriptor.digest), store, log, policy, deep=deep)
+            report, evidence = check(child_ref(ref, entry.descriptor.digest), ctx, policy, deep=deep)
         except ServimgError as exc:
             findings.append(row(f"{prefix} image", FAIL, f"{entry.descriptor.digest}: {exc.message}"))
             continue
