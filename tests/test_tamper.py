@@ -747,9 +747,9 @@ def test_promote_refuses_and_leaves_no_tag(
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registry retries without their back-off sleeps (the fault is permanent until restarted)."""
-    import servimg.backends.registryclient as client_module
+    import time
 
-    monkeypatch.setattr(client_module.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
 
 
 KILLED_REPO = "servimg/killed"
