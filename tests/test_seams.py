@@ -294,3 +294,29 @@ def test_a_target_is_written_back_as_it_is_read(text: str) -> None:
 
     target = Target.parse(text)
     assert target.text() == text and Target.parse(target.text()) == target
+
+
+def test_the_host_is_one_value_asked_once_and_only_when_needed(tmp_path: Path) -> None:
+    """Issue 49: the engine was asked at seven sites. Now a command makes one `Host` (`probe_host`), its
+    default seams are built from it without asking anything, and each capability is asked at most once,
+    when a choice first needs it: a build from and to OCI layouts on an overlay-capable host never pings
+    the engine (nor imports the Docker SDK)."""
+    from servimg.assembly.plan import default_target
+    from servimg.core.errors import BuildError
+    from servimg.core.platform import Host, Platform
+
+    asked: list[str] = []
+
+    def ask(what: str, answer: bool) -> Any:
+        return lambda: asked.append(what) is None and answer
+
+    host = Host(ask("engine", False), ask("overlays", True), Platform.host())
+    chosen = defaults.default_seams(host)
+    assert asked == [] and chosen.host is host
+    assert probe_route(host) is ProbeRoute.WARM and probe_route(host) is ProbeRoute.WARM
+    assert asked == ["overlays"], "the warm root needs no engine, and each answer is kept"
+    assert default_target(tmp_path / "images" / "x.yaml", host).text() == f"oci:{Path('out') / 'x'}"
+    assert asked == ["overlays", "engine"]
+    assert default_target(tmp_path / "x.yaml", Host.known(engine=True, overlays=False)).text() == "docker"
+    with pytest.raises(BuildError, match="no target"):
+        default_target(tmp_path / "x.yaml", None)
