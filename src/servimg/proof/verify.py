@@ -514,7 +514,7 @@ class VerifyReport(Findings):
 class VerifyFailed(VerifyError):
     """The probe ran and the image failed it; carries the report. `subject` and `consequence` make the
     refusal of a command that needed a verified image ("the built image sha256:… failed verification;
-    nothing was tagged"): the one message `seams.verify_or_refuse` raises wherever it runs."""
+    nothing was tagged"): the one message `proof.verifier.verify_or_refuse` raises wherever it runs."""
 
     def __init__(self, report: VerifyReport, *, subject: str = "", consequence: str = "") -> None:
         problems = report.problems()

@@ -7,7 +7,7 @@ Every check runs in this run, over the final tree: RECORD hashes every file of e
 distribution, nothing is taken from an earlier run or merged from a part (docs/design.md, "The proof is
 computed, never remembered"). `servimg verify IMAGE` runs the same probe in a container or a chroot; the
 build uses the warm root where this host can mount overlays because it needs no engine and no copy of the
-image (`assembly.seams.probe_route`).
+image (`proof.verifier.probe_route`).
 """
 
 from __future__ import annotations
