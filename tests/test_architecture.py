@@ -508,7 +508,7 @@ def _is_prefix(node: ast.expr) -> bool:
 
 def _place_spellings(tree: ast.AST) -> list[int]:
     """Lines that compare a `.kind` with a place kind, or build or test a transport prefix in code: what
-    only backends/ may know (a Target says what a caller needs: in_engine, is_layout, text(), …)."""
+    only backends/ may know (a place says what a caller needs: `holds`, `named_tag`, `text()`, …)."""
     lines = []
     for node in ast.walk(tree):
         if (
@@ -551,6 +551,39 @@ def test_only_the_backends_know_how_a_place_is_spelt() -> None:
             continue
         offenders += [f"{rel}:{n}" for n in _place_spellings(ast.parse(path.read_text()))]
     assert offenders == []
+
+
+PLACE_CLASSES = {"EngineTarget", "LayoutTarget", "ArchiveTarget", "RegistryTarget", "Place"}
+# Dispatch tables by the kind of place, each over the places that hold what it needs (checked first).
+PLACE_DISPATCH = {
+    "attesting/attach.py": {"LayoutTarget", "RegistryTarget"},
+    "reports/matrix.py": {"LayoutTarget", "RegistryTarget"},
+}
+
+
+def test_outside_backends_a_place_is_asked_not_tested() -> None:
+    """Issue 49: a place is a closed sum (`backends.target`); code outside backends/ asks it what it holds
+    or names and never tests its kind: the concrete kinds are imported only by the dispatch tables listed."""
+    package = SRC / "servimg"
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parts[0] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "servimg.backends.target":
+                named = {a.name for a in node.names} & PLACE_CLASSES
+                if named:
+                    found.setdefault(rel.as_posix(), set()).update(named)
+            if isinstance(node, ast.Attribute) and node.attr in (
+                "in_engine",
+                "in_registry",
+                "is_layout",
+                "is_archive",
+                "holds_attestations",
+            ):
+                found.setdefault(rel.as_posix(), set()).add(node.attr)
+    assert found == PLACE_DISPATCH
 
 
 CACHE_MODULES = ("servimg.patching.resultcache", "servimg.cache.results", "servimg.patching.basefacts")

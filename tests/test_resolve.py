@@ -147,8 +147,8 @@ def test_push_finds_engine_images_by_name_and_short_id(
             assert client.head_manifest("i15/resolve", str(n))[0] == image.digest
     # What `ladder` runs: an engine name stays one; a registry ref becomes the engine image it loads as.
     store = BlobStore(tmp_path / "cache")
-    assert transport.in_engine(engine_image["name"], store, print) == engine_image["name"]
-    pulled = transport.in_engine(f"docker://{registry.host}/i15/resolve:0", store, print)
+    assert transport.engine_name(engine_image["name"], store, print) == engine_image["name"]
+    pulled = transport.engine_name(f"docker://{registry.host}/i15/resolve:0", store, print)
     assert pulled == str(image.config_digest) and engine.has_image(image.config_digest)
     # The same name with the registry's transport written out reads the registry's copy.
     assert fb.main(["diff", "--files", f"docker://{registry.host}/i15/resolve:0", short, *cache]) == 0

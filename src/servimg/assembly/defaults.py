@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Unpack
 from servimg.assembly.release import ProvenRelease, Release, keep_in_store
 from servimg.assembly.seams import Compiled, Seams, Staged
 from servimg.backends import engine, transport
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, Target
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
 from servimg.core.platform import Host, Platform
@@ -216,7 +216,7 @@ class TargetSink:
         transport.check_reachable(target)
 
     def stage(self, release: Release, ctx: Context) -> Staging | None:
-        if not (self.load_early and release.index is None and release.target.in_engine):
+        if not (self.load_early and release.index is None and release.target.holds(Holds.RUNNABLE)):
             return None
         one = release.image
         image = one.image

@@ -28,6 +28,7 @@ from servimg.assembly.platforms import (
 )
 from servimg.assembly.release import PlatformImage, ProvenRelease, Release, keep_in_store
 from servimg.assembly.seams import BaseSource, Compiler, choose_sandboxes
+from servimg.backends.target import Holds
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
@@ -273,7 +274,7 @@ def _fetch_base(
     pinned = definition.base.manifest_digest
     index: Digest | None = None
     try:
-        if definition.base.transport in ("registry", "oci"):
+        if definition.base.target.holds(Holds.INDEX):
             platform = source.platform_manifest(definition.base.ref, pinned, definition.base.platform)
             index, pinned = (pinned, platform) if platform != pinned else (None, pinned)
         base = source.fetch(definition.base.ref, store, log, expected=pinned)

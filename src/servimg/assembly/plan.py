@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, Target
 from servimg.core.errors import BuildError, LockError, UsageError
 from servimg.core.platform import Host, Platform
 from servimg.definitions import naming
@@ -76,13 +76,14 @@ class BuildPlan:
         lock = _lock_of(definition, definition_path)
         target = Target.parse(to) if to else default_target(definition_path, host)
         engine_platform = _engine_platform(definition, definition_path, platform)
-        if definition.multi_platform and target.is_archive:
+        # An index goes whole to a place that holds one; the engine runs one child of it (its platform's).
+        if definition.multi_platform and not (target.holds(Holds.INDEX) or target.holds(Holds.RUNNABLE)):
             raise BuildError(
                 "a docker-archive holds one image, not a multi-platform index",
                 hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG]), or "
                 "--to docker for this host's platform",
             )
-        naming.refuse_tag_of_another_lock(definition, lock, [tag, target.tag, naming.registry_tag(target)])
+        naming.refuse_tag_of_another_lock(definition, lock, [tag, target.named_tag])
         chosen = tag or naming.derive_tag(definition, lock)
         return cls(
             definition_path,

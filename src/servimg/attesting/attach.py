@@ -29,11 +29,10 @@ from servimg.backends import registry, transport
 from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, LayoutTarget, RegistryTarget, Target
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
 from servimg.core.progress import NULL, Log, Progress
-from servimg.core.reference import Reference
 from servimg.formats import cosign, referrers
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope, publish
 from servimg.judging import indexcheck
@@ -193,12 +192,12 @@ def push_image(
     the unsigned ones (`check` would only report them, ignored): the image and tag are pushed and the
     result says so; `unsigned` attaches them anyway."""
     target = Target.parse(dest)
-    if not target.holds_attestations:
+    if not target.holds(Holds.ATTESTATIONS):
         raise AttachError(
-            f"{dest}: attestations cannot live in a {target.kind}",
+            f"{dest}: attestations cannot live in {target.described}",
             hint="push to HOST/REPO[:TAG] or oci:DIR[:TAG]",
         )
-    if gpg is not None and target.is_layout:
+    if gpg is not None and not target.holds(Holds.SIMPLE_SIGNATURES):
         raise AttachError(
             f"{dest}: GPG simple signatures are for images in a registry (containers/image keeps none for "
             "an OCI layout)",
@@ -218,7 +217,7 @@ def push_image(
     elif not report.ok:
         raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")
     invocation = invocation or Invocation(f"servimg-push:{image.digest}", command=("servimg", "push"))
-    pulled_from = None if target.is_layout else vex.repository_url(target.registry_ref)
+    pulled_from = None if target.reference is None else vex.repository_url(target.reference)
     envelopes = build_statements(
         image, facts, report, key, store, invocation=invocation, builder=builder, pulled_from=pulled_from
     )
@@ -235,11 +234,8 @@ def push_image(
             log(note)
             envelopes = []
     publishing = Publishing(envelopes, key, formats, gpg)
-    if target.is_layout:
-        pushed = _push_layout(image, target, store, log, publishing, tag)
-    else:
-        pushed = _push_registry(image, dest, store, log, publishing, tag, progress)
-    return replace(pushed, note=note)
+    push = _PUSHES[type(target)]  # a place that holds attestations: checked above
+    return replace(push(image, target, store, log, publishing, tag, progress), note=note)
 
 
 @dataclass(frozen=True)
@@ -383,7 +379,7 @@ def _count_signed(listed: Sequence[Mapping[str, object]], fetch: Callable[[Diges
 
 def _push_registry(
     image: Image,
-    dest: str,
+    target: Target,
     store: BlobStore,
     log: Log,
     publishing: Publishing,
@@ -392,9 +388,9 @@ def _push_registry(
 ) -> Pushed:
     """Blobs and the manifest by digest (`backends.registry`), every attestation and signature, the
     tag last."""
-    ref = Reference.parse(dest)
+    ref = target.registry_ref
     if ref.digest is not None:
-        raise AttachError(f"{dest}: push to a repository (and tag), not a digest")
+        raise AttachError(f"{target.text()}: push to a repository (and tag), not a digest")
     chosen = ref.tag or tag
     with RegistryClient(ref.registry) as client:
         identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
@@ -442,7 +438,13 @@ def publish_confirmed(
 
 
 def _push_layout(
-    image: Image, target: Target, store: BlobStore, log: Log, publishing: Publishing, tag: str | None
+    image: Image,
+    target: Target,
+    store: BlobStore,
+    log: Log,
+    publishing: Publishing,
+    tag: str | None,
+    progress: Progress,
 ) -> Pushed:
     root = Path(target.location)
     chosen = target.tag or tag
@@ -453,6 +455,13 @@ def _push_layout(
         )
     where = Target.layout(root, chosen).text()
     return Pushed(image.digest, image.config_digest, where, chosen, attached, signatures=signatures)
+
+
+# How each place that holds attestations takes an image with them: a registry in one client session,
+# the manifest confirmed unchanged around the attaching (and GPG signatures, which only a registry keeps);
+# a layout by its backend and its referrers.
+_Push = Callable[[Image, Target, BlobStore, Log, Publishing, str | None, Progress], Pushed]
+_PUSHES: dict[type[Target], _Push] = {RegistryTarget: _push_registry, LayoutTarget: _push_layout}
 
 
 # ---------------------------------------------------------------------------------------- build --sign
@@ -473,9 +482,9 @@ class AttestingSink:
     gpg: GpgPlan | None = None
 
     def check(self, target: Target) -> None:
-        if not target.holds_attestations:
+        if not target.holds(Holds.ATTESTATIONS):
             raise BuildError(
-                f"--sign needs a registry or an OCI layout target, not {target.kind}",
+                f"--sign needs a registry or an OCI layout target, not {target.described}",
                 hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
             )
         transport.check_reachable(target)
@@ -518,7 +527,7 @@ class AttestingSink:
     ) -> str:
         """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
         its own provenance naming the children, and the tag last (each written once)."""
-        untagged = _untagged(target)
+        untagged = target.untagged()
         for child in children:
             self._push(child, untagged, ctx, tag=None)
         transport.name_index(index, untagged, tag=None)
@@ -533,14 +542,6 @@ class AttestingSink:
             )
         self.attached.extend(published)
         return transport.name_index(index, target, tag=tag)
-
-
-def _untagged(target: Target) -> Target:
-    """The repository or layout of `target`, without its tag (children and the index go there by digest)."""
-    if target.is_layout:
-        return Target.layout(target.location)
-    ref = target.registry_ref
-    return Target.parse(f"{ref.registry}/{ref.repository}")
 
 
 def index_name(children: Sequence[PlatformImage], store: BlobStore, log: Log) -> str:

@@ -36,6 +36,7 @@ from servimg.assembly import basescan, pipeline
 from servimg.assembly.context import Context
 from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.backends import transport
+from servimg.backends.target import Holds
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import OverlayError, RebaseError, ServimgError
@@ -538,12 +539,12 @@ def open_base(
             image = transport.fetch(ref, store, log)
         else:
             pinned = digest
-            if spec.target.in_registry:
+            if spec.target.holds(Holds.INDEX):  # the pin may name an index: build on this platform's child
                 pinned = seams.base_source.platform_manifest(ref, pinned, spec.platform)
             image = seams.base_source.fetch(ref, store, log, expected=pinned)
     except ServimgError as exc:
         raise exc.context(f"reading the new base {ref}") from None
-    if digest is not None and image.digest != digest and not spec.target.in_registry:
+    if digest is not None and image.digest not in (digest, pinned):
         raise RebaseError(
             f"the new base {ref} has manifest digest {image.digest}, --digest says {digest}",
             hint="check the reference, or drop --digest to take the digest the reference has now",

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servimg.backends.target import Target
+from servimg.backends.target import EngineTarget, RegistryTarget, Target
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.reference import Reference
@@ -60,13 +60,7 @@ class Resolved:
     @property
     def ref(self) -> str:
         """The argument with its transport written out (what `transport.fetch` takes)."""
-        if self.kind == "engine":
-            return f"docker-daemon:{self.target.location}"
-        if self.kind == "oci":
-            return f"oci:{self.target.location}" + (f":{self.target.tag}" if self.target.tag else "")
-        if self.kind == "archive":
-            return f"docker-archive:{self.target.location}"
-        return self.target.location
+        return self.target.text()
 
     @property
     def explicit(self) -> bool:
@@ -99,7 +93,7 @@ def _explicit(text: str) -> Resolved | None:
     if text.startswith(REGISTRY_PREFIX):
         # Parsed now: every problem at once, before anything is fetched.
         location = str(Reference.parse(text[len(REGISTRY_PREFIX) :]))
-        return Resolved(text, Target("registry", location), "as written")
+        return Resolved(text, RegistryTarget(location), "as written")
     if text.startswith(_EXPLICIT):
         return Resolved(text, Target.parse(text), "as written")
     return None
@@ -117,7 +111,7 @@ def _ambiguous(text: str, candidates: Sequence[EngineImage], why: str) -> Backen
 
 
 def _engine(text: str, location: str, image: EngineImage, why: str) -> Resolved:
-    return Resolved(text, Target("engine", location), why, image.id)
+    return Resolved(text, EngineTarget(location), why, image.id)
 
 
 def _registry(text: str, why: str) -> Resolved:
@@ -125,7 +119,7 @@ def _registry(text: str, why: str) -> Resolved:
         ref = Reference.parse(text)
     except ServimgError as exc:
         raise exc.context(f"{text!r} is not an engine image and not a registry reference") from None
-    return Resolved(text, Target("registry", str(ref)), f"{why}; the registry {ref.registry} ({ref})")
+    return Resolved(text, RegistryTarget(str(ref)), f"{why}; the registry {ref.registry} ({ref})")
 
 
 def resolve(text: str, images: Sequence[EngineImage] | None) -> Resolved:

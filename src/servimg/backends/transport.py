@@ -23,7 +23,15 @@ from servimg.backends import resolve as resolution
 from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.resolve import Resolved
-from servimg.backends.target import Backend, ReadOptions, Target, WriteOptions
+from servimg.backends.target import (
+    Backend,
+    EngineTarget,
+    LayoutTarget,
+    ReadOptions,
+    RegistryTarget,
+    Target,
+    WriteOptions,
+)
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.platform import Platform, texts
@@ -38,9 +46,9 @@ __all__ = [
     "Target",
     "backend",
     "check_reachable",
+    "engine_name",
     "fetch",
     "fetch_argument",
-    "in_engine",
     "is_explicit",
     "name_index",
     "publish",
@@ -95,11 +103,11 @@ def said_where(found: Resolved) -> Iterator[None]:
         raise exc.context(found.why) from None
 
 
-def in_engine(text: str, store: BlobStore, log: Log) -> str:
+def engine_name(text: str, store: BlobStore, log: Log) -> str:
     """An engine name for the IMAGE argument `text` (commands that run containers): the engine's own
     image, or the image fetched from where it resolved and loaded (untagged) into the engine."""
     found = resolve(text, log)
-    if found.kind == "engine":
+    if isinstance(found.target, EngineTarget):
         return found.target.location
     with said_where(found):
         image = fetch(found.ref, store, log)
@@ -130,9 +138,9 @@ def read_index(ref: str) -> ImageIndex | None:
     """The multi-platform index `ref` names (a registry tag or digest, an OCI layout's tag), or None when it
     names one image (the engine and a docker archive only ever hold single images)."""
     target = Target.parse(ref)
-    if target.in_registry:
+    if isinstance(target, RegistryTarget):
         return registry.read_index(target.location)
-    if target.is_layout:
+    if isinstance(target, LayoutTarget):
         return layout.read_index(Path(target.location), target.tag)
     return None
 
@@ -141,9 +149,9 @@ def platform_manifest(ref: str, pinned: Digest, platform: Platform) -> Digest:
     """The single-platform manifest a pinned digest stands for at `ref` (a registry or an OCI layout):
     itself, or the `platform` child when it names an index."""
     target = Target.parse(ref)
-    if target.in_registry:
+    if isinstance(target, RegistryTarget):
         return registry.platform_manifest(target.location, pinned, str(platform))
-    found = layout.index_at(Path(target.location), pinned) if target.is_layout else None
+    found = layout.index_at(Path(target.location), pinned) if isinstance(target, LayoutTarget) else None
     return found.child(platform).digest if found is not None else pinned
 
 
@@ -151,7 +159,7 @@ def name_index(index: ImageIndex, target: Target, *, tag: str | None) -> str:
     """The index itself, its children already at `target` (a registry or an OCI layout): its manifest by
     digest, then `tag` (the target's own tag wins) last. A signed build calls it twice: untagged before
     the index's provenance is attached, tagged after."""
-    if target.in_registry:
+    if isinstance(target, RegistryTarget):
         ref = target.registry_ref
         chosen = ref.tag or tag
         with RegistryClient(ref.registry) as client:
@@ -159,12 +167,12 @@ def name_index(index: ImageIndex, target: Target, *, tag: str | None) -> str:
                 client.put_manifest(ref.repository, reference, index.index_bytes, index.media_type)
         where = f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "")
         return f"{where}@{index.digest}"
-    if target.is_layout:
+    if isinstance(target, LayoutTarget):
         chosen = target.tag or tag
         layout.add_index(index, Path(target.location), tag=chosen)
         return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
     raise BackendError(
-        f"a {target.kind} holds no image index",
+        f"{target.described} holds no image index",
         hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG])",
     )
 
@@ -185,17 +193,17 @@ def publish_index(
     stores single-platform images only: it gets the child for `engine_platform` (default: this host's),
     and the returned description says the index was not stored there."""
     ordered = [children[p] for p in index.platforms]
-    if target.in_registry:
+    if isinstance(target, RegistryTarget):
         ref = target.registry_ref
         with RegistryClient(ref.registry) as client:
             for child in ordered:
                 registry.write_image(client, ref.repository, child, store, log, progress=progress)
         return name_index(index, target, tag=tag)
-    if target.is_layout:
+    if isinstance(target, LayoutTarget):
         chosen = target.tag or tag
         layout.write_index(index, ordered, Path(target.location), store, tag=chosen)
         return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
-    if target.in_engine:
+    if isinstance(target, EngineTarget):
         wanted = engine_platform or Platform.host()
         if wanted not in children:
             raise BackendError(
@@ -209,7 +217,7 @@ def publish_index(
             f"{texts(index.platforms)})"
         )
     raise BackendError(
-        f"a {target.kind} holds one image, not a multi-platform index",
+        f"{target.described} holds one image, not a multi-platform index",
         hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG])",
     )
 

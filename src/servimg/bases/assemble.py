@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from servimg.backends import layout
-from servimg.backends.transport import Target, publish
+from servimg.backends.target import Holds, Target
+from servimg.backends.transport import publish
 from servimg.bases import pinned as basepin
 from servimg.bases.debian import Clock
 from servimg.bases.debpins import DebianPins
@@ -154,7 +155,9 @@ def publish_base(image: Image, tag: str, targets: Sequence[str], store: BlobStor
     published = []
     for text in targets:
         target = Target.parse(text)
-        published.append(publish(image, target, store, log, tag=tag if target.in_engine else None))
+        # The engine finds a base by its tag; every other place is named by the target itself.
+        named = tag if target.holds(Holds.RUNNABLE) else None
+        published.append(publish(image, target, store, log, tag=named))
     return published
 
 

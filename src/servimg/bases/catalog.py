@@ -22,7 +22,7 @@ import yaml
 from servimg.assembly.context import Context
 from servimg.assembly.pipeline import lock as lock_definition
 from servimg.authoring.defedit import definition_text
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, Target
 from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import base_image, layout_path, publish_base
@@ -244,18 +244,18 @@ def rebuilt_base(
 
 def base_ref(old_ref: str, recipe: Recipe, store: BlobStore) -> str:
     """The ref of `recipe`'s base in the form `old_ref` has: its cached OCI layout, or its engine tag."""
-    if Target.parse(old_ref).is_layout:
-        return Target.layout(layout_path(recipe, store), recipe.suite).text()
-    return Target.engine_image(recipe.tag()).text()
+    if Target.parse(old_ref).holds(Holds.RUNNABLE):
+        return Target.engine_image(recipe.tag()).text()
+    return Target.layout(layout_path(recipe, store), recipe.suite).text()
 
 
 def names_base(ref: str, recipe: Recipe, store: BlobStore) -> bool:
     """Whether a definition's base ref is a base of this recipe's kind: an engine tag of its repository,
     or an OCI layout of its directory in the cache."""
     place = Target.parse(ref)
-    if place.is_layout:
-        return Path(place.location).parent == store.layout.bases(recipe.kind.name)
-    return place.in_engine and place.location.startswith(f"{recipe.kind.engine_name}:")
+    return place.is_layout_in(store.layout.bases(recipe.kind.name)) or place.is_engine_image_of(
+        recipe.kind.engine_name
+    )
 
 
 def dependents(repo: Path, recipe: Recipe, store: BlobStore) -> list[Path]:
@@ -285,7 +285,7 @@ def relock_dependents(
     files: dict[Path, bytes] = {}
     todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
     refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
-    if any(Target.parse(ref).in_engine for ref in refs.values()):
+    if any(Target.parse(ref).holds(Holds.RUNNABLE) for ref in refs.values()):
         publish_base(image, recipe.tag(), ["docker"], store, log)
     for definition, ref in refs.items():
         files.update(_relock(repo, definition, ref, image.digest, work, ctx, versions or {}))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from servimg.assembly.context import Context
 from servimg.authoring import rebase as rebasing
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, Target
 from servimg.bases import catalog, debian, wheelpins
 from servimg.bases.assemble import layout_path, publish_base
 from servimg.bases.demo import verify_wheel
@@ -160,7 +160,7 @@ def rebase_packages(
         suffix = "" if request.write else BESIDE
         image, files = catalog.rebuilt_base(new, store, log, work, repo / "verify" / "bases", suffix)
         ref = catalog.base_ref(definition.base.ref, new, store)
-        if Target.parse(ref).in_engine:
+        if Target.parse(ref).holds(Holds.RUNNABLE):
             publish_base(image, new.tag(), ["docker"], store, log)
         judged, proposal = rebasing.propose(dataclasses.replace(request, base=ref, digest=image.digest), ctx)
         # Proposals left beside by an earlier rebase are no definitions of the repository yet.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servimg.backends import layout
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, Target
 from servimg.backends.transport import publish_index
 from servimg.bases.assemble import base_image, publish_base
 from servimg.bases.catalog import pinned_recipe
@@ -48,7 +48,7 @@ def build_platforms(
         emulation.require(platform, f"building the {name} base")
     children: dict[Platform, Image] = {}
     built: dict[str, object] = {}
-    in_engine = [t for t in targets if Target.parse(t).in_engine]
+    in_engine = [t for t in targets if Target.parse(t).holds(Holds.RUNNABLE)]
     recipes = {platform: pinned_recipe(name, platform) for platform in platforms}
     for platform, recipe in recipes.items():
         log(f"{name} base for {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
@@ -74,7 +74,7 @@ def build_platforms(
     published_index = [
         publish_index(index, children, Target.parse(text), store, log, tag=tag)
         for text in (targets or ())
-        if not Target.parse(text).in_engine
+        if not Target.parse(text).holds(Holds.RUNNABLE)
     ]
     return {
         "base": name,

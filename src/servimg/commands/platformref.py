@@ -8,6 +8,7 @@ same repository, so every command reads a child exactly as it reads any image. W
 from __future__ import annotations
 
 from servimg.backends import transport
+from servimg.backends.target import Holds
 from servimg.core.errors import UsageError
 from servimg.core.platform import Platform, texts
 from servimg.core.progress import Log
@@ -18,7 +19,7 @@ from servimg.oci.index import ImageIndex
 def index_of(ref: str, log: Log) -> tuple[str, ImageIndex | None]:
     """The argument with its transport written out, and the index it names (None: one image)."""
     found = transport.resolve(ref, log)
-    if not (found.target.in_registry or found.target.is_layout):
+    if not found.target.holds(Holds.INDEX):
         return found.ref, None
     with transport.said_where(found):
         return found.ref, transport.read_index(found.ref)

@@ -10,8 +10,7 @@ from typing import Protocol
 
 from servimg.backends.target import Target
 from servimg.core.digest import Digest
-from servimg.core.errors import BuildError, DefinitionError, ServimgError
-from servimg.core.reference import Reference
+from servimg.core.errors import BuildError, DefinitionError
 from servimg.definitions.definition import (
     DEFAULT_TEMPLATE,
     ImageDefinition,
@@ -36,10 +35,6 @@ class Locked(Protocol):
     def packages(self) -> tuple[PackageLock, ...]: ...
 
 
-def registry_tag(target: Target) -> str | None:
-    return target.registry_ref.tag if target.in_registry else None
-
-
 def refuse_tag_of_another_lock(
     definition: ImageDefinition, locked: Locked, tags: Sequence[str | None]
 ) -> None:
@@ -56,9 +51,7 @@ def refuse_tag_of_another_lock(
 
 
 def full_tag(definition: ImageDefinition, target: Target, tag: str) -> str:
-    if target.in_engine or target.is_archive:  # docker load refuses a bare tag in RepoTags
-        return f"{definition.repository}:{tag}"
-    return tag
+    return target.name_for(definition.repository, tag)
 
 
 def derive_tag(definition: ImageDefinition, locked: Locked) -> str:
@@ -87,21 +80,13 @@ def derive_tag(definition: ImageDefinition, locked: Locked) -> str:
 
 
 BASE_REF_LABEL = "io.servimg.base.ref"
-_IMAGE_ID = re.compile(r"(?:sha256:)?[a-f0-9]{12,64}")
 
 
 def base_reference(definition: ImageDefinition) -> str | None:
     """`org.opencontainers.image.base.name` is an image reference (annotations spec, distribution's
     grammar): the registry ref, or the engine's image name, as written; a layout or an archive has none.
     Where the base came from, transport included, is `io.servimg.base.ref`."""
-    base = definition.base
-    if not (base.target.in_registry or base.target.in_engine) or _IMAGE_ID.fullmatch(base.location):
-        return None  # a layout, an archive, or an engine image named by its ID: no reference names it
-    try:
-        Reference.parse(base.location)
-    except ServimgError:
-        return None
-    return base.location
+    return definition.base.target.image_reference
 
 
 def labels(definition: ImageDefinition, locked: Lock, tag: str, created: str) -> dict[str, str]:

@@ -67,14 +67,13 @@ def index_statement(
 
 def child_ref(ref: str, digest: Digest) -> str:
     """The child `digest` of the index `ref` names, as a reference every command reads."""
-    target = Target.parse(ref)
-    if not target.in_registry:
+    child = Target.parse(ref).digest_ref(digest)
+    if child is None:
         raise UsageError(
             f"{ref}: selecting one platform of an index works for a registry reference",
             hint="push the index to a registry (servimg build --to HOST/REPO) and name it there",
         )
-    parsed = target.registry_ref
-    return f"{parsed.registry}/{parsed.repository}@{digest}"
+    return child
 
 
 def check_index(

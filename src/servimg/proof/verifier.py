@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from servimg.backends import transport
+from servimg.backends.target import Holds
 from servimg.core.digest import Digest
 from servimg.core.errors import VerifyError
 from servimg.core.platform import Host
@@ -90,7 +91,7 @@ def verify_ref(
     (`docker save`, gigabytes for a serving image) only to load it back into a container of the same
     image would prove nothing more."""
     found = transport.resolve(ref, log)
-    if found.target.in_engine:
+    if found.target.holds(Holds.RUNNABLE):
         if host.engine:
             return VerifyReport.from_json(run_probe_in_docker(found.target.location, audit=audit))
         raise VerifyError(

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
 from servimg.backends import layout, registry
 from servimg.backends.registryclient import RegistryClient
-from servimg.backends.target import Target
+from servimg.backends.target import Holds, LayoutTarget, RegistryTarget, Target
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.parallel import READS_IN_FLIGHT, map_ordered
@@ -268,13 +268,20 @@ def text(rows: Sequence[MatrixRow]) -> str:
 def rows_of(place: str, policy: Policy, log: Log) -> list[MatrixRow]:
     """`HOST/REPO` (a registry repository) or `oci:DIR` (an OCI layout): a row per digest its tags name."""
     target = Target.parse(place)
-    if target.is_layout:
-        return layout_rows(Path(target.location), policy, log)
-    if target.in_registry:
-        return registry_rows(target.location, policy, log)
-    raise CheckError(
-        f"{place} is a {target.kind}, not a repository", hint="HOST/REPO (a registry) or oci:DIR (a layout)"
-    )
+    if not target.holds(Holds.TAGS):
+        raise CheckError(
+            f"{place} is {target.described}, not a repository",
+            hint="HOST/REPO (a registry) or oci:DIR (a layout)",
+        )
+    rows = _ROWS[type(target)]  # the two places that hold tagged images
+    return rows(target.location, policy, log)
+
+
+# Rows of each place that holds tagged images, by the place's kind.
+_ROWS: dict[type[Target], Callable[[str, Policy, Log], list[MatrixRow]]] = {
+    RegistryTarget: lambda location, policy, log: registry_rows(location, policy, log),
+    LayoutTarget: lambda location, policy, log: layout_rows(Path(location), policy, log),
+}
 
 
 class _Judge:

@@ -41,17 +41,13 @@ def binding_row(what: str, status: Status, why: str) -> Finding:
 def tag_of(ref: str) -> str | None:
     """The tag a reference names (registry, engine or OCI layout), None for a digest or no tag."""
     try:
-        place = Target.parse(ref)
-    except ServimgError:
-        place = None
-    if place is not None and not (place.in_engine or place.in_registry):
-        return place.tag  # a layout's ref name (an archive names none)
-    text = place.location if place is not None else ref  # an engine name or a registry ref
-    try:
-        parsed = Reference.parse(text)
-    except ServimgError:
-        return None
-    return parsed.tag if parsed.digest is None else None
+        return Target.parse(ref).named_tag
+    except ServimgError:  # a bare engine name (`name:tag`): no place, yet a reference
+        try:
+            parsed = Reference.parse(ref)
+        except ServimgError:
+            return None
+        return parsed.tag if parsed.digest is None else None
 
 
 def templates_of(definition: Mapping[str, object] | None) -> tuple[str, ...]:
