@@ -556,6 +556,7 @@ def test_only_the_backends_know_how_a_place_is_spelt() -> None:
 PLACE_CLASSES = {"EngineTarget", "LayoutTarget", "ArchiveTarget", "RegistryTarget", "Place"}
 # Dispatch tables by the kind of place, each over the places that hold what it needs (checked first).
 PLACE_DISPATCH = {
+    "judging/evidence.py": {"EngineTarget", "LayoutTarget", "ArchiveTarget", "RegistryTarget"},
     "attesting/attach.py": {"LayoutTarget", "RegistryTarget"},
     "reports/matrix.py": {"LayoutTarget", "RegistryTarget"},
 }

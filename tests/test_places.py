@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fakebase import main, make_base, package_members, tar
+from servimg.backends import transport
+from servimg.backends.resolve import Resolved
 from servimg.backends.target import (
     ArchiveTarget,
     EngineTarget,
@@ -17,6 +20,7 @@ from servimg.backends.target import (
 )
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
+from servimg.core.progress import Log
 
 DIGEST = Digest("sha256", "a" * 64)
 
@@ -83,3 +87,20 @@ def test_what_a_place_names() -> None:
         t: Target.parse(t).name_for("servimg/demo", "v1") for t in ("docker", "docker-archive:/a", "oci:/l")
     }
     assert names == {"docker": "servimg/demo:v1", "docker-archive:/a": "servimg/demo:v1", "oci:/l": "v1"}
+
+
+def test_check_resolves_its_ref_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check` asks whether REF names an index and judges the image from one resolution (it resolved
+    twice: once to look for an index, once to locate the image)."""
+    layout = make_base(tmp_path / "layout", [tar(package_members())]).layout
+    calls: list[str] = []
+    resolve = transport.resolve
+
+    def counted(text: str, log: Log) -> Resolved:
+        calls.append(text)
+        return resolve(text, log)
+
+    monkeypatch.setattr(transport, "resolve", counted)
+    code = main(["check", f"oci:{layout}", "--cache", str(tmp_path / "cache")])
+    assert code == 1, "no attestation in the layout: the check fails, having judged the image"
+    assert calls == [f"oci:{layout}"]

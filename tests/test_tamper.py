@@ -833,7 +833,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"
     found = evidence.collect(
-        evidence.locate(dest, built["store"], print, remote=True),
+        evidence.locate_ref(dest, Context(built["store"], print, seams=HOST_SEAMS), remote=True),
         built["store"],
         print,
         trusted=keys.load_trusted([keyring["pub"]]),

@@ -28,7 +28,7 @@ from servimg.core.reference import is_valid_tag
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope
 from servimg.judging import rebuild as rebuilds
 from servimg.judging.check import CheckFailed, CheckReport, Policy, evaluate, gather
-from servimg.judging.evidence import Located, locate
+from servimg.judging.evidence import Located, locate_ref
 from servimg.judging.policy import REBUILD_V1
 from servimg.signing import dsse
 from servimg.statements import attest, binding
@@ -74,12 +74,12 @@ def attest_file(
     formats: frozenset[str] = DEFAULT_FORMATS,
 ) -> Attached:
     """`servimg attest REF --predicate-type T --file F`: attach a later result to the image REF names."""
-    store, log = ctx.store, ctx.log
+    log = ctx.log
     try:
         data = file.read_bytes()
     except OSError as exc:
         raise AttachError(f"cannot read {file}: {exc.strerror}") from None
-    located = locate(ref, store, log, repo=repo, remote=remote)
+    located = locate_ref(ref, ctx, repo=repo, remote=remote)
     kind_type, predicate = predicate_from_file(data, predicate_type, located.digest, located.config_digest)
     kind = attest.kind_of(kind_type)
     subjects = provenance.subjects(located.name, located.digest, located.config_digest)
@@ -167,10 +167,10 @@ def promote(
 ) -> Promoted:
     """Check REF against `policy` (`deep`: a fresh probe run by the context's verifier seam); only if it
     passes, attach a VSA and then move `tag` to the digest."""
-    store, log = ctx.store, ctx.log
+    log = ctx.log
     if not is_valid_tag(tag):
         raise AttachError(f"invalid tag {tag!r}", hint="tags are 1-128 of [A-Za-z0-9_.-]")
-    located = locate(ref, store, log, repo=repo, remote=remote)
+    located = locate_ref(ref, ctx, repo=repo, remote=remote)
     if located.registry is None:
         raise AttachError(f"{ref} is not in a registry; promotion moves a registry tag")
     evidence = gather(located, ctx, policy, deep=deep)

@@ -8,6 +8,7 @@ same repository, so every command reads a child exactly as it reads any image. W
 from __future__ import annotations
 
 from servimg.backends import transport
+from servimg.backends.resolve import Resolved
 from servimg.backends.target import Holds
 from servimg.core.errors import UsageError
 from servimg.core.platform import Platform, texts
@@ -16,31 +17,32 @@ from servimg.judging.indexcheck import child_ref
 from servimg.oci.index import ImageIndex
 
 
-def index_of(ref: str, log: Log) -> tuple[str, ImageIndex | None]:
-    """The argument with its transport written out, and the index it names (None: one image)."""
-    found = transport.resolve(ref, log)
+def index_at(found: Resolved) -> ImageIndex | None:
+    """The index a resolved argument names (None: one image, or a place that holds no index)."""
     if not found.target.holds(Holds.INDEX):
-        return found.ref, None
+        return None
     with transport.said_where(found):
-        return found.ref, transport.read_index(found.ref)
+        return transport.read_index(found.ref)
 
 
 def each_platform(ref: str, platform: Platform | None, log: Log) -> list[tuple[str, str]]:
     """(target label, ref) for each image the argument stands for: an index's children (or the one
     `platform` chooses), else the argument itself."""
-    resolved, index = index_of(ref, log)
+    found = transport.resolve(ref, log)
+    index = index_at(found)
     if index is None:
         return [(ref, ref)]
     entries = [e for e in index.entries if platform is None or e.platform == platform]
     if not entries and platform is not None:
         index.child(platform)  # raises, naming the platforms the index has
-    return [(f"{ref} [{e.platform}]", child_ref(resolved, e.descriptor.digest)) for e in entries]
+    return [(f"{ref} [{e.platform}]", child_ref(found.ref, e.descriptor.digest)) for e in entries]
 
 
 def one_platform(ref: str, platform: Platform | None, log: Log, *, what: str) -> str:
     """The one image the argument stands for: an index needs `platform` (else UsageError naming its
     platforms)."""
-    resolved, index = index_of(ref, log)
+    found = transport.resolve(ref, log)
+    index = index_at(found)
     if index is None:
         return ref
     if platform is None:
@@ -48,4 +50,4 @@ def one_platform(ref: str, platform: Platform | None, log: Log, *, what: str) ->
             f"{ref} is a multi-platform index of {texts(index.platforms)}: {what} takes one platform",
             hint="choose one with --platform",
         )
-    return child_ref(resolved, index.child(platform).digest)
+    return child_ref(found.ref, index.child(platform).digest)

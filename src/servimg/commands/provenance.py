@@ -8,7 +8,7 @@ from pathlib import Path
 
 from servimg.attesting import attach, later
 from servimg.backends import transport
-from servimg.commands.platformref import index_of, one_platform
+from servimg.commands.platformref import index_at, one_platform
 from servimg.commands.signed import formats, gpg_plan, signing_key
 from servimg.core import jsonview as jv
 from servimg.core.atomic import write_output
@@ -31,7 +31,7 @@ from servimg.judging.check import (
     not_counted,
     predicate_type,
 )
-from servimg.judging.evidence import CheckError, Evidence, collect, locate
+from servimg.judging.evidence import CheckError, Evidence, collect, locate_ref, place_of
 from servimg.oci import treediff
 from servimg.proof.verify import VerifyReport
 from servimg.reports import card
@@ -105,10 +105,12 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             raise UsageError("--definition, --attach and --rebuilder-id go with --rebuild")
         signer = _rebuild_signer(p.lookup.keys) if p.rebuild is not None and p.rebuild.attach else None
         policy = policy_of(p.policy, p.lookup.keys)
-        resolved, index = index_of(p.ref, ctx.log) if p.rebuild is None else (p.ref, None)
+        # Resolved once: whether it names an index, and the image judged, come from this one answer.
+        place = place_of(p.ref, ctx.log, remote=p.lookup.remote)
+        index = index_at(place) if p.rebuild is None else None
         if index is not None:
             found = indexcheck.check_index(
-                resolved,
+                place.ref,
                 index,
                 ctx,
                 policy,
@@ -119,12 +121,11 @@ def check_ref(p: params.Check, ctx: Context) -> Iterator[Outcome]:
             failed = None if found.ok else CheckFailed(found)
             return Outcome(p.ref, summary, dict(found.as_dict()), found, error=failed)
         report, evidence = check(
-            p.ref,
+            place,
             ctx,
             policy,
             deep=p.policy.deep,
             repo=p.lookup.repo,
-            remote=p.lookup.remote,
             rebuild=Rebuild(p.rebuild.definition) if p.rebuild is not None else None,
         )
         brief: dict[str, object] = {"digest": str(report.digest or ""), "summary": tally(report.counts())}
@@ -188,7 +189,7 @@ def promote(p: params.Promote, ctx: Context) -> Iterator[Outcome]:
 
 def evidence(ref: str, lookup: params.Lookup, ctx: Context) -> Evidence:
     """What `show` and `diff` read: REF located, its attestations checked against the trusted keys."""
-    located = locate(ref, ctx.store, ctx.log, repo=lookup.repo, remote=lookup.remote)
+    located = locate_ref(ref, ctx, repo=lookup.repo, remote=lookup.remote)
     return collect(located, ctx.store, ctx.log, trusted=keys.load_trusted(lookup.keys))
 
 
@@ -244,7 +245,7 @@ def fixes(p: params.Fixes, ctx: Context) -> Iterator[Outcome]:
 
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
-        located = locate(p.ref, ctx.store, ctx.log, repo=p.lookup.repo, remote=p.lookup.remote)
+        located = locate_ref(p.ref, ctx, repo=p.lookup.repo, remote=p.lookup.remote)
         evidence = gather(located, ctx, policy)
         if evidence.facts is None:
             raise CheckError(
@@ -285,7 +286,7 @@ def vex(p: params.Vex, ctx: Context) -> Iterator[Outcome]:
 
     def run() -> Outcome:
         policy = policy_of(params.PolicyFlags(file=p.policy), p.lookup.keys)
-        located = locate(p.ref, ctx.store, ctx.log, repo=p.lookup.repo, remote=p.lookup.remote)
+        located = locate_ref(p.ref, ctx, repo=p.lookup.repo, remote=p.lookup.remote)
         evidence = gather(located, ctx, policy)
         documents = [s.predicate for _, s in accepted(policy, evidence) if s.predicate_type == OPENVEX_V020]
         if not documents:

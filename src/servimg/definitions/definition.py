@@ -93,11 +93,6 @@ class BaseSpec:
         return Target.parse(self.ref)
 
     @property
-    def transport(self) -> str:
-        """engine | oci | archive | registry."""
-        return self.target.kind
-
-    @property
     def location(self) -> str:
         """The place without its prefix (an engine name or ID, a layout dir, a file, a registry ref)."""
         return self.target.location

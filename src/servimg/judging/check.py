@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servimg.assembly.context import Context
+from servimg.backends.resolve import Resolved
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -28,6 +29,7 @@ from servimg.judging.evidence import (
     Located,
     collect,
     locate,
+    place_of,
     row,
     row_dict,
 )
@@ -682,7 +684,7 @@ def _rebuild(policy: Policy, ev: Evidence, request: Rebuild, ctx: Context) -> re
 
 
 def check(
-    ref: str,
+    ref: str | Resolved,
     ctx: Context,
     policy: Policy,
     *,
@@ -691,6 +693,8 @@ def check(
     remote: bool = False,
     rebuild: Rebuild | None = None,
 ) -> tuple[CheckReport, Evidence]:
-    located = locate(ref, ctx.store, ctx.log, repo=repo, remote=remote)
+    """REF (as typed, or where `place_of` resolved it) judged by `policy`: the report, and the evidence."""
+    found = ref if isinstance(ref, Resolved) else place_of(ref, ctx.log, remote=remote)
+    located = locate(found, ctx, repo=repo)
     evidence = gather(located, ctx, policy, deep=deep, rebuild=rebuild)
     return evaluate(policy, evidence), evidence

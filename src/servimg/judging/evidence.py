@@ -18,10 +18,20 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from servimg.assembly.context import Context
 from servimg.backends import engine, registry, transport
 from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
-from servimg.backends.target import ReadOptions, Target
+from servimg.backends.resolve import Resolved
+from servimg.backends.target import (
+    ArchiveTarget,
+    EngineTarget,
+    Holds,
+    LayoutTarget,
+    ReadOptions,
+    RegistryTarget,
+    Target,
+)
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
@@ -79,7 +89,7 @@ class Located:
     """REF resolved to exact, re-hashed manifest and config bytes, and where its attestations live."""
 
     ref: str
-    source: str  # registry | engine | oci | archive (the kinds of `backends.transport`)
+    place: Target  # where the image was read: the engine's copy, a registry, a layout or an archive
     image: Image
     registry: str | None = None
     repository: str | None = None
@@ -114,32 +124,60 @@ class Located:
         return RegistryClient(self.registry)
 
 
-def locate(ref: str, store: BlobStore, log: Log, *, repo: str | None = None, remote: bool = False) -> Located:
-    """Resolve REF as docker would (`transport.resolve`): a name or (short) ID the local engine holds
-    (`docker pull`ed) is checked as the local image, unless `remote`; `repo` says where to look for a
-    local image without RepoDigests."""
+def place_of(ref: str, log: Log, *, remote: bool = False) -> Resolved:
+    """Where REF points, resolved once (`check` asks whether it names an index and then judges it from
+    this one answer): as docker would (`transport.resolve`), a name or (short) ID the local engine holds
+    (`docker pull`ed) being the local image; with `remote`, a REF written without its transport is the
+    registry's."""
     if remote and not transport.is_explicit(ref):
-        return _locate_registry(ref, log)
-    found = transport.resolve(ref, log)
-    kind = found.kind
-    if kind == "engine":
-        name = found.target.location
-        # `docker-daemon:NAME` asks for the engine's copy itself; a bare NAME:TAG is what a node pulls.
-        located = _locate_engine(name, name, repo, store, log, as_pulled=not found.explicit)
-        if located is None:
-            raise CheckError(f"the Docker Engine has no image {ref!r}", hint="docker pull it first")
-        return located
-    if kind == "registry":
-        with transport.said_where(found):
-            return _locate_registry(found.target.location, log)
-    ref = found.ref
-    target = found.target
-    if kind == "oci":
-        return _locate_layout(ref, target, store, log)
-    # Any other kind holds the image but no attestations: read it, so every row can say what is missing.
-    image = transport.fetch(ref, store, log)
-    note = row("image", WARN, f"{ref}: {image.digest} ({kind}: attestations cannot live there)")
-    return Located(ref, kind, image, notes=(note,))
+        return Resolved(ref, RegistryTarget(ref), "as written", None)  # --remote: the registry's, as asked
+    return transport.resolve(ref, log)
+
+
+def locate(found: Resolved, ctx: Context, *, repo: str | None = None) -> Located:
+    """The image where REF resolved (`place_of`), its manifest and config re-hashed; `repo` says where
+    to look for a local image without RepoDigests."""
+    return _LOCATORS[type(found.target)](found, ctx, repo)
+
+
+def locate_ref(ref: str, ctx: Context, *, repo: str | None = None, remote: bool = False) -> Located:
+    """`locate` of REF as typed (`place_of`)."""
+    return locate(place_of(ref, ctx.log, remote=remote), ctx, repo=repo)
+
+
+def _in_engine(found: Resolved, ctx: Context, repo: str | None) -> Located:
+    name = found.target.location
+    # `docker-daemon:NAME` asks for the engine's copy itself; a bare NAME:TAG is what a node pulls.
+    located = _locate_engine(name, name, repo, ctx.store, ctx.log, as_pulled=not found.explicit)
+    if located is None:
+        raise CheckError(f"the Docker Engine has no image {found.text!r}", hint="docker pull it first")
+    return located
+
+
+def _in_registry(found: Resolved, ctx: Context, repo: str | None) -> Located:
+    with transport.said_where(found):
+        return _locate_registry(found.target.location, ctx.log)
+
+
+def _in_layout(found: Resolved, ctx: Context, repo: str | None) -> Located:
+    return _locate_layout(found.ref, found.target, ctx.store, ctx.log)
+
+
+def _in_archive(found: Resolved, ctx: Context, repo: str | None) -> Located:
+    # It holds the image but no attestations: read it, so every row can say what is missing.
+    image = transport.fetch(found.ref, ctx.store, ctx.log)
+    what = f"{found.target.described}: attestations cannot live there"
+    note = row("image", WARN, f"{found.ref}: {image.digest} ({what})")
+    return Located(found.ref, found.target, image, notes=(note,))
+
+
+# Where an image is read from, by the kind of place REF resolved to.
+_LOCATORS: dict[type[Target], Callable[[Resolved, Context, str | None], Located]] = {
+    EngineTarget: _in_engine,
+    RegistryTarget: _in_registry,
+    LayoutTarget: _in_layout,
+    ArchiveTarget: _in_archive,
+}
 
 
 def _locate_registry(ref_text: str, log: Log) -> Located:
@@ -153,7 +191,7 @@ def _locate_registry(ref_text: str, log: Log) -> Located:
         f"{ref} is {image.digest} ({media_type}; manifest and config re-hashed); "
         f"config {image.config_digest}",
     )
-    return Located(ref_text, "registry", image, ref.registry, ref.repository, notes=(note,))
+    return Located(ref_text, RegistryTarget(str(ref)), image, ref.registry, ref.repository, notes=(note,))
 
 
 def _locate_engine(
@@ -197,7 +235,9 @@ def _locate_engine(
                 "the registry's manifest re-hashed, its config is the local image ID)",
             )
         )
-        return Located(ref, "engine", image, candidate.registry, candidate.repository, notes=tuple(notes))
+        return Located(
+            ref, Target.engine_image(ref), image, candidate.registry, candidate.repository, notes=tuple(notes)
+        )
     if repo_hint:
         found = _scan_by_config(repo_hint, image_id, log)
         if found is not None:
@@ -208,7 +248,9 @@ def _locate_engine(
                 f"local image {image_id} has no RepoDigests; matched by config digest to "
                 f"{hinted.name}:{tag} = {image.digest}",
             )
-            return Located(ref, "engine", image, hinted.registry, hinted.repository, notes=(*notes, note))
+            return Located(
+                ref, Target.engine_image(ref), image, hinted.registry, hinted.repository, notes=(*notes, note)
+            )
     # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
     # every row can say what is missing and why.
     log(f"local image {image_id.short} has no registry location; reading it from the engine")
@@ -223,7 +265,7 @@ def _locate_engine(
             "pass --repo HOST/REPO where it was pushed, it is then matched by config digest",
         )
     )
-    return Located(ref, "engine", image, notes=tuple(notes))
+    return Located(ref, Target.engine_image(ref), image, notes=tuple(notes))
 
 
 def _name_of(ref: str | None) -> str | None:
@@ -278,7 +320,7 @@ def _registry_answer(ref: str, image_id: Digest, candidates: Sequence[Reference]
             f"{tagged} is {image.digest} in the registry ({media_type}; manifest re-hashed), and the "
             f"engine's copy is that image (its config {image_id} is the local image ID)",
         )
-        return Located(ref, "engine", image, *where, notes=(note,))
+        return Located(ref, Target.engine_image(ref), image, *where, notes=(note,))
     log(f"{ref}: the registry serves {image.digest}; the engine's copy {image_id.short} is another image")
     stale = row(
         "registry tag",
@@ -288,7 +330,7 @@ def _registry_answer(ref: str, image_id: Digest, candidates: Sequence[Reference]
         f"what a node pulls; `docker pull {tagged}` refreshes the engine's copy",
     )
     read = row("image", PASS, f"{tagged} is {image.digest} ({media_type}; manifest and config re-hashed)")
-    return Located(ref, "registry", image, *where, notes=(read, stale))
+    return Located(ref, RegistryTarget(str(tagged)), image, *where, notes=(read, stale))
 
 
 def _engine_copy(tagged: Reference, image_id: Digest, candidates: Sequence[Reference]) -> str:
@@ -335,7 +377,7 @@ def _locate_layout(ref: str, target: Target, store: BlobStore, log: Log) -> Loca
     note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
-    return Located(ref, "oci", image, layout=root, notes=(note,))
+    return Located(ref, target, image, layout=root, notes=(note,))
 
 
 # ------------------------------------------------------------------------------------------------ collect
@@ -604,10 +646,10 @@ def _deep(
     in a container of it, as `servimg verify` does). From a registry every blob is fetched from it and
     hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
     try:
-        if located.source == "engine":
+        if located.place.holds(Holds.RUNNABLE):
             log(f"running the probe in the local image {located.config_digest.short}")
             return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
-        if located.source == "registry":
+        if located.registry is not None:  # the registry's image: what a node pulls
             ref = f"{located.name}@{located.digest}"
             registry.pull(ref, store, log, ReadOptions(expected=located.digest, rehash=True))
         return verifier.report(located.image, store, log, base_config=None, whole_image=True), None

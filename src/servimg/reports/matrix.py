@@ -347,7 +347,7 @@ def registry_rows(repository: str, policy: Policy, log: Log) -> list[MatrixRow]:
         for platform, child in children:
             image, _ = registry.read_image(here, ref.repository, str(child))
             where = f"{ref.registry}/{ref.repository}@{child}"
-            located = Located(where, "registry", image, ref.registry, ref.repository)
+            located = Located(where, RegistryTarget(where), image, ref.registry, ref.repository)
             out.append(judge.row(located, named, platform or _platform(image.config)))
         return out
 
@@ -380,7 +380,7 @@ def layout_rows(root: Path, policy: Policy, log: Log) -> list[MatrixRow]:
         children = [(str(p), index.child(p).digest) for p in index.platforms] if index else [("", digest)]
         for platform, child in children:
             image = layout.read_manifest_and_config(root, child)
-            located = Located(f"{place}@{child}", "oci", image, layout=root)
+            located = Located(f"{place}@{child}", Target.layout(root), image, layout=root)
             rows.append(judge.row(located, named, platform or _platform(image.config)))
     return rows
 
