@@ -35,6 +35,7 @@ from in_toto_attestation.v1.statement import Statement
 
 import fakebase as fb
 from conftest import _require, docker_available
+from servimg.assembly.context import Context
 from servimg.backends import registry as registry_module
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
@@ -328,7 +329,7 @@ def test_podman_runs_the_probe_in_a_servimg_image(tiny_layout: dict[str, Any], p
 def test_the_sbom_of_a_real_image_lists_its_debian_packages(tiny_layout: dict[str, Any]) -> None:
     store = tiny_layout["store"]
     image = transport.fetch(f"oci:{tiny_layout['layout']}:tiny", store, print)
-    facts = read_facts(top_layer(image, store, print))
+    facts = read_facts(top_layer(image, Context(store, print, seams=fb.HOST_SEAMS)))
     bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), "servimg-test/tiny")
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom))
     assert error is None, str(error)[:2000]

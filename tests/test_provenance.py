@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO
+from fakebase import HOST_SEAMS
+from servimg.assembly.context import Context
 from servimg.core.digest import Digest, sha256_hex
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
@@ -78,6 +80,10 @@ class _Report:
         self.spec_sha256 = facts.spec_sha256
         self.audit = False
         self.interpreter = {"version": "3.11.2"}
+
+
+# The store a failure before any read never reaches.
+NO_STORE = Context(None, print, seams=HOST_SEAMS)  # type: ignore[arg-type]
 
 
 def _statement(
@@ -608,7 +614,7 @@ def test_threshold_needs_distinct_trusted_signers(
     twice = dsse.countersign(once, second).to_bytes()
     assert found_from(descriptor, "api", lambda _: twice, trusted, 2).signature == "verified"
     with pytest.raises(evidence.CheckError, match="threshold 3 exceeds"):
-        evidence.collect(_evidence(image, facts, []).located, None, print, trusted=trusted, threshold=3)  # type: ignore[arg-type]
+        evidence.collect(_evidence(image, facts, []).located, NO_STORE, trusted=trusted, threshold=3)
 
 
 def _vsa(image: Image) -> dict[str, Any]:

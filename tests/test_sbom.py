@@ -26,6 +26,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 
 import fakebase as fb
 from conftest import _require
+from servimg.assembly.context import Context
 from servimg.attesting.attach import push_image
 from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
@@ -163,7 +164,7 @@ def test_the_sbom_is_deterministic(pushed: dict[str, Any]) -> None:
     first = _bom_envelopes(pushed["root"] / "pushed", image)
     assert first == _bom_envelopes(pushed["root"] / "again", image), "two pushes, the same signed SBOM"
     store = BlobStore(pushed["root"] / "cache")
-    facts = read_facts(top_layer(image, store, print))
+    facts = read_facts(top_layer(image, Context(store, print, seams=fb.HOST_SEAMS)))
     one = sbom.sbom_bytes(image, facts, store, "servimg/tiny")
     assert one == sbom.sbom_bytes(image, facts, store, "servimg/tiny")
 
@@ -194,7 +195,7 @@ def test_check_verifies_and_show_summarises_the_sbom(
 def test_an_sbom_that_disagrees_with_the_lock_is_named(pushed: dict[str, Any]) -> None:
     image = pushed["image"]
     store = BlobStore(pushed["root"] / "cache")
-    facts = read_facts(top_layer(image, store, print))
+    facts = read_facts(top_layer(image, Context(store, print, seams=fb.HOST_SEAMS)))
     bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), "servimg/tiny")
     assert sbom.problems(bom, image, facts) == []
     tiny = next(c for c in bom["components"] if c.get("purl") == "pkg:pypi/tinypkg@1.0")
@@ -359,8 +360,7 @@ def test_pushing_the_same_image_again_states_nothing_twice(
     push_image(
         image,
         ref,
-        store,
-        print,
+        Context(store, print, seams=fb.HOST_SEAMS),
         key=keys.load_signing(private),
         report=VerifyReport.from_json(json.loads(report_file.read_text())),
         invocation=dataclasses.replace(as_built, command=("servimg", "build", "tiny.yaml", "--sign")),

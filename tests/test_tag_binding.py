@@ -24,6 +24,7 @@ import pytest
 
 from conftest import _require, docker_available
 from fakebase import HOST_SEAMS
+from servimg.assembly.context import Context
 from servimg.attesting.attach import push_image
 from servimg.backends.registryclient import RegistryClient
 from servimg.cli import main
@@ -66,10 +67,8 @@ def images(
         push_image(
             tiny.image,
             f"{registry.host}/{REPO}:{tag}",
-            store,
-            print,
+            Context(store, print, seams=HOST_SEAMS),
             key=signer,
-            verifier=HOST_SEAMS.verifier,
         )
         refs[name] = f"{registry.host}/{REPO}:{tag}"
     yield {"store": store, "clean": clean, "variant": variant, "refs": refs}
@@ -183,9 +182,7 @@ def test_push_and_promote_refuse_a_template_tag_naming_another_lock(
         push_image(
             variant.image,
             f"{registry.host}/{REPO}-push:{wrong}",
-            images["store"],
-            print,
-            verifier=HOST_SEAMS.verifier,
+            Context(images["store"], print, seams=HOST_SEAMS),
         )
     with RegistryClient(registry.host) as client:
         assert client.head_manifest(f"{REPO}-push", wrong) is None, "nothing was pushed"
@@ -305,7 +302,13 @@ def test_rebuild_after_editing_one_byte_in_the_pushed_overlay_layer_names_the_fi
 
     report = verify_image_value(clean.image, images["store"], print, in_container=HOST_SEAMS.host.engine)
     ref = f"{registry.host}/{REPO}:edited"
-    push_image(edited, ref, images["store"], print, key=keys.load_signing(keyring["key"]), report=report)
+    push_image(
+        edited,
+        ref,
+        Context(images["store"], print, seams=HOST_SEAMS),
+        key=keys.load_signing(keyring["key"]),
+        report=report,
+    )
     code, out = check(ref, keyring, capsys, "--rebuild", "--definition", str(clean.definition_path))
     assert code == 1
     why = rows(out)["rebuild"]["why"]

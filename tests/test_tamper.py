@@ -136,8 +136,7 @@ def publish(
     return push_image(
         image,
         f"{registry.host}/{REPO_NAME}:{tag}",
-        built["store"],
-        print,
+        Context(built["store"], print, seams=HOST_SEAMS),
         key=key,
         report=built["report"],
         formats=formats,
@@ -399,7 +398,7 @@ def test_forged_signature(
     key = keys.load_signing(keyring["key"])
     variant = relabeled(built, **{"io.servimg.test.variant": "forged"})
     publish(built, registry, variant, "forged", key)
-    facts = image_facts(variant, built["store"], print)
+    facts = image_facts(variant, Context(built["store"], print, seams=HOST_SEAMS))
     statements = build_statements(
         variant, facts, built["report"], key, built["store"], invocation=Invocation("x")
     )
@@ -461,7 +460,9 @@ def test_unverified_evidence_beside_signed_is_ignored_unless_the_policy_forbids_
     assert "--unsigned" in quiet.note and head(registry, REPO_NAME, "beside-unsigned") == str(variant.digest)
     # ... unless asked.
     dest = f"{registry.host}/{REPO_NAME}:beside-unsigned"
-    loud = push_image(variant, dest, built["store"], print, report=built["report"], unsigned=True)
+    loud = push_image(
+        variant, dest, Context(built["store"], print, seams=HOST_SEAMS), report=built["report"], unsigned=True
+    )
     assert len(loud.attached) == 3 and not any(a.signed for a in loud.attached)
     publish(built, registry, variant, "beside-other", keys.load_signing(keyring["other_key"]))
 
@@ -814,14 +815,20 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
 
     monkeypatch.setattr(RegistryClient, "put_manifest", put_manifest)
     with pytest.raises(ServimgError):
-        push_image(image, dest, built["store"], print, key=key, report=built["report"])
+        push_image(
+            image, dest, Context(built["store"], print, seams=HOST_SEAMS), key=key, report=built["report"]
+        )
     assert killed, "the fault was injected"
     own_registry.start()
     assert head(own_registry, KILLED_REPO, "v1") is None, "a killed push leaves no tag"
 
-    first = push_image(image, dest, built["store"], print, key=key, report=built["report"])
+    first = push_image(
+        image, dest, Context(built["store"], print, seams=HOST_SEAMS), key=key, report=built["report"]
+    )
     assert head(own_registry, KILLED_REPO, "v1") == str(image.digest)
-    second = push_image(image, dest, built["store"], print, key=key, report=built["report"])
+    second = push_image(
+        image, dest, Context(built["store"], print, seams=HOST_SEAMS), key=key, report=built["report"]
+    )
     assert all(a.reused for a in second.attached), "a rerun attaches nothing new"
     assert [a.artifact for a in first.attached] == [a.artifact for a in second.attached]
     with RegistryClient(own_registry.host) as client:

@@ -32,7 +32,7 @@ from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import Holds, LayoutTarget, RegistryTarget, Target
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
-from servimg.core.progress import NULL, Log, Progress
+from servimg.core.progress import Log
 from servimg.formats import cosign, referrers
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope, publish
 from servimg.judging import indexcheck
@@ -40,7 +40,7 @@ from servimg.judging.evidence import top_layer
 from servimg.oci.image import Descriptor, Image
 from servimg.oci.index import ImageIndex
 from servimg.oci.store import BlobStore
-from servimg.proof.verifier import Verifier, verify_or_refuse
+from servimg.proof.verifier import verify_or_refuse
 from servimg.proof.verify import VerifyFailed, VerifyReport
 from servimg.signing import dsse, gpgsign
 from servimg.statements import attest, binding, sbom, vex
@@ -92,8 +92,8 @@ def make_envelope(kind: str, predicate_type: str, statement: bytes, key: dsse.Si
 # ------------------------------------------------------------------------------------------------ facts
 
 
-def image_facts(image: Image, store: BlobStore, log: Log) -> ImageFacts:
-    return provenance.read_facts(top_layer(image, store, log))
+def image_facts(image: Image, ctx: Context) -> ImageFacts:
+    return provenance.read_facts(top_layer(image, ctx))
 
 
 def build_statements(
@@ -149,12 +149,10 @@ class PushOptions(TypedDict, total=False):
     """What `push` and `push_image` take beside the image and the destination."""
 
     key: dsse.Signer | None
-    report: VerifyReport | None  # the verifier's report is asked when it is None
-    verifier: Verifier | None  # the build's verifier seam (`Seams.verifier`), for an image without a report
+    report: VerifyReport | None  # the context's verifier seam is asked for one when it is None
     builder: str | None
     invocation: Invocation | None
     tag: str | None
-    progress: Progress
     unsigned: bool  # without a key, attach unsigned attestations even beside signed ones
     formats: frozenset[str]  # formats.cosign.FORMATS to write (default: all)
     gpg: GpgPlan | None  # containers/image GPG simple signatures too
@@ -164,29 +162,26 @@ def push(image_ref: str, dest: str, ctx: Context, **options: Unpack[PushOptions]
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
     verify result. `report` (a VerifyReport) is used instead of the context's verifier when given."""
     image = transport.fetch_argument(image_ref, ctx.store, ctx.log, progress=ctx.progress)
-    options = {"verifier": ctx.seams.verifier, "progress": ctx.progress, **options}
-    return push_image(image, dest, ctx.store, ctx.log, **options)
+    return push_image(image, dest, ctx, **options)
 
 
 def push_image(
     image: Image,
     dest: str,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     key: dsse.Signer | None = None,
     report: VerifyReport | None = None,
-    verifier: Verifier | None = None,
     builder: str | None = None,
     invocation: Invocation | None = None,
     tag: str | None = None,
-    progress: Progress = NULL,
     unsigned: bool = False,
     formats: frozenset[str] = DEFAULT_FORMATS,
     gpg: GpgPlan | None = None,
 ) -> Pushed:
-    """Push an image value whose blobs are in `store` (see `push`) to a registry or an OCI layout: the
-    places attestations can live beside the image.
+    """Push an image value whose blobs are in the context's store (see `push`) to a registry or an OCI
+    layout: the places attestations can live beside the image. Without `report`, the context's verifier
+    seam proves it first (`Seams.verifier`: the build's own).
 
     Without a key, a digest that already carries signed attestations at the destination gets none of
     the unsigned ones (`check` would only report them, ignored): the image and tag are pushed and the
@@ -203,16 +198,12 @@ def push_image(
             "an OCI layout)",
             hint="push to HOST/REPO[:TAG] with --gpg-key, or leave --gpg-key out",
         )
-    facts = image_facts(image, store, log)
-    binding.refuse_rebinding(binding.tag_of(dest) or tag, facts.definition, facts.lock_digest, "push under")
-    if report is None:  # the verifier a build runs: the one seam (`Seams.verifier`)
-        if verifier is None:
-            raise AttachError(
-                f"nothing proves {image.digest.short}: no probe report and no verifier to run the probe",
-                hint="pass the report of the build that proved it, or the build's verifier",
-            )
+    store, log = ctx.store, ctx.log
+    facts = image_facts(image, ctx)
+    binding.refuse_rebinding(target.named_tag or tag, facts.definition, facts.lock_digest, "push under")
+    if report is None:  # the verifier a build runs: the one seam
         report = verify_or_refuse(
-            verifier, image, store, log, base_config=None, consequence="nothing was pushed"
+            ctx.seams.verifier, image, store, log, base_config=None, consequence="nothing was pushed"
         )
     elif not report.ok:
         raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")
@@ -235,7 +226,7 @@ def push_image(
             envelopes = []
     publishing = Publishing(envelopes, key, formats, gpg)
     push = _PUSHES[type(target)]  # a place that holds attestations: checked above
-    return replace(push(image, target, store, log, publishing, tag, progress), note=note)
+    return replace(push(image, target, ctx, publishing, tag), note=note)
 
 
 @dataclass(frozen=True)
@@ -378,13 +369,7 @@ def _count_signed(listed: Sequence[Mapping[str, object]], fetch: Callable[[Diges
 
 
 def _push_registry(
-    image: Image,
-    target: Target,
-    store: BlobStore,
-    log: Log,
-    publishing: Publishing,
-    tag: str | None,
-    progress: Progress,
+    image: Image, target: Target, ctx: Context, publishing: Publishing, tag: str | None
 ) -> Pushed:
     """Blobs and the manifest by digest (`backends.registry`), every attestation and signature, the
     tag last."""
@@ -395,12 +380,14 @@ def _push_registry(
     with RegistryClient(ref.registry) as client:
         identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
         gpg = gpg_prepare(publishing.gpg, client, identity, image.digest)
-        registry.write_image(client, ref.repository, image, store, log, progress=progress)
+        registry.write_image(client, ref.repository, image, ctx.store, ctx.log, progress=ctx.progress)
         subject = subject_descriptor(image)
-        attached, signatures = publish_confirmed(client, ref.repository, subject, publishing, ref.name, log)
-        signed = gpg_write(gpg, client, ref.repository, log)
+        attached, signatures = publish_confirmed(
+            client, ref.repository, subject, publishing, ref.name, ctx.log
+        )
+        signed = gpg_write(gpg, client, ref.repository, ctx.log)
         if chosen:
-            registry.put_tag(client, ref.repository, chosen, image, log)
+            registry.put_tag(client, ref.repository, chosen, image, ctx.log)
             confirm_unchanged(client, ref.repository, chosen, subject, "after tagging")
     where = f"{ref.name}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
     return Pushed(
@@ -438,20 +425,14 @@ def publish_confirmed(
 
 
 def _push_layout(
-    image: Image,
-    target: Target,
-    store: BlobStore,
-    log: Log,
-    publishing: Publishing,
-    tag: str | None,
-    progress: Progress,
+    image: Image, target: Target, ctx: Context, publishing: Publishing, tag: str | None
 ) -> Pushed:
     root = Path(target.location)
     chosen = target.tag or tag
-    transport.publish(image, Target.layout(root, chosen), store, log, tag=chosen)
+    transport.publish(image, Target.layout(root, chosen), ctx.store, ctx.log, tag=chosen)
     with transport.referrers(Target.layout(root)) as place:
         attached, signatures = publishing.publish(
-            place, subject_descriptor(image), Target.layout(root).text(), log
+            place, subject_descriptor(image), Target.layout(root).text(), ctx.log
         )
     where = Target.layout(root, chosen).text()
     return Pushed(image.digest, image.config_digest, where, chosen, attached, signatures=signatures)
@@ -460,7 +441,7 @@ def _push_layout(
 # How each place that holds attestations takes an image with them: a registry in one client session,
 # the manifest confirmed unchanged around the attaching (and GPG signatures, which only a registry keeps);
 # a layout by its backend and its referrers.
-_Push = Callable[[Image, Target, BlobStore, Log, Publishing, str | None, Progress], Pushed]
+_Push = Callable[[Image, Target, Context, Publishing, str | None], Pushed]
 _PUSHES: dict[type[Target], _Push] = {RegistryTarget: _push_registry, LayoutTarget: _push_layout}
 
 
@@ -508,14 +489,12 @@ class AttestingSink:
         pushed = push_image(
             image,
             target.text(),
-            ctx.store,
-            ctx.log,
+            ctx,
             key=self.key,
             report=report,
             builder=self.builder,
             invocation=invocation,
             tag=tag,
-            progress=ctx.progress,
             formats=self.formats,
             gpg=self.gpg,
         )
@@ -532,7 +511,7 @@ class AttestingSink:
             self._push(child, untagged, ctx, tag=None)
         transport.name_index(index, untagged, tag=None)
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
-        name = index_name(children, ctx.store, ctx.log)
+        name = index_name(children, ctx)
         builder = provenance.builder_id(self.builder)
         statement = indexcheck.index_statement(index, children, name, invocation, builder)
         envelopes = [make_envelope("provenance", attest.PROVENANCE_V1, statement, self.key)]
@@ -544,9 +523,9 @@ class AttestingSink:
         return transport.name_index(index, target, tag=tag)
 
 
-def index_name(children: Sequence[PlatformImage], store: BlobStore, log: Log) -> str:
+def index_name(children: Sequence[PlatformImage], ctx: Context) -> str:
     """The subject name of the index's statement: the repository its children's provenance names."""
-    return provenance.subject_name(image_facts(children[0].image, store, log))
+    return provenance.subject_name(image_facts(children[0].image, ctx))
 
 
 def build_and_push(

@@ -190,7 +190,7 @@ def promote(p: params.Promote, ctx: Context) -> Iterator[Outcome]:
 def evidence(ref: str, lookup: params.Lookup, ctx: Context) -> Evidence:
     """What `show` and `diff` read: REF located, its attestations checked against the trusted keys."""
     located = locate_ref(ref, ctx, repo=lookup.repo, remote=lookup.remote)
-    return collect(located, ctx.store, ctx.log, trusted=keys.load_trusted(lookup.keys))
+    return collect(located, ctx, trusted=keys.load_trusted(lookup.keys))
 
 
 def show(p: params.Show, ctx: Context) -> Iterator[Outcome]:

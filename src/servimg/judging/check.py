@@ -634,14 +634,7 @@ def gather(
     run by the context's verifier seam (`deep`), a rebuild with its seams."""
     files = policy.all_keys()
     keyid_of = {path: load_trusted([path])[0].keyid for path in files}
-    evidence = collect(
-        located,
-        ctx.store,
-        ctx.log,
-        trusted=load_trusted(files),
-        threshold=policy.threshold,
-        deep=ctx.seams.verifier if deep else None,
-    )
+    evidence = collect(located, ctx, trusted=load_trusted(files), threshold=policy.threshold, deep=deep)
     lock_file = (str(policy.lock), Lock.load(policy.lock)) if policy.lock is not None else None
     evidence = replace(evidence, typed_trust=keyids_by_type(policy, keyid_of), lock_file=lock_file)
     if rebuild is None:

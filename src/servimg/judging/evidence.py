@@ -45,8 +45,6 @@ from servimg.judging import rebuild as rebuilds
 from servimg.oci import integrity
 from servimg.oci.image import Image
 from servimg.oci.layer import diff_id_of
-from servimg.oci.store import BlobStore
-from servimg.proof.verifier import Verifier
 from servimg.proof.verify import VerifyReport, run_probe_in_docker
 from servimg.signing import dsse
 from servimg.statements import attest
@@ -148,7 +146,7 @@ def locate_ref(ref: str, ctx: Context, *, repo: str | None = None, remote: bool 
 def _in_engine(found: Resolved, ctx: Context, repo: str | None) -> Located:
     name = found.target.location
     # `docker-daemon:NAME` asks for the engine's copy itself; a bare NAME:TAG is what a node pulls.
-    located = _locate_engine(name, name, repo, ctx.store, ctx.log, as_pulled=not found.explicit)
+    located = _locate_engine(name, name, repo, ctx, as_pulled=not found.explicit)
     if located is None:
         raise CheckError(f"the Docker Engine has no image {found.text!r}", hint="docker pull it first")
     return located
@@ -160,7 +158,7 @@ def _in_registry(found: Resolved, ctx: Context, repo: str | None) -> Located:
 
 
 def _in_layout(found: Resolved, ctx: Context, repo: str | None) -> Located:
-    return _locate_layout(found.ref, found.target, ctx.store, ctx.log)
+    return _locate_layout(found.ref, found.target, ctx)
 
 
 def _in_archive(found: Resolved, ctx: Context, repo: str | None) -> Located:
@@ -195,8 +193,9 @@ def _locate_registry(ref_text: str, log: Log) -> Located:
 
 
 def _locate_engine(
-    ref: str, name: str, repo_hint: str | None, store: BlobStore, log: Log, *, as_pulled: bool = True
+    ref: str, name: str, repo_hint: str | None, ctx: Context, *, as_pulled: bool = True
 ) -> Located | None:
+    log = ctx.log
     try:
         attrs = engine.inspect(name)
     except BackendError:  # no engine, or it lacks the image
@@ -254,7 +253,7 @@ def _locate_engine(
     # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
     # every row can say what is missing and why.
     log(f"local image {image_id.short} has no registry location; reading it from the engine")
-    image = transport.fetch(Target.engine_image(str(image_id)).text(), store, log)
+    image = transport.fetch(Target.engine_image(str(image_id)).text(), ctx.store, log)
     searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
     notes.append(
         row(
@@ -370,10 +369,10 @@ def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, 
     return None
 
 
-def _locate_layout(ref: str, target: Target, store: BlobStore, log: Log) -> Located:
+def _locate_layout(ref: str, target: Target, ctx: Context) -> Located:
     root = Path(target.location)
     # Without a tag the layout backend picks its one image (attestations beside it are no candidates).
-    image = transport.fetch(ref, store, log, rehash=True)
+    image = transport.fetch(ref, ctx.store, ctx.log, rehash=True)
     note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
@@ -429,14 +428,14 @@ class Evidence:
 
 def collect(
     located: Located,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     trusted: Sequence[dsse.VerifyKey] = (),
     threshold: int = 1,
-    deep: Verifier | None = None,
+    deep: bool = False,
 ) -> Evidence:
-    """Every fact `evaluate` needs, fetched and verified; nothing here decides PASS or FAIL."""
+    """Every fact `evaluate` needs, fetched and verified; nothing here decides PASS or FAIL. `deep`: a
+    fresh probe run by the context's verifier seam."""
     if trusted and threshold > len(set(trusted)):
         raise CheckError(
             f"threshold {threshold} exceeds the {len(set(trusted))} distinct trusted key(s)",
@@ -447,12 +446,12 @@ def collect(
     facts_problem = None
     changes = None
     try:
-        top = top_layer(located.image, store, log, located)
+        top = top_layer(located.image, ctx, located)
         facts = provenance.read_facts(top)
         changes = provenance.layer_changes(top)
     except ServimgError as exc:
         facts_problem = exc.message
-    report, deep_problem = _deep(located, store, log, deep) if deep is not None else (None, None)
+    report, deep_problem = _deep(located, ctx) if deep else (None, None)
     return Evidence(
         located,
         tuple(found),
@@ -487,9 +486,10 @@ def attestations_only(
     )
 
 
-def top_layer(image: Image, store: BlobStore, log: Log, source: Located | None = None) -> Path:
+def top_layer(image: Image, ctx: Context, source: Located | None = None) -> Path:
     """The image's top (overlay) layer, uncompressed, verified against the config's diffID; fetched from
     `source`'s registry when the store lacks it."""
+    store, log = ctx.store, ctx.log
     layers = image.layers
     if not layers:
         raise CheckError("the image has no layers")
@@ -639,12 +639,11 @@ def _signature_of(
     return ("forged" if claimed & {k.keyid for k in trusted} else "untrusted"), ()
 
 
-def _deep(
-    located: Located, store: BlobStore, log: Log, verifier: Verifier
-) -> tuple[VerifyReport | None, str | None]:
+def _deep(located: Located, ctx: Context) -> tuple[VerifyReport | None, str | None]:
     """Pull the whole image and run the probe in it again, by the verifier seam (an image the engine holds:
     in a container of it, as `servimg verify` does). From a registry every blob is fetched from it and
     hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
+    store, log = ctx.store, ctx.log
     try:
         if located.place.holds(Holds.RUNNABLE):
             log(f"running the probe in the local image {located.config_digest.short}")
@@ -652,6 +651,7 @@ def _deep(
         if located.registry is not None:  # the registry's image: what a node pulls
             ref = f"{located.name}@{located.digest}"
             registry.pull(ref, store, log, ReadOptions(expected=located.digest, rehash=True))
-        return verifier.report(located.image, store, log, base_config=None, whole_image=True), None
+        report = ctx.seams.verifier.report(located.image, store, log, base_config=None, whole_image=True)
+        return report, None
     except ServimgError as exc:
         return None, exc.message
