@@ -11,10 +11,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servimg.assembly.context import Context
 from servimg.cache import results
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import BuildError, DefinitionError
-from servimg.core.progress import Log
 from servimg.definitions.definition import ImageDefinition, Sentinel
 from servimg.definitions.lock import (
     InterpreterLock,
@@ -99,8 +99,7 @@ def interpreter_lock(
     base: Image,
     packages: tuple[PackageLock, ...],
     runner: Runner,
-    log: Log,
-    store: BlobStore,
+    ctx: Context,
 ) -> InterpreterLock:
     path = definition.python or guess_interpreter(fs, packages[0].site_packages if packages else None)
     node = fs.lstat(fs.resolve(path))
@@ -109,7 +108,7 @@ def interpreter_lock(
             f"interpreter {path} not found in the base image",
             hint="set `python:` in the definition to the service's interpreter, e.g. /opt/venv/bin/python",
         )
-    facts = interpreter_facts(store, base, path, runner, log)
+    facts = interpreter_facts(base, path, runner, ctx)
     prefix = base.env.get("PYTHONPYCACHEPREFIX") or None
     dirs = [p.site_packages.lstrip("/") + "/" + p.import_name for p in packages]
     return InterpreterLock(
@@ -118,7 +117,7 @@ def interpreter_lock(
         facts.version,
         facts.magic,
         facts.cache_tag,
-        _base_opt_levels(store, base, fs, dirs, facts.cache_tag),
+        _base_opt_levels(ctx.store, base, fs, dirs, facts.cache_tag),
         prefix,
     )
 
@@ -143,9 +142,10 @@ def _base_opt_levels(
 INTERPRETER_FACTS = "interpreter"
 
 
-def interpreter_facts(store: BlobStore, base: Image, path: str, runner: Runner, log: Log) -> InterpreterFacts:
+def interpreter_facts(base: Image, path: str, runner: Runner, ctx: Context) -> InterpreterFacts:
     """Ask the image's interpreter for its version/magic/cache tag, once per (base layers, path): the
     layers are content-addressed, so the same diffIDs cannot hold a different interpreter."""
+    store, log = ctx.store, ctx.log
     key = {"diff_ids": [str(d) for d in base.diff_ids], "path": path}
     cached = results.read(store.root, INTERPRETER_FACTS, key, per_base=True)
     with contextlib.suppress(TypeError):

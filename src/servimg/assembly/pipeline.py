@@ -27,7 +27,7 @@ from servimg.assembly.platforms import (
     locks_of,
 )
 from servimg.assembly.release import PlatformImage, ProvenRelease, Release, keep_in_store
-from servimg.assembly.seams import BaseSource, Compiler, choose_sandboxes
+from servimg.assembly.seams import Compiler, choose_sandboxes
 from servimg.backends.target import Holds
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
@@ -163,14 +163,14 @@ def resolve(
     lock. `definition`: the caller's read of it (one platform of a multi-platform definition, from
     `resolve_all`); else it is read."""
     definition = definition or ImageDefinition.load(definition_path)
-    store, log, seams = ctx.store, ctx.log, ctx.seams
+    store, seams = ctx.store, ctx.seams
     if definition.multi_platform:
         raise DefinitionError(
             f"{definition_path} lists base.platforms: `servimg lock` and `servimg build` take it (one image "
             "per platform, one index); this command takes a single-platform definition",
             hint="run it on a copy of the definition with one `base.platform` (docs/platforms.md)",
         )
-    base, index = _fetch_base(definition, store, log, seams.base_source)
+    base, index = _fetch_base(definition, ctx)
     fs = base_fs(base, store)
     packages = tuple(
         find_package(fs, name, spec.distribution, spec.version)
@@ -178,7 +178,7 @@ def resolve(
     )
     sandboxes = choose_sandboxes(seams, runner, base, fs, store)
     chosen = sandboxes.runner
-    interpreter = interpreter_lock(definition, fs, base, packages, chosen, log, store)
+    interpreter = interpreter_lock(definition, fs, base, packages, chosen, ctx)
     repo_root = repo_root_for(definition_path)  # overlay and ladder paths are relative to it
     overlays, changes = _apply_overlays(definition, repo_root, fs, packages)
     lock = Lock(
@@ -267,10 +267,10 @@ def _with_base_verdicts(
     return replace(lock, overlays=tuple(overlays))
 
 
-def _fetch_base(
-    definition: ImageDefinition, store: BlobStore, log: Log, source: BaseSource
-) -> tuple[Image, Digest | None]:
-    """The base image, and the index digest when the pin names a multi-platform index."""
+def _fetch_base(definition: ImageDefinition, ctx: Context) -> tuple[Image, Digest | None]:
+    """The base image (from the context's `seams.base_source`), and the index digest when the pin names
+    a multi-platform index."""
+    store, log, source = ctx.store, ctx.log, ctx.seams.base_source
     pinned = definition.base.manifest_digest
     index: Digest | None = None
     try:
@@ -493,7 +493,7 @@ def _assembled(
     """One platform's image as resolved: its overlay layer planned, compiled and written."""
     labels = child_labels(plan.lock, platform) if isinstance(plan.lock, PlatformLocks) else None
     try:
-        image, layer = assemble(resolution, plan.lock_for(platform), ctx.store, ctx.log, labels)
+        image, layer = assemble(resolution, plan.lock_for(platform), ctx, labels)
     except ServimgError as exc:
         raise (exc.context(f"platform {platform}") if plan.multi_platform else exc) from None
     if plan.multi_platform:
@@ -529,15 +529,12 @@ def _prove(
 
 
 def assemble(
-    resolution: Resolution,
-    locked: Lock,
-    store: BlobStore,
-    log: Log,
-    extra_labels: Mapping[str, str] | None = None,
+    resolution: Resolution, locked: Lock, ctx: Context, extra_labels: Mapping[str, str] | None = None
 ) -> tuple[Image, Descriptor]:
     """Plan the overlay layer, compile bytecode with the image's interpreter, write the layer, return the
     new image (a value: the base is unchanged). `extra_labels`: a platform image's tie to its index's
     lock (`assembly.platforms`)."""
+    store, log = ctx.store, ctx.log
     entries = plan_layer(resolution, locked, log, store.root)
     tmp = store.layout.tmp
     tmp.mkdir(exist_ok=True)

@@ -96,7 +96,7 @@ def inspect(ref: str, name: str, repository: str | None, ctx: Context) -> Skelet
         )
     python = guess_interpreter(fs, packages[0].site)
     runner = seams.runners.choose("auto", base, fs, store)
-    facts = interpreter_facts(store, base, python, runner, log)
+    facts = interpreter_facts(base, python, runner, ctx)
     return Skeleton(
         name,
         repository or f"servimg/{name}",
