@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from servimg.core.digest import Digest
+from servimg.core.errors import ServimgError
 from servimg.definitions.definition import template_regex
 from servimg.judging.check import FAIL, PASS, WARN, Policy, evaluate
-from servimg.judging.policy import REBUILD_V1, PolicyError, keyids_by_type
+from servimg.judging.policy import REBUILD_V1, PolicyError, Trust, keyids_by_type
 from servimg.judging.rebuild import Rebuilt, rebuild_predicate
 from servimg.oci.image import Image
-from servimg.signing import dsse
+from servimg.signing import dsse, keys
 from servimg.statements import attest, binding
 from servimg.statements.derived import ImageFacts
 from test_provenance import _clean, _envelope, _evidence, _found, _statement, facts, image, key
@@ -266,3 +267,20 @@ def test_build_refuses_a_template_tag_naming_another_lock(
         assert "names lock 0123456789ab" in capsys.readouterr().out
         assert not out.exists(), "nothing published"
     assert fb.main(["build", str(definition), "--to", f"oci:{out}:latest", "--cache", cache, "--quiet"]) == 0
+
+
+def test_the_policy_files_are_read_once_into_its_trust(tmp_path: Path, facts: ImageFacts) -> None:
+    """Issue 49: `check` read every key file twice (once for its keyid, once with all), and an index's
+    `--lock` once for the index and again for each child; `Trust` reads each once, and a child check takes
+    the caller's."""
+    one = keys.generate(tmp_path / "one")
+    two = keys.generate(tmp_path / "two")
+    policy = Policy(keys=(one.public, two.private, one.public))
+    trust = Trust.of(policy)
+    assert trust.keyid_of == {one.public: one.keyid, two.private: two.keyid}
+    assert sorted(k.keyid for k in trust.keys) == sorted({one.keyid, two.keyid}) and trust.lock is None
+    lock_path = tmp_path / "tiny.lock.json"
+    with pytest.raises(ServimgError):  # no such file: read when the policy names it and none is given
+        Trust.of(dataclasses.replace(policy, lock=lock_path))
+    given = Trust.of(dataclasses.replace(policy, lock=lock_path), facts.lock)
+    assert given.lock is facts.lock  # as the caller read it: not read again

@@ -19,7 +19,6 @@ from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Findings
-from servimg.definitions.lock import Lock
 from servimg.formats.cosignread import CosignSignature
 from servimg.judging import fixes
 from servimg.judging import rebuild as rebuilds
@@ -39,11 +38,11 @@ from servimg.judging.policy import (
     REBUILD_V1,
     REQUIREMENTS,
     Policy,
+    Trust,
     keyids_by_type,
     predicate_type,
 )
 from servimg.oci.image import Layer
-from servimg.signing.keys import load_trusted
 from servimg.statements import attest, binding, sbom
 from servimg.statements import derived as provenance
 from servimg.statements.derived import ChangedFile
@@ -628,15 +627,15 @@ def gather(
     *,
     deep: bool = False,
     rebuild: Rebuild | None = None,
+    trust: Trust | None = None,
 ) -> Evidence:
     """Every piece of evidence the policy asks for: attestations verified against every key it names
-    (which key may vouch for which predicate type is judged in `evaluate`), the lock file, a fresh probe
-    run by the context's verifier seam (`deep`), a rebuild with its seams."""
-    files = policy.all_keys()
-    keyid_of = {path: load_trusted([path])[0].keyid for path in files}
-    evidence = collect(located, ctx, trusted=load_trusted(files), threshold=policy.threshold, deep=deep)
-    lock_file = (str(policy.lock), Lock.load(policy.lock)) if policy.lock is not None else None
-    evidence = replace(evidence, typed_trust=keyids_by_type(policy, keyid_of), lock_file=lock_file)
+    (`trust`: the policy's files as read once by the caller, else read here), the lock file, a fresh
+    probe run by the context's verifier seam (`deep`), a rebuild with its seams."""
+    trust = trust or Trust.of(policy)
+    evidence = collect(located, ctx, trusted=trust.keys, threshold=policy.threshold, deep=deep)
+    lock_file = (str(policy.lock), trust.lock) if policy.lock is not None and trust.lock is not None else None
+    evidence = replace(evidence, typed_trust=keyids_by_type(policy, trust.keyid_of), lock_file=lock_file)
     if rebuild is None:
         return evidence
     return replace(evidence, rebuild=_rebuild(policy, evidence, rebuild, ctx))
@@ -669,10 +668,8 @@ def _rebuild(policy: Policy, ev: Evidence, request: Rebuild, ctx: Context) -> re
         ev.facts,
         predicate,
         request.definition,
-        store,
-        ctx.log,
+        ctx,
         fetch_layer=fetch_layer,
-        seams=ctx.seams,
     )
 
 
@@ -685,9 +682,11 @@ def check(
     repo: str | None = None,
     remote: bool = False,
     rebuild: Rebuild | None = None,
+    trust: Trust | None = None,
 ) -> tuple[CheckReport, Evidence]:
-    """REF (as typed, or where `place_of` resolved it) judged by `policy`: the report, and the evidence."""
+    """REF (as typed, or where `place_of` resolved it) judged by `policy` (`trust`: its files as the
+    caller read them): the report, and the evidence."""
     found = ref if isinstance(ref, Resolved) else place_of(ref, ctx.log, remote=remote)
     located = locate(found, ctx, repo=repo)
-    evidence = gather(located, ctx, policy, deep=deep, rebuild=rebuild)
+    evidence = gather(located, ctx, policy, deep=deep, rebuild=rebuild, trust=trust)
     return evaluate(policy, evidence), evidence

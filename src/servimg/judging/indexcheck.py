@@ -29,6 +29,7 @@ from servimg.definitions.platformlock import PlatformLocks, load_any
 from servimg.formats import referrers
 from servimg.judging.check import CheckReport, Policy, check
 from servimg.judging.evidence import row
+from servimg.judging.policy import Trust
 from servimg.oci.index import ImageIndex
 from servimg.signing import dsse
 from servimg.signing.keys import load_trusted
@@ -90,17 +91,21 @@ def check_index(
     findings: list[Finding] = []
     # `--lock` with a multi-platform lock file: each child against its platform's part, the index
     # against the whole (a single-platform lock file is each child's as for one image).
-    locked = _platform_locks(policy)
+    written = load_any(policy.lock) if policy.lock is not None else None  # read once for every child
+    locked, one = (written, None) if isinstance(written, PlatformLocks) else (None, written)
     if locked is not None:
         policy = dataclasses.replace(policy, lock=None)
         findings.append(_lock_file_row(locked, lock))
+    trust = Trust.of(policy, one)
     chosen = [e for e in index.entries if only is None or e.platform == only]
     if not chosen and only is not None:
         index.child(only)  # raises, naming the platforms it has
     for entry in chosen:
         prefix = f"[{entry.platform}]"
         try:
-            report, evidence = check(child_ref(ref, entry.descriptor.digest), ctx, policy, deep=deep)
+            report, evidence = check(
+                child_ref(ref, entry.descriptor.digest), ctx, policy, deep=deep, trust=trust
+            )
         except ServimgError as exc:
             findings.append(row(f"{prefix} image", FAIL, f"{entry.descriptor.digest}: {exc.message}"))
             continue
@@ -135,11 +140,6 @@ def _binding_row(
     return row(
         what, PASS, f"{platform}: {digest.short} built from the index's lock {Digest.parse(lock).short}"
     )
-
-
-def _platform_locks(policy: Policy) -> PlatformLocks | None:
-    found = load_any(policy.lock) if policy.lock is not None else None
-    return found if isinstance(found, PlatformLocks) else None
 
 
 def _lock_file_row(locked: PlatformLocks, lock: str | None) -> Finding:

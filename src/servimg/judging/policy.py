@@ -30,6 +30,9 @@ import yaml
 from servimg.core import fields, fixid
 from servimg.core.errors import ServimgError
 from servimg.core.strictyaml import StrictLoader
+from servimg.definitions.lock import Lock
+from servimg.signing.dsse import VerifyKey
+from servimg.signing.keys import load_trusted
 from servimg.statements import attest
 from servimg.statements import derived as provenance
 
@@ -305,3 +308,23 @@ def keyids_by_type(policy: Policy, keyid_of: Mapping[Path, str]) -> tuple[tuple[
         files = policy.keys_for(predicate) or ()
         out.append((predicate, tuple(sorted({keyid_of[f] for f in files}))))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What a policy's files say, each file read once per command (an index's children share it): the
+    keys every signature is verified against, each key file's keyid (which predicate types a key may
+    vouch for is judged in `evaluate`), and the `--lock` file when it is one platform's lock."""
+
+    keys: tuple[VerifyKey, ...]
+    keyid_of: Mapping[Path, str]
+    lock: Lock | None = None
+
+    @classmethod
+    def of(cls, policy: Policy, lock: Lock | None = None) -> Trust:
+        """Every key file the policy names, read once; `lock`: the `--lock` file as already read (else
+        it is read here)."""
+        loaded = {path: load_trusted([path])[0] for path in policy.all_keys()}
+        if lock is None and policy.lock is not None:
+            lock = Lock.load(policy.lock)
+        return cls(tuple(dict.fromkeys(loaded.values())), {p: k.keyid for p, k in loaded.items()}, lock)

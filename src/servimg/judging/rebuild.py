@@ -30,13 +30,11 @@ from servimg.assembly.context import Context
 from servimg.assembly.defaults import StoreOnly
 from servimg.assembly.pipeline import build
 from servimg.assembly.plan import BuildPlan
-from servimg.assembly.seams import Seams
 from servimg.backends.target import Target
 from servimg.core import jsonview as jv
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
 from servimg.core.findings import FAIL, PASS, Finding
-from servimg.core.progress import Log
 from servimg.definitions.definition import ImageDefinition, repo_root_for
 from servimg.definitions.lock import Lock, lock_path_for
 from servimg.oci import treediff
@@ -124,11 +122,9 @@ def rebuild(
     facts: ImageFacts,
     predicate: Mapping[str, object] | None,
     checkout_definition: Path | None,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     fetch_layer: Callable[[Layer], None] = lambda layer: None,
-    seams: Seams,
 ) -> Rebuilt:
     """Rebuild `image` from the inputs its provenance names (see the module docstring); never raises for
     a rebuild that cannot be done: the result's `problem` says why."""
@@ -143,10 +139,12 @@ def rebuild(
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="servimg-rebuild-") as scratch:
             path = _materialise(Path(scratch), definition, lock, repo_root_for(source))
-            log(f"rebuilding {image.digest.short} from {source} (lock {lock.digest.short}) in {scratch}")
+            ctx.log(f"rebuilding {image.digest.short} from {source} (lock {lock.digest.short}) in {scratch}")
             with resultcache.bypassed():  # a rebuild compiles again: it must not take the first build's pycs
                 plan = BuildPlan.make(path, to=Target.layout(Path(scratch) / "out").text(), verify=False)
-                result = build(plan, Context(store, log, seams=dataclasses.replace(seams, sink=StoreOnly())))
+                # The rebuild is kept in the store only: nothing is published by a check.
+                only_stored = dataclasses.replace(ctx.seams, sink=StoreOnly())
+                result = build(plan, dataclasses.replace(ctx, seams=only_stored))
         seconds = time.monotonic() - started
     except ServimgError as exc:
         return Rebuilt(image.digest, problem="; ".join([exc.message, *exc.problems[:4]]))
@@ -154,7 +152,7 @@ def rebuild(
     done = Rebuilt(image.digest, rebuilt.digest, seconds, str(source), lock.digest)
     if done.match:
         return done
-    return dataclasses.replace(done, differences=tuple(_explain(image, rebuilt, store, fetch_layer)))
+    return dataclasses.replace(done, differences=tuple(_explain(image, rebuilt, ctx.store, fetch_layer)))
 
 
 def _materialise(root: Path, definition: Mapping[str, object], lock: Lock, checkout: Path) -> Path:
