@@ -359,7 +359,7 @@ def test_pushing_the_same_image_again_states_nothing_twice(
     as_built = Invocation(f"urn:uuid:{uuid.uuid4()}", "2026-12-01T00:00:00Z", "2026-12-01T00:01:00Z")
     push_image(
         image,
-        ref,
+        Target.parse(ref),
         Context(store, print, seams=fb.HOST_SEAMS),
         key=keys.load_signing(private),
         report=VerifyReport.from_json(json.loads(report_file.read_text())),

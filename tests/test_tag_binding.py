@@ -27,6 +27,7 @@ from fakebase import HOST_SEAMS
 from servimg.assembly.context import Context
 from servimg.attesting.attach import push_image
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.target import Target
 from servimg.cli import main
 from servimg.oci.layer import Entry
 from servimg.oci.store import BlobStore
@@ -66,7 +67,7 @@ def images(
         tag = tiny.tag.rpartition(":")[2]
         push_image(
             tiny.image,
-            f"{registry.host}/{REPO}:{tag}",
+            Target.parse(f"{registry.host}/{REPO}:{tag}"),
             Context(store, print, seams=HOST_SEAMS),
             key=signer,
         )
@@ -181,7 +182,7 @@ def test_push_and_promote_refuse_a_template_tag_naming_another_lock(
     with pytest.raises(Exception, match=f"names lock {lock12(clean)}"):
         push_image(
             variant.image,
-            f"{registry.host}/{REPO}-push:{wrong}",
+            Target.parse(f"{registry.host}/{REPO}-push:{wrong}"),
             Context(images["store"], print, seams=HOST_SEAMS),
         )
     with RegistryClient(registry.host) as client:
@@ -304,7 +305,7 @@ def test_rebuild_after_editing_one_byte_in_the_pushed_overlay_layer_names_the_fi
     ref = f"{registry.host}/{REPO}:edited"
     push_image(
         edited,
-        ref,
+        Target.parse(ref),
         Context(images["store"], print, seams=HOST_SEAMS),
         key=keys.load_signing(keyring["key"]),
         report=report,

@@ -29,6 +29,7 @@ from servimg.backends import engine
 from servimg.backends.referrers import fallback_tag
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
+from servimg.backends.target import Target
 from servimg.cli import main
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
@@ -135,7 +136,7 @@ def publish(
     vouched for by the clean image's verify report: an insider or a broken step, not an outsider."""
     return push_image(
         image,
-        f"{registry.host}/{REPO_NAME}:{tag}",
+        Target.parse(f"{registry.host}/{REPO_NAME}:{tag}"),
         Context(built["store"], print, seams=HOST_SEAMS),
         key=key,
         report=built["report"],
@@ -461,7 +462,11 @@ def test_unverified_evidence_beside_signed_is_ignored_unless_the_policy_forbids_
     # ... unless asked.
     dest = f"{registry.host}/{REPO_NAME}:beside-unsigned"
     loud = push_image(
-        variant, dest, Context(built["store"], print, seams=HOST_SEAMS), report=built["report"], unsigned=True
+        variant,
+        Target.parse(dest),
+        Context(built["store"], print, seams=HOST_SEAMS),
+        report=built["report"],
+        unsigned=True,
     )
     assert len(loud.attached) == 3 and not any(a.signed for a in loud.attached)
     publish(built, registry, variant, "beside-other", keys.load_signing(keyring["other_key"]))
@@ -816,18 +821,30 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     monkeypatch.setattr(RegistryClient, "put_manifest", put_manifest)
     with pytest.raises(ServimgError):
         push_image(
-            image, dest, Context(built["store"], print, seams=HOST_SEAMS), key=key, report=built["report"]
+            image,
+            Target.parse(dest),
+            Context(built["store"], print, seams=HOST_SEAMS),
+            key=key,
+            report=built["report"],
         )
     assert killed, "the fault was injected"
     own_registry.start()
     assert head(own_registry, KILLED_REPO, "v1") is None, "a killed push leaves no tag"
 
     first = push_image(
-        image, dest, Context(built["store"], print, seams=HOST_SEAMS), key=key, report=built["report"]
+        image,
+        Target.parse(dest),
+        Context(built["store"], print, seams=HOST_SEAMS),
+        key=key,
+        report=built["report"],
     )
     assert head(own_registry, KILLED_REPO, "v1") == str(image.digest)
     second = push_image(
-        image, dest, Context(built["store"], print, seams=HOST_SEAMS), key=key, report=built["report"]
+        image,
+        Target.parse(dest),
+        Context(built["store"], print, seams=HOST_SEAMS),
+        key=key,
+        report=built["report"],
     )
     assert all(a.reused for a in second.attached), "a rerun attaches nothing new"
     assert [a.artifact for a in first.attached] == [a.artifact for a in second.attached]

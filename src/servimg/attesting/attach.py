@@ -162,12 +162,12 @@ def push(image_ref: str, dest: str, ctx: Context, **options: Unpack[PushOptions]
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
     verify result. `report` (a VerifyReport) is used instead of the context's verifier when given."""
     image = transport.fetch_argument(image_ref, ctx.store, ctx.log, progress=ctx.progress)
-    return push_image(image, dest, ctx, **options)
+    return push_image(image, Target.parse(dest), ctx, **options)
 
 
 def push_image(
     image: Image,
-    dest: str,
+    target: Target,
     ctx: Context,
     *,
     key: dsse.Signer | None = None,
@@ -186,7 +186,7 @@ def push_image(
     Without a key, a digest that already carries signed attestations at the destination gets none of
     the unsigned ones (`check` would only report them, ignored): the image and tag are pushed and the
     result says so; `unsigned` attaches them anyway."""
-    target = Target.parse(dest)
+    dest = target.text()
     if not target.holds(Holds.ATTESTATIONS):
         raise AttachError(
             f"{dest}: attestations cannot live in {target.described}",
@@ -488,7 +488,7 @@ class AttestingSink:
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
         pushed = push_image(
             image,
-            target.text(),
+            target,
             ctx,
             key=self.key,
             report=report,
