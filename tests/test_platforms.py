@@ -27,8 +27,8 @@ from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError, LockError, UsageError
 from servimg.core.platform import Platform
 from servimg.definitions.definition import ImageDefinition
-from servimg.definitions.lock import Lock
-from servimg.definitions.platformlock import PlatformLocks, check_drift
+from servimg.definitions.lock import Lock, check_drift
+from servimg.definitions.platformlock import PlatformLocks
 from servimg.oci.image import OCI_INDEX, Image
 from servimg.oci.index import ImageIndex
 from servimg.patching import emulation

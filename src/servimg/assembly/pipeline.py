@@ -47,7 +47,6 @@ from servimg.definitions.lock import (
     lock_path_for,
 )
 from servimg.definitions.platformlock import PlatformLocks
-from servimg.definitions.platformlock import check_drift as check_platform_drift
 from servimg.ladder.loading import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
@@ -479,12 +478,7 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
 
 def _refuse_drift(plan: BuildPlan, actual: Lock | PlatformLocks) -> None:
     definitions = (plan.locked_definition, plan.definition.to_json())
-    if isinstance(plan.lock, PlatformLocks) and isinstance(actual, PlatformLocks):
-        check_platform_drift(plan.lock, actual, plan.definition_path, definitions)
-    elif isinstance(plan.lock, Lock) and isinstance(actual, Lock):
-        check_drift(plan.lock, actual, plan.definition_path, definitions)
-    else:  # BuildPlan.make refuses a lock of the other shape: unreachable unless a caller made the plan
-        raise LockError(f"the lock of {plan.definition_path} is not of its definition's shape")
+    check_drift(plan.lock, actual, plan.definition_path, definitions)
 
 
 def _assembled(

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from servimg import __version__
 from servimg.core import canonical, fields
@@ -299,19 +299,36 @@ def _short(value: object) -> str:
 
 
 def check_drift(
-    locked: Lock,
-    actual: Lock,
+    locked: LockFile,
+    actual: LockFile,
     definition_path: Path,
     definitions: tuple[Mapping[str, object] | None, Mapping[str, object]] | None = None,
 ) -> None:
-    """Refuse a lock that no longer matches its inputs, naming every field that moved; `definitions`
-    (the definition as locked, when remembered, and as it is now) names the definition's own fields
-    instead of its sha256."""
-    problems = [p for p in drift(locked.to_json(), actual.to_json()) if not p.startswith("tool.")]
+    """Refuse a lock that no longer matches its inputs, naming every field that moved: the one drift
+    check of both shapes (one platform's `Lock`; `PlatformLocks`, whose fields each name their platform).
+    `definitions` (the definition as locked, when remembered, and as it is now) names the definition's
+    own fields instead of its sha256."""
+    problems = [p for p in drift(locked.to_json(), actual.to_json()) if not _written_by(p)]
     problems = definition_fields(problems, definitions, definition_path)
     if problems:
+        moved = sorted({p.split(".")[1] for p in problems if p.startswith("platforms.")})
         raise LockError(
-            f"inputs drifted from the lock ({len(problems)} field(s))",
-            problems=problems,
+            f"inputs drifted from the lock ({len(problems)} field(s)"
+            + (f"; platform(s) {', '.join(moved)}" if moved else "")
+            + ")",
+            problems=[p.removeprefix("platforms.") for p in problems],
             hint=f"if the change is intended, run `servimg lock {definition_path}` and review the diff",
         )
+
+
+class LockFile(Protocol):
+    """What a lock file holds, either shape: its canonical JSON."""
+
+    def to_json(self) -> dict[str, object]: ...
+
+
+def _written_by(problem: str) -> bool:
+    """The tool that wrote a lock is no input: `tool.`, or a platform's `platforms.<os/arch>.tool.`."""
+    return problem.startswith("tool.") or (
+        problem.startswith("platforms.") and problem.split(".", 2)[-1].startswith("tool.")
+    )

@@ -23,8 +23,6 @@ from servimg.definitions.lock import (
     LOCK_VERSION,
     Lock,
     PackageLock,
-    definition_fields,
-    drift,
     lock_to_definition,
     read_lock_json,
 )
@@ -130,31 +128,3 @@ def load_any(path: Path) -> Lock | PlatformLocks:
     if isinstance(data, dict) and "platforms" in data:
         return PlatformLocks.from_json(data, str(path))
     return Lock.from_json(data, str(path))
-
-
-def check_drift(
-    locked: PlatformLocks,
-    actual: PlatformLocks,
-    definition_path: Path,
-    definitions: tuple[Mapping[str, object] | None, Mapping[str, object]] | None = None,
-) -> None:
-    """Every field that moved on any platform, each problem prefixed with its platform (the definition's
-    own fields when `definitions` has the definition as locked: lock.check_drift)."""
-    problems = [
-        p
-        for p in drift(
-            {k: v for k, v in locked.to_json().items() if k != "tool"},
-            {k: v for k, v in actual.to_json().items() if k != "tool"},
-        )
-        if not p.split(".", 2)[-1].startswith("tool.")
-    ]
-    problems = definition_fields(problems, definitions, definition_path)
-    if problems:
-        moved = sorted({p.split(".")[1] for p in problems if p.startswith("platforms.")})
-        raise LockError(
-            f"inputs drifted from the lock ({len(problems)} field(s)"
-            + (f"; platform(s) {', '.join(moved)}" if moved else "")
-            + ")",
-            problems=[p.removeprefix("platforms.") for p in problems],
-            hint=f"if the change is intended, run `servimg lock {definition_path}` and review the diff",
-        )
