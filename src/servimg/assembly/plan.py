@@ -47,12 +47,9 @@ class BuildPlan:
     def multi_platform(self) -> bool:
         return self.definition.multi_platform
 
-    def definition_for(self, platform: Platform) -> ImageDefinition:
-        """The single-platform definition `platform` builds (the definition itself for one platform)."""
-        return self.definition.for_platform(platform) if self.multi_platform else self.definition
-
     def lock_for(self, platform: Platform) -> Lock:
-        return self.lock.of(platform) if isinstance(self.lock, PlatformLocks) else self.lock
+        """`platform`'s part of the lock, whichever shape it has."""
+        return self.lock.of(platform)
 
     @classmethod
     def make(

@@ -19,6 +19,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import LockError
 from servimg.core.fields import Reader
+from servimg.core.platform import Platform
 
 LOCK_VERSION = 1
 
@@ -113,6 +114,11 @@ class Lock(canonical.Canonical):
         """The files the overlays changed (patched, added or deleted), each once: the one count of
         "changed files" every command prints (the layer holds more: their bytecode, servimg's files)."""
         return tuple(sorted({f.path for o in self.overlays for f in o.files}))
+
+    def of(self, platform: Platform) -> Lock:
+        """One platform's part: a single-platform lock is its definition's one platform whole (the plan
+        refuses a lock whose shape is not its definition's), as `PlatformLocks.of` answers for several."""
+        return self
 
     def package(self, import_name: str) -> PackageLock:
         for pkg in self.packages:
