@@ -24,7 +24,6 @@ from servimg.assembly.platforms import (
     child_labels,
     compare_bytecode,
     index_annotations,
-    locks_of,
 )
 from servimg.assembly.release import PlatformImage, ProvenRelease, Release, keep_in_store
 from servimg.assembly.seams import Compiler, choose_sandboxes
@@ -43,10 +42,9 @@ from servimg.definitions.lock import (
     Lock,
     OverlayLock,
     PackageLock,
-    check_drift,
     lock_path_for,
 )
-from servimg.definitions.platformlock import PlatformLocks
+from servimg.definitions.platformlock import Locks, PlatformLocks
 from servimg.ladder.loading import load as load_ladder
 from servimg.ladder.witness import WITNESS_DIR, witness_files
 from servimg.oci.filesystem import LayeredFS
@@ -405,12 +403,9 @@ def resolve_all(
     return resolutions
 
 
-def lock_of(definition: ImageDefinition, resolutions: Mapping[Platform, Resolution]) -> Lock | PlatformLocks:
+def lock_of(definition: ImageDefinition, resolutions: Mapping[Platform, Resolution]) -> Locks:
     """The lock the resolutions make: one platform's, or one over every platform's."""
-    if not definition.multi_platform:
-        (only,) = resolutions.values()
-        return only.lock
-    return locks_of(definition, {platform: r.lock for platform, r in resolutions.items()})
+    return Locks.made(definition, {platform: r.lock for platform, r in resolutions.items()})
 
 
 def lock(
@@ -424,7 +419,7 @@ def lock(
     platform fails to resolve."""
     definition = definition or ImageDefinition.load(definition_path)
     definition.refuse_placeholders(str(definition_path))
-    locked = lock_of(definition, resolve_all(definition, definition_path, ctx, runner))
+    locked = lock_of(definition, resolve_all(definition, definition_path, ctx, runner)).written
     path = lock_path_for(definition_path)
     previous = path.read_bytes() if path.exists() else None
     locked.write(path)
@@ -444,13 +439,11 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
     _refuse_drift(plan, lock_of(plan.definition, resolutions))
     built = tuple(_assembled(plan, platform, resolution, ctx) for platform, resolution in resolutions.items())
     images = tuple(image for image, _ in built)
-    index, comparison = None, None
-    if isinstance(plan.lock, PlatformLocks):
+    index, comparison, over = None, None, plan.lock.index
+    if over is not None:  # several platforms: the index over their images
         comparison = compare_bytecode(images, ctx.store)
         ctx.log(f"bytecode: {comparison.summary()}")
-        index = ImageIndex.of(
-            {c.platform: c.image for c in images}, index_annotations(plan.definition, plan.lock)
-        )
+        index = ImageIndex.of({c.platform: c.image for c in images}, index_annotations(plan.definition, over))
     release = Release(images, index, plan.target, plan.full_tag, plan.engine_platform)
     if not plan.verify:  # a rebuild comparing digests: no proof, so nothing is published
         destination, built_images = keep_in_store(release, ctx.store), images
@@ -476,16 +469,17 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
     )
 
 
-def _refuse_drift(plan: BuildPlan, actual: Lock | PlatformLocks) -> None:
+def _refuse_drift(plan: BuildPlan, actual: Locks) -> None:
     definitions = (plan.locked_definition, plan.definition.to_json())
-    check_drift(plan.lock, actual, plan.definition_path, definitions)
+    plan.lock.check_drift(actual, plan.definition_path, definitions)
 
 
 def _assembled(
     plan: BuildPlan, platform: Platform, resolution: Resolution, ctx: Context
 ) -> tuple[PlatformImage, Descriptor]:
     """One platform's image as resolved: its overlay layer planned, compiled and written."""
-    labels = child_labels(plan.lock, platform) if isinstance(plan.lock, PlatformLocks) else None
+    over = plan.lock.index  # a child of an index names the lock over it and its platform
+    labels = child_labels(over, platform) if over is not None else None
     try:
         image, layer = assemble(resolution, plan.lock_for(platform), ctx, labels)
     except ServimgError as exc:

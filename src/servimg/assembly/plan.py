@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servimg.backends.target import Holds, Target
-from servimg.core.errors import BuildError, LockError, UsageError
+from servimg.core.errors import BuildError, UsageError
 from servimg.core.platform import Host, Platform
 from servimg.definitions import naming
 from servimg.definitions.definition import ImageDefinition
-from servimg.definitions.lock import LOCK_VERSION, Lock, lock_path_for
-from servimg.definitions.platformlock import PlatformLocks, load_any
+from servimg.definitions.lock import Lock
+from servimg.definitions.platformlock import Locks
 from servimg.definitions.remembered import recall
 
 
@@ -28,7 +28,7 @@ from servimg.definitions.remembered import recall
 class BuildPlan:
     definition_path: Path
     definition: ImageDefinition
-    lock: Lock | PlatformLocks  # as written by `servimg lock`: one platform's, or one over every platform
+    lock: Locks  # as written by `servimg lock`: one platform's, or one over every platform
     target: Target
     tag: str  # the image's tag: given, or derived from the definition's template and the lock
     full_tag: str  # as the destination names it (the engine and an archive want `repository:tag`)
@@ -49,7 +49,7 @@ class BuildPlan:
 
     def lock_for(self, platform: Platform) -> Lock:
         """`platform`'s part of the lock, whichever shape it has."""
-        return self.lock.of(platform)
+        return self.lock.part(platform)
 
     @classmethod
     def make(
@@ -70,7 +70,7 @@ class BuildPlan:
         when `to` names none)."""
         definition = definition or ImageDefinition.load(definition_path)
         definition.refuse_placeholders(str(definition_path))
-        lock = _lock_of(definition, definition_path)
+        lock = Locks.read(definition, definition_path)
         target = Target.parse(to) if to else default_target(definition_path, host)
         engine_platform = _engine_platform(definition, definition_path, platform)
         # An index goes whole to a place that holds one; the engine runs one child of it (its platform's).
@@ -103,24 +103,6 @@ def default_target(definition_path: Path, host: Host | None) -> Target:
     if host.engine:
         return Target.parse("docker")
     return Target.layout(Path("out") / definition_path.stem.removesuffix(".lock"))
-
-
-def _lock_of(definition: ImageDefinition, definition_path: Path) -> Lock | PlatformLocks:
-    """The written lock, read once; refused when its shape is not the definition's (one platform or many)."""
-    path = lock_path_for(definition_path)
-    lock = load_any(path)
-    if isinstance(lock, PlatformLocks) != definition.multi_platform:
-        has, wants = ("several platforms", "one") if isinstance(lock, PlatformLocks) else ("one", "several")
-        raise LockError(
-            f"{path} locks {has} platform(s), {definition_path} builds {wants}",
-            hint=f"run `servimg lock {definition_path}` to lock it as it is now",
-        )
-    if isinstance(lock, Lock) and lock.lock_version != LOCK_VERSION:
-        raise LockError(
-            f"{path}: lock version {lock.lock_version} is not {LOCK_VERSION}",
-            hint=f"run `servimg lock {definition_path}` to regenerate it",
-        )
-    return lock
 
 
 def _engine_platform(

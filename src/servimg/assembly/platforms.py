@@ -15,14 +15,13 @@ interpreter wrote for the same sources (`compare_bytecode`) and reports what dif
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servimg.assembly.release import PlatformImage
 from servimg.core.digest import sha256_hex
 from servimg.core.platform import Platform, texts
 from servimg.definitions.definition import ImageDefinition
-from servimg.definitions.lock import Lock
 from servimg.definitions.platformlock import PlatformLocks
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
@@ -75,11 +74,6 @@ def child_labels(locked: PlatformLocks, platform: Platform) -> dict[str, str]:
 
 def index_annotations(definition: ImageDefinition, locked: PlatformLocks) -> dict[str, str]:
     return {INDEX_LOCK: str(locked.digest), INDEX_DEFINITION: definition.digest.hex}
-
-
-def locks_of(definition: ImageDefinition, locks: Mapping[Platform, Lock]) -> PlatformLocks:
-    """One lock over every platform's."""
-    return PlatformLocks(definition.name, definition.digest.hex, {str(p): lock for p, lock in locks.items()})
 
 
 def compare_bytecode(children: Sequence[PlatformImage], store: BlobStore) -> BytecodeComparison:

@@ -17,12 +17,16 @@ from pathlib import Path
 from servimg import __version__
 from servimg.core import canonical, fields
 from servimg.core.atomic import atomic_write
+from servimg.core.digest import Digest
 from servimg.core.errors import LockError, ServimgError
 from servimg.core.platform import Platform
+from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import (
     LOCK_VERSION,
     Lock,
     PackageLock,
+    check_drift,
+    lock_path_for,
     lock_to_definition,
     read_lock_json,
 )
@@ -128,3 +132,70 @@ def load_any(path: Path) -> Lock | PlatformLocks:
     if isinstance(data, dict) and "platforms" in data:
         return PlatformLocks.from_json(data, str(path))
     return Lock.from_json(data, str(path))
+
+
+@dataclass(frozen=True)
+class Locks:
+    """A definition's lock in the one shape a build takes: N >= 1 platforms, each asked for its `Lock`
+    (`part`). `written` is what the lock file holds: one platform's `Lock` exactly as it always was (so no
+    lock's bytes or digest move), or the `PlatformLocks` over several. Only an index asks which: `index`
+    is the lock an index is built from, None for one platform."""
+
+    written: Lock | PlatformLocks
+
+    @classmethod
+    def made(cls, definition: ImageDefinition, parts: Mapping[Platform, Lock]) -> Locks:
+        """The lock every platform's resolution makes, in the shape the definition asks for."""
+        if not definition.multi_platform:
+            (only,) = parts.values()
+            return cls(only)
+        by_platform = {str(p): lock for p, lock in parts.items()}
+        return cls(PlatformLocks(definition.name, definition.digest.hex, by_platform))
+
+    @classmethod
+    def read(cls, definition: ImageDefinition, definition_path: Path) -> Locks:
+        """The written lock, read once; refused when its shape is not the definition's (one platform or
+        many) or it is of another lock version."""
+        path = lock_path_for(definition_path)
+        locks = cls(load_any(path))
+        if (locks.index is not None) != definition.multi_platform:
+            has, wants = ("one", "several") if definition.multi_platform else ("several platforms", "one")
+            raise LockError(
+                f"{path} locks {has} platform(s), {definition_path} builds {wants}",
+                hint=f"run `servimg lock {definition_path}` to lock it as it is now",
+            )
+        if locks.written.lock_version != LOCK_VERSION:
+            raise LockError(
+                f"{path}: lock version {locks.written.lock_version} is not {LOCK_VERSION}",
+                hint=f"run `servimg lock {definition_path}` to regenerate it",
+            )
+        return locks
+
+    @property
+    def index(self) -> PlatformLocks | None:
+        return self.written if isinstance(self.written, PlatformLocks) else None
+
+    def part(self, platform: Platform) -> Lock:
+        """`platform`'s lock (a single-platform lock is its one platform's whole)."""
+        return self.written.of(platform)
+
+    @property
+    def digest(self) -> Digest:
+        return self.written.digest
+
+    @property
+    def definition_sha256(self) -> str:
+        return self.written.definition_sha256
+
+    @property
+    def packages(self) -> tuple[PackageLock, ...]:
+        return self.written.packages
+
+    def check_drift(
+        self,
+        actual: Locks,
+        definition_path: Path,
+        definitions: tuple[Mapping[str, object] | None, Mapping[str, object]] | None = None,
+    ) -> None:
+        """Refuse inputs that moved since the lock was written (`definitions.lock.check_drift`)."""
+        check_drift(self.written, actual.written, definition_path, definitions)
