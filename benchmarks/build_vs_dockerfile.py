@@ -177,7 +177,7 @@ def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
             history=f"benchmark filler {k}",
         )
     assert isinstance(image, Image)
-    transport.publish(image, Target("oci", str(out)), store, lambda m: None, tag=f"x{factor}")
+    transport.publish(image, Target.layout(out), store, lambda m: None, tag=f"x{factor}")
     return f"oci:{out}:x{factor}", str(image.digest)
 
 

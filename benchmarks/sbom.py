@@ -15,9 +15,11 @@ import statistics
 import time
 from pathlib import Path
 
+from servimg.assembly.context import Context
+from servimg.assembly.defaults import default_seams, probe_host
 from servimg.backends import transport
 from servimg.core import canonical
-from servimg.judging.check import top_layer
+from servimg.judging.evidence import top_layer
 from servimg.oci.store import BlobStore
 from servimg.statements import sbom
 from servimg.statements.derived import read_facts
@@ -31,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     store = BlobStore()
     image = transport.fetch_argument(args.image, store, print)
-    facts = read_facts(top_layer(image, store, print))
+    facts = read_facts(top_layer(image, Context(store, print, seams=default_seams(probe_host()))))
     for layer in image.layers:
         store.uncompressed(layer.descriptor.digest, layer.diff_id)  # decompression is not what is timed
     times, data = [], b""

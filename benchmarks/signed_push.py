@@ -21,10 +21,12 @@ import time
 import uuid
 from pathlib import Path
 
-from servimg.assembly.defaults import probe_host
+from servimg.assembly.context import Context
+from servimg.assembly.defaults import default_seams, probe_host
 from servimg.attesting.attach import push_image
 from servimg.backends import transport
 from servimg.backends.registryclient import RegistryClient
+from servimg.backends.target import Target
 from servimg.formats import cosign
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import verify_image_value
@@ -61,7 +63,12 @@ def main() -> None:
                     client.push_blob(repo, layer.digest, layer.size, lambda p=path: p.open("rb"))
             start = time.perf_counter()
             pushed = push_image(
-                image, f"{args.registry}/{repo}:bench", store, _quiet, key=key, report=report, formats=formats
+                image,
+                Target.parse(f"{args.registry}/{repo}:bench"),
+                Context(store, _quiet, seams=default_seams(probe_host())),
+                key=key,
+                report=report,
+                formats=formats,
             )
             times[mode].append(time.perf_counter() - start)
             attached[mode] = sum(len(a.formats) for a in pushed.attached)

@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO
 from fakebase import HOST_SEAMS
 from servimg.assembly.context import Context
+from servimg.backends.target import Target
 from servimg.core.digest import Digest, sha256_hex
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
@@ -107,7 +108,8 @@ def _found(envelope: bytes, kind: str, trusted: list[dsse.VerifyKey], n: int = 0
 
 
 def _evidence(image: Image, facts: ImageFacts, found: list[evidence.Found], **more: Any) -> Evidence:
-    located = Located("reg.invalid/servimg/vllm:t", "registry", image, "reg.invalid", "servimg/vllm")
+    ref = "reg.invalid/servimg/vllm:t"
+    located = Located(ref, Target.parse(ref), image, "reg.invalid", "servimg/vllm")
     return Evidence(located, tuple(found), "fallback tag", facts, None, facts.changes, (), 1, **more)
 
 

@@ -856,11 +856,9 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     assert sorted(d["artifactType"] for d in listed) == sorted(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"
+    ctx = Context(built["store"], print, seams=HOST_SEAMS)
     found = evidence.collect(
-        evidence.locate_ref(dest, Context(built["store"], print, seams=HOST_SEAMS), remote=True),
-        built["store"],
-        print,
-        trusted=keys.load_trusted([keyring["pub"]]),
+        evidence.locate_ref(dest, ctx, remote=True), ctx, trusted=keys.load_trusted([keyring["pub"]])
     )
     report = check.evaluate(check.Policy(), found)
     assert report.ok, [f"{r.subject}: {r.message}" for r in report.failures()]
