@@ -39,6 +39,8 @@ from pathlib import Path
 
 import yaml
 
+from servimg.assembly.context import Context
+from servimg.assembly.defaults import default_seams, probe_host
 from servimg.bases.assemble import base_image, layout_path
 from servimg.bases.catalog import pinned_recipe
 from servimg.core.platform import Platform
@@ -104,7 +106,7 @@ def demo_base(platform: Platform) -> dict[str, object]:
     store = BlobStore()
     shutil.rmtree(layout_path(recipe, store), ignore_errors=True)
     started = time.perf_counter()
-    image = base_image(recipe, store, print)
+    image = base_image(recipe, Context(store, print, seams=default_seams(probe_host())))
     seconds = time.perf_counter() - started
     return {"recipe": recipe.name, "platform": str(platform), "digest": str(image.digest), "seconds": seconds}
 

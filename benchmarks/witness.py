@@ -133,7 +133,7 @@ print(json.dumps(out))
 def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]:
     """The tiny image of `suite` built with `witness: true`. Returns (image ID, python version)."""
     recipe = bases.pinned_recipe(f"test-{suite}")
-    base = bases.build_base(recipe, store, lambda m: None, targets=["docker"])
+    base = bases.build_base(recipe, Context(store, lambda m: None, seams=HOST_SEAMS), targets=["docker"])
     root = work / suite
     shutil.copytree(REPO / "tests" / "fixtures" / "images", root / "images")
     shutil.copytree(REPO / "tests" / "fixtures" / "overlays", root / "overlays")
@@ -145,7 +145,9 @@ def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]
     result = build(
         BuildPlan.make(path, to="docker", runner="docker"), Context(store, lambda m: None, seams=HOST_SEAMS)
     )
-    python = base_image(recipe, store, lambda m: None).labels["io.servimg.test.python"]
+    python = base_image(recipe, Context(store, lambda m: None, seams=HOST_SEAMS)).labels[
+        "io.servimg.test.python"
+    ]
     return str(result.image.config_digest), python
 
 

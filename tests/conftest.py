@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fakebase import HOST_SEAMS
+from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 
@@ -86,7 +86,7 @@ def demo_base(store: Any) -> dict[str, Any]:
     _require(docker_available(), "needs a running Docker Engine")
     from servimg.bases.catalog import build_base
 
-    return build_base("demo", store, print, targets=["docker"])
+    return build_base("demo", on_host(store), targets=["docker"])
 
 
 @pytest.fixture(scope="session")

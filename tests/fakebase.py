@@ -256,6 +256,11 @@ HOST_SEAMS = default_seams(HOST)
 FAKE_SEAMS = dataclasses.replace(HOST_SEAMS, runners=HostRunners(), verifier=NoProbe())
 
 
+def on_host(store: BlobStore, log: Log = print) -> Context:
+    """A command's context on this host: its real seams (what a test of code below the CLI passes)."""
+    return Context(store, log, seams=HOST_SEAMS)
+
+
 def main(argv: list[str], seams: Seams = FAKE_SEAMS) -> int:
     """The real CLI with the fake base's seams (passed in; nothing in servimg is patched)."""
     from servimg.cli import main as cli_main

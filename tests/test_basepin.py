@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fakebase import on_host
 from servimg.bases import pinned as basepin
 from servimg.bases.assemble import image_from_trees, venv_base_config
 from servimg.bases.pinned import BaseDriftError, BasePin
@@ -33,8 +34,7 @@ def _image(tmp: Path, store: BlobStore, shadow: str, tag: str) -> Image:
         trees.append((name, root))
     return image_from_trees(
         trees,
-        store,
-        lambda _: None,
+        on_host(store, lambda _: None),
         mtime=EPOCH,
         prefix=tag,
         config=lambda ids: venv_base_config(
@@ -57,7 +57,7 @@ def test_the_pinned_image_passes_and_the_pin_round_trips(tmp_path: Path) -> None
     image = _image(tmp_path, store, "root:*:20454:0:99999:7:::\n", "a")
     directory = _pin(tmp_path, store, image)
     logged: list[str] = []
-    basepin.check("toy", "k" * 64, image, store, logged.append, directory)
+    basepin.check("toy", "k" * 64, image, on_host(store, logged.append), directory)
     assert "is the pinned digest" in logged[-1]
     loaded = basepin.load("toy", directory)
     assert loaded == BasePin.of("toy", "k" * 64, image)
@@ -70,7 +70,7 @@ def test_a_drift_names_the_layer_and_each_differing_path(tmp_path: Path) -> None
     directory = _pin(tmp_path, store, _image(tmp_path, store, "root:*:20454:0:99999:7:::\n", "a"))
     drifted = _image(tmp_path, store, "root:*:20788:0:99999:7:::\n", "b")  # the build day leaked in
     with pytest.raises(BaseDriftError) as info:
-        basepin.check("toy", "k" * 64, drifted, store, lambda _: None, directory)
+        basepin.check("toy", "k" * 64, drifted, on_host(store, lambda _: None), directory)
     problems = info.value.problems
     assert any(
         line.startswith("layer 0 (debian): diffID") and "1 path(s) differ" in line for line in problems
@@ -85,5 +85,7 @@ def test_another_recipe_has_no_pin_to_compare_with(tmp_path: Path) -> None:
     image = _image(tmp_path, store, "x\n", "a")
     directory = _pin(tmp_path, store, image)
     logged: list[str] = []
-    basepin.check("toy", "z" * 64, _image(tmp_path, store, "y\n", "b"), store, logged.append, directory)
+    basepin.check(
+        "toy", "z" * 64, _image(tmp_path, store, "y\n", "b"), on_host(store, logged.append), directory
+    )
     assert "no pinned digest" in logged[-1]

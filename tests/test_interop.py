@@ -291,7 +291,7 @@ def tiny_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _require(docker_available(), "needs a running Docker Engine")
     root = tmp_path_factory.mktemp("tiny15")
     store = BlobStore()
-    base = bases.build_base(bases.pinned_recipe("test-trixie"), store, print, targets=["docker"])
+    base = bases.build_base(bases.pinned_recipe("test-trixie"), fb.on_host(store), targets=["docker"])
     definition = prepare_repo(root / "repo", base)
     cache = ("--cache", str(store.root))
     assert fb.main(["lock", str(definition), "--runner", "docker", *cache], seams=fb.HOST_SEAMS) == 0

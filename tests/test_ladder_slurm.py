@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from conftest import REPO, _require, docker_available
+from fakebase import on_host
 from servimg.ladder import receipt
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.loading import load
@@ -223,7 +224,7 @@ def toy_image(store: Any, registry: Any, slurm_cluster: None) -> str:
     from servimg.backends import registry as reg
     from servimg.bases import catalog
 
-    base = catalog.build_base(catalog.pinned_recipe("test-bookworm"), store, print, targets=["docker"])
+    base = catalog.build_base(catalog.pinned_recipe("test-bookworm"), on_host(store), targets=["docker"])
     image = engine.read_engine(str(base["config_digest"]), store)
     pushed = reg.push(image, f"{registry.host}/issue16-ladder-toy:bookworm", store, print)
     return f"{registry.host}/issue16-ladder-toy@{pushed.rpartition('@')[2]}"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO
+from fakebase import on_host
 from servimg.bases import catalog as bases
 from servimg.bases import debian, debpins
 from servimg.bases import pinned as basepin
@@ -42,9 +43,12 @@ BUILD = """
 import json, sys
 from servimg.bases import catalog as bases
 from servimg.bases import debian
+from servimg.assembly.context import Context
+from servimg.assembly.defaults import default_seams, probe_host
 from servimg.oci.store import BlobStore
 clock = debian.FaketimeClock(sys.argv[2]) if sys.argv[2] != "-" else debian.SystemClock()
-result = bases.build_base(sys.argv[1], BlobStore(), print, targets=[], clock=clock)
+ctx = Context(BlobStore(), print, seams=default_seams(probe_host()))
+result = bases.build_base(sys.argv[1], ctx, targets=[], clock=clock)
 print("RESULT " + json.dumps(result))
 """
 
@@ -137,6 +141,6 @@ def test_without_the_clamps_the_shifted_clock_reaches_the_tree(tmp_path: Path) -
 def test_test_bases_have_their_pinned_digests() -> None:
     store = BlobStore()
     for suite in ("bookworm", "trixie"):
-        image = base_image(bases.pinned_recipe(f"test-{suite}"), store, lambda _: None)
+        image = base_image(bases.pinned_recipe(f"test-{suite}"), on_host(store, lambda _: None))
         pinned = basepin.load(f"test-{suite}")
         assert pinned is not None and image.digest == pinned.digest

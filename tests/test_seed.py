@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from conftest import _require, copy_checkout, docker, docker_available
+from fakebase import on_host
 from servimg.bases.catalog import pinned_recipe
 from servimg.cli import main
 
@@ -48,7 +49,7 @@ def seed_base(store: Any) -> Iterator[dict[str, Any]]:
     _require(docker_available(), "needs a running Docker Engine")
     from servimg.bases.catalog import build_base
 
-    built = build_base("seed", store, print, targets=["docker"])
+    built = build_base("seed", on_host(store), targets=["docker"])
     yield built
     subprocess.run(["docker", "rmi", built["tag"]], capture_output=True)
 

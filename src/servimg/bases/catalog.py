@@ -46,7 +46,6 @@ from servimg.core.digest import Digest
 from servimg.core.distname import canonical_name
 from servimg.core.errors import ServimgError
 from servimg.core.platform import Platform
-from servimg.core.progress import Log
 from servimg.definitions.definition import BaseSpec, ImageDefinition, PackageSpec
 from servimg.oci.image import Image
 from servimg.oci.store import BlobStore
@@ -143,8 +142,7 @@ def pinned_recipe(name: str, platform: Platform | None = None) -> Recipe:
 
 def build_base(
     base: str | Recipe,
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     targets: Sequence[str],
     workdir: Path | None = None,
@@ -156,10 +154,10 @@ def build_base(
 
     `clock` is the seam the reproducibility tests use to build under another clock."""
     recipe = pinned_recipe(base) if isinstance(base, str) else base
-    image = base_image(recipe, store, log, workdir, clock=clock)
+    image = base_image(recipe, ctx, workdir, clock=clock)
     tag = recipe.tag()
-    published = publish_base(image, tag, targets, store, log)
-    cached = layout_path(recipe, store)
+    published = publish_base(image, tag, targets, ctx)
+    cached = layout_path(recipe, ctx.store)
     return {
         "base": recipe.name,
         "digest": str(image.digest),
@@ -203,7 +201,7 @@ def repin(
         log(f"{name}: resolving {' '.join(request.include)} on {request.suite} from {MIRROR}")
         pins = debian.resolve_pins(request.debian_pins, work, store.layout.debs, log)
         recipe = dataclasses.replace(request, debian_pins=pins)
-        image, files = rebuilt_base(recipe, store, log, work, pin_dir)
+        image, files = rebuilt_base(recipe, ctx, work, pin_dir)
         files[debpins.pin_path(request.name, pin_dir)] = pins.render().encode()
         if recipe.arch == debpins.ARCH:
             files.update(relock_dependents(repo, recipe, image, work, ctx))
@@ -229,16 +227,16 @@ def moved(old: DebianPins | None, new: DebianPins) -> list[str]:
 
 
 def rebuilt_base(
-    recipe: Recipe, store: BlobStore, log: Log, work: Path, pin_dir: Path, suffix: str = ""
+    recipe: Recipe, ctx: Context, work: Path, pin_dir: Path, suffix: str = ""
 ) -> tuple[Image, dict[Path, bytes]]:
     """The base of a recipe with new pins, built (its pinned digest is what changes, so never checked),
     and its lock and layer listings for `pin_dir` (named `<base><suffix>.…`: `.rebased` beside the old)."""
-    image = base_image(recipe, store, log, work, check_pin=False)
+    image = base_image(recipe, ctx, work, check_pin=False)
     pin = basepin.BasePin.of(recipe.name, recipe.cache_key(), image)
     prefix = f"{recipe.name}."
     return image, {
         pin_dir / (f"{recipe.name}{suffix}." + n.removeprefix(prefix)): data
-        for n, data in basepin.pin_files(pin, image, store).items()
+        for n, data in basepin.pin_files(pin, image, ctx.store).items()
     }
 
 
@@ -281,12 +279,12 @@ def relock_dependents(
     distribution is in `versions` (canonical name → version) to those versions — and re-locked
     (`_relock`), the base published to the engine first when one of them names it there; nothing is
     written yet."""
-    store, log = ctx.store, ctx.log
+    store = ctx.store
     files: dict[Path, bytes] = {}
     todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
     refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
     if any(Target.parse(ref).holds(Holds.RUNNABLE) for ref in refs.values()):
-        publish_base(image, recipe.tag(), ["docker"], store, log)
+        publish_base(image, recipe.tag(), ["docker"], ctx)
     for definition, ref in refs.items():
         files.update(_relock(repo, definition, ref, image.digest, work, ctx, versions or {}))
     return files

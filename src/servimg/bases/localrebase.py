@@ -158,10 +158,10 @@ def rebase_packages(
         check_installable(recipe, resolved, wheels, cache_dir)
         new = dataclasses.replace(recipe, wheels=wheels, wheel_source=resolved)
         suffix = "" if request.write else BESIDE
-        image, files = catalog.rebuilt_base(new, store, log, work, repo / "verify" / "bases", suffix)
+        image, files = catalog.rebuilt_base(new, ctx, work, repo / "verify" / "bases", suffix)
         ref = catalog.base_ref(definition.base.ref, new, store)
         if Target.parse(ref).holds(Holds.RUNNABLE):
-            publish_base(image, new.tag(), ["docker"], store, log)
+            publish_base(image, new.tag(), ["docker"], ctx)
         judged, proposal = rebasing.propose(dataclasses.replace(request, base=ref, digest=image.digest), ctx)
         # Proposals left beside by an earlier rebase are no definitions of the repository yet.
         proposals = [d for d in catalog.dependents(repo, recipe, store) if f"{BESIDE}." in d.name]

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servimg.assembly.context import Context
 from servimg.bases.debpins import PIN_DIR
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import ServimgError
-from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.listing import LayerListing, listing_from_tar, parse_listing, render_listing
 from servimg.oci.store import BlobStore
@@ -115,14 +115,12 @@ def pin_files(pin: BasePin, image: Image, store: BlobStore) -> dict[str, bytes]:
     return files
 
 
-def check(
-    name: str, recipe_key: str, image: Image, store: BlobStore, log: Log, directory: Path | None = None
-) -> None:
+def check(name: str, recipe_key: str, image: Image, ctx: Context, directory: Path | None = None) -> None:
     """Raise `BaseDriftError` with a file-level explanation when `image` is not the pinned base.
 
     Recipes with no pin (a test's variant recipe) are only logged: there is nothing to compare with.
     """
-    pin = load(name, directory)
+    pin, log = load(name, directory), ctx.log
     if pin is None or pin.recipe_key != recipe_key:
         log(f"{name} base: no pinned digest for recipe {recipe_key[:12]} (verify/bases/{name}.lock.json)")
         return
@@ -131,7 +129,7 @@ def check(
         return
     raise BaseDriftError(
         f"the {name} base built from its pinned recipe has digest {image.digest}, pinned {pin.digest}",
-        problems=explain(pin, image, store, directory=directory),
+        problems=explain(pin, image, ctx.store, directory=directory),
         hint=(
             "a build input is not pinned, or the build procedure changed (docs/reproducibility.md); "
             f"compare any two builds with `servimg diff --files A B`; re-pin deliberately with "

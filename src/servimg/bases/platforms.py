@@ -13,16 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from servimg.assembly.context import Context
 from servimg.backends import layout
 from servimg.backends.target import Holds, Target
 from servimg.backends.transport import publish_index
 from servimg.bases.assemble import base_image, publish_base
 from servimg.bases.catalog import pinned_recipe
 from servimg.core.platform import Platform, texts
-from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
-from servimg.oci.store import BlobStore
 from servimg.patching import emulation
 
 
@@ -35,8 +34,7 @@ def index_tag(suite: str, index: ImageIndex) -> str:
 def build_platforms(
     name: str,
     platforms: Sequence[Platform],
-    store: BlobStore,
-    log: Log,
+    ctx: Context,
     *,
     targets: Sequence[str],
     workdir: Path | None = None,
@@ -44,6 +42,7 @@ def build_platforms(
     """Build (or reuse) base `name` for each platform, check each pinned digest, and publish the children
     and the index over them; returns what a definition needs: the index digest and ref, and per platform
     the digest and engine tag."""
+    store, log = ctx.store, ctx.log
     for platform in platforms:  # every emulator checked before the first (long) build starts
         emulation.require(platform, f"building the {name} base")
     children: dict[Platform, Image] = {}
@@ -52,9 +51,9 @@ def build_platforms(
     recipes = {platform: pinned_recipe(name, platform) for platform in platforms}
     for platform, recipe in recipes.items():
         log(f"{name} base for {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
-        image = base_image(recipe, store, log, workdir)
+        image = base_image(recipe, ctx, workdir)
         children[platform] = image
-        published = publish_base(image, recipe.tag(), in_engine, store, log)
+        published = publish_base(image, recipe.tag(), in_engine, ctx)
         built[str(platform)] = {
             "recipe": recipe.name,
             "digest": str(image.digest),

@@ -27,14 +27,12 @@ def base(p: params.Base, ctx: Context) -> Iterator[Outcome]:
             ]
             return Outcome(f"{p.name}-base", repinned[0] if len(repinned) == 1 else {"repinned": repinned})
         if len(chosen) > 1:
-            built = platforms.build_platforms(
-                p.name, chosen, ctx.store, ctx.log, targets=targets, workdir=p.workdir
-            )
+            built = platforms.build_platforms(p.name, chosen, ctx, targets=targets, workdir=p.workdir)
             return Outcome(f"{p.name}-base", built)
         recipe = bases.pinned_recipe(p.name, chosen[0] if chosen else None)
         if chosen:
             emulation.require(chosen[0], f"building the {p.name} base")
-        built = bases.build_base(recipe, ctx.store, ctx.log, targets=targets, workdir=p.workdir)
+        built = bases.build_base(recipe, ctx, targets=targets, workdir=p.workdir)
         return Outcome(f"{p.name}-base", built)
 
     yield attempt(f"{p.name}-base", run)
