@@ -119,13 +119,6 @@ class BuildResult:
     def digest(self) -> Digest:
         return self.index.digest if self.index is not None else self.image.digest
 
-    @property
-    def layer(self) -> Descriptor:
-        """The overlay layer of a single-platform build."""
-        if self.index is not None:
-            raise BuildError("a multi-platform build made a layer per platform", hint="use .layers")
-        return self.layers[0]
-
     def as_dict(self) -> dict[str, object]:
         common = {"tag": self.tag, "lock_digest": str(self.lock_digest), "destination": self.destination}
         if self.index is None:
