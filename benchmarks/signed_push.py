@@ -48,7 +48,9 @@ def main() -> None:
     args = parser.parse_args()
     store = BlobStore()
     image = transport.fetch_argument(args.image, store, print)
-    report = verify_image_value(image, store, print, in_container=probe_host().engine)
+    report = verify_image_value(
+        image, Context(store, print, seams=default_seams(probe_host())), in_container=probe_host().engine
+    )
     assert report.ok, "the image does not verify"
     key = SigningKey.generate("ecdsa-p256")
     base_layers = image.layer_descriptors[:-1]

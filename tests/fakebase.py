@@ -245,7 +245,7 @@ class NoProbe:
     """Verifier seam: the fake base has no interpreter to run the in-image probe, so nothing is checked
     (an empty report); the real probe runs in every test on a real base."""
 
-    def report(self, image: Image, store: Any, log: Any, **how: Any) -> VerifyReport:
+    def report(self, image: Image, io: Any, **how: Any) -> VerifyReport:
         return VerifyReport()
 
 
@@ -390,9 +390,9 @@ class StallingSource:
     tap: Tap
     inner: ByReference = dataclasses.field(default_factory=ByReference)
 
-    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
-        tapped = store.tapped(self.tap)
-        image = self.inner.fetch(ref, tapped, log, expected=expected)
+    def fetch(self, ref: str, ctx: Context, *, expected: Digest) -> Image:
+        tapped = ctx.store.tapped(self.tap)
+        image = self.inner.fetch(ref, dataclasses.replace(ctx, store=tapped), expected=expected)
         for layer in image.layers:
             tapped.uncompressed(layer.descriptor.digest, layer.diff_id)
         return image

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
-from fakebase import HOST_SEAMS
+from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.cli import main
 from servimg.core.errors import DefinitionError
@@ -82,7 +82,9 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def verify(image: str) -> VerifyReport:
-    return verify_ref(image, BlobStore(), lambda _: None, verifier=HOST_SEAMS.verifier, host=HOST_SEAMS.host)
+    return verify_ref(
+        image, on_host(BlobStore(), lambda _: None), verifier=HOST_SEAMS.verifier, host=HOST_SEAMS.host
+    )
 
 
 def fails(report: VerifyReport, status: str = probe.FAIL) -> dict[str, list[Any]]:

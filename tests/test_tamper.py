@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import copy_checkout, docker
-from fakebase import HOST_SEAMS
+from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 from servimg.attesting.attach import build_statements, image_facts, push_image
@@ -109,7 +109,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
         BuildPlan.make(root / DEMO, to=f"oci:{root / 'out' / 'demo'}", runner="docker"),
         Context(store, print, seams=HOST_SEAMS),
     )
-    report = verify_image_value(result.image, store, print, in_container=HOST_SEAMS.host.engine)
+    report = verify_image_value(result.image, on_host(store), in_container=HOST_SEAMS.host.engine)
     assert report.ok
     yield {"root": root, "image": result.image, "store": store, "report": report, "tag": result.tag}
     shutil.rmtree(root / "out", ignore_errors=True)

@@ -395,12 +395,15 @@ def _remove(container: str) -> None:
 def test_witness_image_records_the_patched_code(
     witnessed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fakebase import HOST_SEAMS
+    from fakebase import HOST_SEAMS, on_host
     from servimg.oci.store import BlobStore
     from servimg.proof.verifier import verify_ref
 
     report = verify_ref(
-        witnessed.tag, BlobStore(), lambda _: None, verifier=HOST_SEAMS.verifier, host=HOST_SEAMS.host
+        witnessed.tag,
+        on_host(BlobStore(), lambda _: None),
+        verifier=HOST_SEAMS.verifier,
+        host=HOST_SEAMS.host,
     )
     assert report.ok and report.counts()["WARN"] == 0, "the hook does not disturb the probe"
     container = _container(

@@ -28,10 +28,9 @@ from servimg.backends.target import Holds, Target
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
 from servimg.core.platform import Host, Platform
-from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Io
 from servimg.patching import resultcache
 from servimg.patching.bytecode import (
     ChrootRunner,
@@ -73,8 +72,8 @@ def default_seams(host: Host) -> Seams:
 class ByReference:
     """The base where the definition's `base.ref` says: engine, registry, OCI layout or archive."""
 
-    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
-        return transport.fetch(ref, store, log, expected=expected)
+    def fetch(self, ref: str, ctx: Context, *, expected: Digest) -> Image:
+        return transport.fetch(ref, ctx.store, ctx.log, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
         return transport.platform_manifest(ref, pinned, Platform.parse(platform))
@@ -92,9 +91,9 @@ class FromRef:
     source: str
     manifests: Mapping[str, str] = field(default_factory=dict)
 
-    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image:
-        log(f"base {ref}: reading {self.source} (--base-from)")
-        return transport.fetch(self.source, store, log, expected=expected)
+    def fetch(self, ref: str, ctx: Context, *, expected: Digest) -> Image:
+        ctx.log(f"base {ref}: reading {self.source} (--base-from)")
+        return transport.fetch(self.source, ctx.store, ctx.log, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
         found = self.manifests.get(str(pinned))
@@ -154,20 +153,19 @@ class ProbeVerifier:
 
     host: Host
 
-    def report(self, image: Image, store: BlobStore, log: Log, **how: Unpack[VerifyHow]) -> VerifyReport:
+    def report(self, image: Image, io: Io, **how: Unpack[VerifyHow]) -> VerifyReport:
         whole = how.get("whole_image", False) or how.get("audit", False)  # the warm root has no audit
         route = how.get("probe") or (whole_image_route(self.host) if whole else probe_route(self.host))
         if route is ProbeRoute.WARM:
             try:
-                return verify_in_warm_root(image, store, log)
+                return verify_in_warm_root(image, io)
             except WarmRootUnavailable as exc:
-                log(f"{exc.message}; running the probe in a container or a chroot instead")
+                io.log(f"{exc.message}; running the probe in a container or a chroot instead")
                 route = whole_image_route(self.host)
         in_container = route is ProbeRoute.CONTAINER
         return verify_image_value(
             image,
-            store,
-            log,
+            io,
             audit=how.get("audit", False),
             base_config=how.get("base_config"),
             in_container=in_container,

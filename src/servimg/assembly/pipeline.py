@@ -260,14 +260,14 @@ def _with_base_verdicts(
 def _fetch_base(definition: ImageDefinition, ctx: Context) -> tuple[Image, Digest | None]:
     """The base image (from the context's `seams.base_source`), and the index digest when the pin names
     a multi-platform index."""
-    store, log, source = ctx.store, ctx.log, ctx.seams.base_source
+    source = ctx.seams.base_source
     pinned = definition.base.manifest_digest
     index: Digest | None = None
     try:
         if definition.base.target.holds(Holds.INDEX):
             platform = source.platform_manifest(definition.base.ref, pinned, definition.base.platform)
             index, pinned = (pinned, platform) if platform != pinned else (None, pinned)
-        base = source.fetch(definition.base.ref, store, log, expected=pinned)
+        base = source.fetch(definition.base.ref, ctx, expected=pinned)
     except ServimgError as exc:
         raise exc.context(f"fetching base {definition.base.ref}") from None
     if base.digest != pinned:
@@ -497,8 +497,7 @@ def _prove(
             report = verify_or_refuse(
                 ctx.seams.verifier,
                 child.image,
-                ctx.store,
-                ctx.log,
+                ctx,
                 base_config=child.base_config,
                 consequence=consequence,
                 probe=resolutions[child.platform].probe,

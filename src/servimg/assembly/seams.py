@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from servimg.core.digest import Digest
 from servimg.core.platform import Host
-from servimg.core.progress import Log
 from servimg.oci.store import Tap, no_tap
 from servimg.proof.verifier import ProbeRoute, Verifier, probe_route
 
@@ -37,7 +36,7 @@ if TYPE_CHECKING:  # types only: the protocols import no implementation
 class BaseSource(Protocol):
     """Where a definition's base is read from (it must have the pinned digest either way)."""
 
-    def fetch(self, ref: str, store: BlobStore, log: Log, *, expected: Digest) -> Image: ...
+    def fetch(self, ref: str, ctx: Context, *, expected: Digest) -> Image: ...
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
         """The platform manifest a pinned digest stands for (itself unless it names an index)."""

@@ -203,7 +203,7 @@ def push_image(
     binding.refuse_rebinding(target.named_tag or tag, facts.definition, facts.lock_digest, "push under")
     if report is None:  # the verifier a build runs: the one seam
         report = verify_or_refuse(
-            ctx.seams.verifier, image, store, log, base_config=None, consequence="nothing was pushed"
+            ctx.seams.verifier, image, ctx, base_config=None, consequence="nothing was pushed"
         )
     elif not report.ok:
         raise VerifyFailed(report, subject=image.digest.short, consequence="nothing was pushed")

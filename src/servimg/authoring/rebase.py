@@ -541,7 +541,7 @@ def open_base(
             pinned = digest
             if spec.target.holds(Holds.INDEX):  # the pin may name an index: build on this platform's child
                 pinned = seams.base_source.platform_manifest(ref, pinned, spec.platform)
-            image = seams.base_source.fetch(ref, store, log, expected=pinned)
+            image = seams.base_source.fetch(ref, ctx, expected=pinned)
     except ServimgError as exc:
         raise exc.context(f"reading the new base {ref}") from None
     if digest is not None and image.digest not in (digest, pinned):

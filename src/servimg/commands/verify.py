@@ -27,7 +27,7 @@ def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
 
             def run(label: str = label, image: str = image) -> Outcome:
                 report = verify_ref(
-                    image, ctx.store, ctx.log, verifier=ctx.seams.verifier, host=ctx.seams.host, audit=p.audit
+                    image, ctx, verifier=ctx.seams.verifier, host=ctx.seams.host, audit=p.audit
                 )
                 error = None if report.ok else VerifyFailed(report)
                 return Outcome(

@@ -651,7 +651,7 @@ def _deep(located: Located, ctx: Context) -> tuple[VerifyReport | None, str | No
         if located.registry is not None:  # the registry's image: what a node pulls
             ref = f"{located.name}@{located.digest}"
             registry.pull(ref, store, log, ReadOptions(expected=located.digest, rehash=True))
-        report = ctx.seams.verifier.report(located.image, store, log, base_config=None, whole_image=True)
+        report = ctx.seams.verifier.report(located.image, ctx, base_config=None, whole_image=True)
         return report, None
     except ServimgError as exc:
         return None, exc.message

@@ -21,12 +21,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, BinaryIO, Protocol
 
 from servimg.cache.layout import CacheLayout
 from servimg.cache.location import default_cache_dir
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, StoreError, host_error
+from servimg.core.progress import Log
 from servimg.oci import integrity
 from servimg.oci.layer import open_uncompressed
 
@@ -262,3 +263,15 @@ def _mismatch(expected: Digest, got: Digest) -> StoreError:
         f"blob digest mismatch: expected {expected}, got {got}",
         hint="the source altered the content; fetch it again from a trusted source",
     )
+
+
+class Io(Protocol):
+    """What the rooms below `assembly/` (the proof, the seams' protocols) need of a command's
+    `assembly.context.Context`, which satisfies it: the blob store an image's blobs are in, and the log.
+    They take the Context as this, so no caller unpacks it into `store, log` again."""
+
+    @property
+    def store(self) -> BlobStore: ...
+
+    @property
+    def log(self) -> Log: ...

@@ -14,12 +14,11 @@ from servimg.backends.target import Holds
 from servimg.core.digest import Digest
 from servimg.core.errors import VerifyError
 from servimg.core.platform import Host
-from servimg.core.progress import Log
 from servimg.proof.verify import VerifyFailed, VerifyReport, run_probe_in_docker
 
 if TYPE_CHECKING:
     from servimg.oci.image import Image
-    from servimg.oci.store import BlobStore
+    from servimg.oci.store import Io
 
 
 class ProbeRoute(StrEnum):
@@ -58,14 +57,13 @@ class VerifyHow(TypedDict, total=False):
 class Verifier(Protocol):
     """Verifies an image value whose blobs are in the store; returns the report (the caller decides)."""
 
-    def report(self, image: Image, store: BlobStore, log: Log, **how: Unpack[VerifyHow]) -> VerifyReport: ...
+    def report(self, image: Image, io: Io, **how: Unpack[VerifyHow]) -> VerifyReport: ...
 
 
 def verify_or_refuse(
     verifier: Verifier,
     image: Image,
-    store: BlobStore,
-    log: Log,
+    io: Io,
     *,
     base_config: Digest | None,
     consequence: str,
@@ -73,24 +71,22 @@ def verify_or_refuse(
 ) -> VerifyReport:
     """Stage 3, the one way every command runs it: the verifier's report, or VerifyFailed (carrying the
     report) saying what did not happen because the image failed (`consequence`: "nothing was tagged")."""
-    report = verifier.report(image, store, log, base_config=base_config, probe=probe)
+    report = verifier.report(image, io, base_config=base_config, probe=probe)
     if not report.ok:
         raise VerifyFailed(report, subject=f"the built image {image.digest.short}", consequence=consequence)
     counts = report.counts()
-    log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
+    io.log(f"verified: {counts.get('PASS', 0)} PASS, {counts.get('WARN', 0)} WARN, 0 FAIL")
     return report
 
 
-def verify_ref(
-    ref: str, store: BlobStore, log: Log, *, verifier: Verifier, host: Host, audit: bool = False
-) -> VerifyReport:
+def verify_ref(ref: str, io: Io, *, verifier: Verifier, host: Host, audit: bool = False) -> VerifyReport:
     """`servimg verify IMAGE`: an engine name or (short) ID, oci:DIR[:TAG], docker-archive:FILE or
     HOST/REPO:TAG, resolved as docker would (`transport.resolve`), probed whole by the verifier seam.
 
     An image the engine holds is probed in a container of it directly: reading it out of the engine
     (`docker save`, gigabytes for a serving image) only to load it back into a container of the same
     image would prove nothing more."""
-    found = transport.resolve(ref, log)
+    found = transport.resolve(ref, io.log)
     if found.target.holds(Holds.RUNNABLE):
         if host.engine:
             return VerifyReport.from_json(run_probe_in_docker(found.target.location, audit=audit))
@@ -101,5 +97,5 @@ def verify_ref(
     # Every blob it relies on is hashed where it is relied on: the source's here (rehash), the store's
     # copy where the probe runs on it (the verifier's).
     with transport.said_where(found):
-        image = transport.fetch(found.ref, store, log, rehash=True)
-    return verifier.report(image, store, log, base_config=None, whole_image=True, audit=audit)
+        image = transport.fetch(found.ref, io.store, io.log, rehash=True)
+    return verifier.report(image, io, base_config=None, whole_image=True, audit=audit)

@@ -26,14 +26,13 @@ from servimg.core import jsonview as jv
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, ServimgError, VerifyError
 from servimg.core.findings import Finding, Findings, Status
-from servimg.core.progress import Log
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock
 from servimg.inimage import probe
 from servimg.oci import integrity
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.oci.store import Io
 from servimg.patching.bytecode import ImageChroot, Sandbox, extract_runtime
 from servimg.proof.probespec import (
     SPEC_VERSION,
@@ -536,8 +535,7 @@ class VerifyFailed(VerifyError):
 # -- whole images ---------------------------------------------------------------------------------
 def verify_image_value(
     image: Image,
-    store: BlobStore,
-    log: Log,
+    io: Io,
     *,
     audit: bool = False,
     base_config: Digest | None = None,
@@ -548,6 +546,7 @@ def verify_image_value(
     and removed again if the probe fails and it was not there before; `docker load` checks every layer it
     takes against its diffID), otherwise in a chroot of its extracted layers, each layer of the store
     hashed first against its digest and diffID."""
+    store, log = io.store, io.log
     if not in_container:
         integrity.prove_layers(image, store)
         log("verifying in a chroot (no Docker Engine)")

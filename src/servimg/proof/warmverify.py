@@ -21,10 +21,9 @@ from pathlib import Path
 
 from servimg.core import jsonview as jv
 from servimg.core.errors import VerifyError
-from servimg.core.progress import Log
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.oci.store import Io
 from servimg.proof.verify import (
     SPEC_IN_IMAGE,
     VerifyReport,
@@ -68,10 +67,11 @@ class LayerOverlay:
         return proc
 
 
-def verify_in_warm_root(image: Image, store: BlobStore, log: Log) -> VerifyReport:
+def verify_in_warm_root(image: Image, io: Io) -> VerifyReport:
     """The whole probe over `image` (a base and one servimg layer, as every build makes) in the warm
     root. Raises WarmRootUnavailable where the overlay cannot be mounted, VerifyError where the probe
     cannot run at all."""
+    store, log = io.store, io.log
     if len(image.layers) < 2:
         raise VerifyError("the warm root verifies a built image: a base and a servimg layer")
     *base_layers, top = image.layers
