@@ -152,7 +152,7 @@ def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
     merged tree has `factor` times the files), written as an OCI layout. Returns (ref, digest)."""
     store = BlobStore()
     definition = ImageDefinition.load(demo)
-    base = transport.fetch(definition.base.ref, store, lambda m: None)
+    base = transport.fetch(definition.base.ref, Context(store, lambda m: None, seams=HOST_SEAMS))
     # The 1× base is the base itself: its tree is walked only to make filler layers.
     files = [n.path for n in base_fs(base, store).walk("") if n.is_file] if factor > 1 else []
     image = base
@@ -177,7 +177,9 @@ def scaled_base(demo: Path, factor: int, out: Path) -> tuple[str, str]:
             history=f"benchmark filler {k}",
         )
     assert isinstance(image, Image)
-    transport.publish(image, Target.layout(out), store, lambda m: None, tag=f"x{factor}")
+    transport.publish(
+        image, Target.layout(out), Context(store, lambda m: None, seams=HOST_SEAMS), tag=f"x{factor}"
+    )
     return f"oci:{out}:x{factor}", str(image.digest)
 
 

@@ -58,7 +58,7 @@ def main() -> None:
             built = f"oci:{root / f'built{i}'}"
             assert fb.main(["lock", str(definition), "--quiet", "--cache", cache]) == 0
             assert fb.main(["build", str(definition), "--to", built, "--quiet", "--cache", cache]) == 0
-            image = transport.fetch(built, BlobStore(Path(cache)), lambda _: None)
+            image = transport.fetch(built, fb.on_host(BlobStore(Path(cache)), lambda _: None))
             layers |= {str(d.digest) for d in image.layer_descriptors}
             for t in range(per):
                 push = ["push", built, f"{repo}:v{i}-{t}", "--key", str(key), "--report", str(report)]

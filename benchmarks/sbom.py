@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     store = BlobStore()
-    image = transport.fetch_argument(args.image, store, print)
+    image = transport.fetch_argument(args.image, Context(store, print, seams=default_seams(probe_host())))
     facts = read_facts(top_layer(image, Context(store, print, seams=default_seams(probe_host()))))
     for layer in image.layers:
         store.uncompressed(layer.descriptor.digest, layer.diff_id)  # decompression is not what is timed

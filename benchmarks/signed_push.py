@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     store = BlobStore()
-    image = transport.fetch_argument(args.image, store, print)
+    image = transport.fetch_argument(args.image, Context(store, print, seams=default_seams(probe_host())))
     report = verify_image_value(
         image, Context(store, print, seams=default_seams(probe_host())), in_container=probe_host().engine
     )

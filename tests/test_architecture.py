@@ -587,6 +587,24 @@ def test_outside_backends_a_place_is_asked_not_tested() -> None:
     assert found == PLACE_DISPATCH
 
 
+# The one function still handed `store` and `log` apart: the ladder's runner has no command Context.
+STORE_AND_LOG_APART = {"ladder/tinymodel.py:ensure_model"}
+
+
+def test_below_the_cli_code_takes_the_context_not_store_and_log() -> None:
+    """Issue 49: a command's Context is passed whole (below `assembly/` as `oci.store.Io`, which it
+    satisfies), never unpacked into `store` and `log` parameters again."""
+    package = SRC / "servimg"
+    found = set()
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names = {a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+                if {"store", "log"} <= names:
+                    found.add(f"{path.relative_to(package).as_posix()}:{node.name}")
+    assert found == STORE_AND_LOG_APART
+
+
 CACHE_MODULES = ("servimg.patching.resultcache", "servimg.cache.results", "servimg.patching.basefacts")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, copy_checkout, docker
-from fakebase import HOST_SEAMS
+from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
 from servimg.backends.layout import read_layout
@@ -240,9 +240,9 @@ def test_a_pinned_multi_platform_index_resolves_to_its_amd64_manifest(
     from servimg.oci.store import BlobStore
 
     store = BlobStore()
-    base = fetch(demo_base["ref"], store, print)
+    base = fetch(demo_base["ref"], on_host(store))
     repo = f"{registry.host}/servimg/base"
-    push(base, repo, store, print, tag="plain")
+    push(base, repo, on_host(store), tag="plain")
     index = canonical.dumps(
         {
             "schemaVersion": 2,

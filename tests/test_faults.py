@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 import fakebase as fb
+from fakebase import on_host
 from servimg.backends import registry as registry_module
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import ReadOptions
@@ -239,7 +240,7 @@ def manifest_digest(registry: Any, repo: str, reference: str) -> Digest | None:
 
 
 def push(image: Image, proxy: FaultProxy, repo: str, store: BlobStore, tag: str = "v1") -> str:
-    return registry_module.push(image, f"{proxy.host}/{repo}", store, lambda _: None, tag=tag)
+    return registry_module.push(image, f"{proxy.host}/{repo}", on_host(store, lambda _: None), tag=tag)
 
 
 UPLOAD_START = r"/blobs/uploads/$"
@@ -301,7 +302,7 @@ def test_a_push_to_a_new_repository_mounts_what_the_registry_holds(
     uploads = proxy.count("PATCH", r"/blobs/uploads/") + proxy.count("PUT", r"/blobs/uploads/")
     said: list[str] = []
     elsewhere = f"{repo}-elsewhere"
-    registry_module.push(image, f"{proxy.host}/{elsewhere}", store, said.append, tag="v1")
+    registry_module.push(image, f"{proxy.host}/{elsewhere}", on_host(store, said.append), tag="v1")
     assert [line for line in said if line.startswith("blob ")] == [
         f"blob {d.digest.short}: mounted from {repo}"
         for d in [*image.layer_descriptors, image.config_descriptor]
@@ -451,7 +452,7 @@ def test_hostile_error_bodies_give_registry_errors(
 # ----------------------------------------------------------------------------------------------- pull
 def _pushed(registry: Any, repo: str, store: BlobStore, label: str) -> Image:
     image = _image(store, label)
-    registry_module.push(image, f"{registry.host}/{repo}", store, lambda _: None, tag="v1")
+    registry_module.push(image, f"{registry.host}/{repo}", on_host(store, lambda _: None), tag="v1")
     return image
 
 
@@ -485,7 +486,9 @@ def test_a_faulty_pull_leaves_nothing_in_the_cache(
     fresh = BlobStore(tmp_path / "fresh")
     with pytest.raises(ServimgError, match=fragment):
         expected = image.digest if fault != "not-json" else None
-        registry_module.pull(f"{proxy.host}/{repo}:v1", fresh, lambda _: None, ReadOptions(expected=expected))
+        registry_module.pull(
+            f"{proxy.host}/{repo}:v1", on_host(fresh, lambda _: None), ReadOptions(expected=expected)
+        )
     assert not fresh.has(layer)
     assert fb.cache_is_sound(tmp_path / "fresh") == []
     assert not [p for p in (tmp_path / "fresh" / "blobs" / "sha256").iterdir() if p.name.startswith(".")]
@@ -527,7 +530,7 @@ def test_two_concurrent_pushes_of_one_image_to_one_tag(
 
     def one() -> None:
         try:
-            registry_module.push(image, f"{registry.host}/{repo}", store, lambda _: None, tag="v1")
+            registry_module.push(image, f"{registry.host}/{repo}", on_host(store, lambda _: None), tag="v1")
         except BaseException as exc:
             errors.append(exc)
 

@@ -16,6 +16,7 @@ import pytest
 
 import fakebase as fb
 import test_provenance as tp
+from fakebase import on_host
 from servimg.core import fixid
 from servimg.core.digest import Digest
 from servimg.core.errors import DefinitionError
@@ -339,7 +340,7 @@ def provenance_image(layout: str, cache: str) -> Any:
     from servimg.backends import transport
     from servimg.oci.store import BlobStore
 
-    return transport.fetch(layout, BlobStore(Path(cache)), lambda _: None)
+    return transport.fetch(layout, on_host(BlobStore(Path(cache)), lambda _: None))
 
 
 def test_the_matrix_reads_an_oci_layout_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,7 +65,7 @@ def official_like(tmp_path_factory: pytest.TempPathFactory, store: Any) -> str:
         layer, labels={}, created="2026-01-01T00:00:00Z", history="pip install vllm lmcache"
     )
     layout = tmp_path_factory.mktemp("official-like") / "layout"
-    transport.publish(image, Target.layout(layout, "v1"), store, print, tag="v1")
+    transport.publish(image, Target.layout(layout, "v1"), on_host(store), tag="v1")
     return f"oci:{layout}:v1"
 
 

@@ -146,12 +146,12 @@ def test_an_image_skopeo_copied_into_a_layout_is_accepted_as_a_base(
     # The fake base travels through the registry (servimg pushes it), then skopeo copies it out.
     pushed = f"{image['host']}/{REPO}-base:1"
     registry_module.push(
-        base.image, pushed, BlobStore(base.layout.parent / f".{base.layout.name}-store"), print
+        base.image, pushed, fb.on_host(BlobStore(base.layout.parent / f".{base.layout.name}-store"))
     )
     layout = tmp_path / "skopeo-layout"
     run(skopeo, "copy", "--src-tls-verify=false", f"docker://{pushed}", f"oci:{layout}:base")
     # skopeo gzips the uncompressed layer on the way (a new manifest digest): the user pins what it wrote.
-    copied = transport.fetch(f"oci:{layout}:base", BlobStore(tmp_path / "read"), print)
+    copied = transport.fetch(f"oci:{layout}:base", fb.on_host(BlobStore(tmp_path / "read")))
     assert copied.config_digest == base.image.config_digest
     assert [m.media_type for m in copied.layer_descriptors] == ["application/vnd.oci.image.layer.v1.tar+gzip"]
     definition = fb.make_repo(tmp_path / "repo", fb.Base(layout, copied))
@@ -328,7 +328,7 @@ def test_podman_runs_the_probe_in_a_servimg_image(tiny_layout: dict[str, Any], p
 @pytest.mark.root
 def test_the_sbom_of_a_real_image_lists_its_debian_packages(tiny_layout: dict[str, Any]) -> None:
     store = tiny_layout["store"]
-    image = transport.fetch(f"oci:{tiny_layout['layout']}:tiny", store, print)
+    image = transport.fetch(f"oci:{tiny_layout['layout']}:tiny", fb.on_host(store))
     facts = read_facts(top_layer(image, Context(store, print, seams=fb.HOST_SEAMS)))
     bom = sbom.build_sbom(image, facts, sbom.image_filesystem(image, store), "servimg-test/tiny")
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom))

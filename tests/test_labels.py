@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import fakebase as fb
+from fakebase import on_host
 from servimg.backends import transport
 from servimg.core.reference import Reference
 from servimg.definitions.definition import ImageDefinition
@@ -44,7 +45,7 @@ def test_a_built_image_carries_the_transport_in_its_own_label(tmp_path: Path) ->
     cache = ["--cache", str(tmp_path / "cache")]
     assert fb.main(["lock", str(definition), *cache]) == 0
     assert fb.main(["build", str(definition), "--to", f"oci:{tmp_path / 'out'}", *cache]) == 0
-    image = transport.fetch(f"oci:{tmp_path / 'out'}", BlobStore(tmp_path / "cache"), print)
+    image = transport.fetch(f"oci:{tmp_path / 'out'}", on_host(BlobStore(tmp_path / "cache")))
     labels = json.loads(image.config_bytes)["config"]["Labels"]
     assert BASE_NAME not in labels  # a layout base has no reference
     assert labels[BASE_REF_LABEL] == base.ref

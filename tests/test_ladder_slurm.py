@@ -226,7 +226,7 @@ def toy_image(store: Any, registry: Any, slurm_cluster: None) -> str:
 
     base = catalog.build_base(catalog.pinned_recipe("test-bookworm"), on_host(store), targets=["docker"])
     image = engine.read_engine(str(base["config_digest"]), store)
-    pushed = reg.push(image, f"{registry.host}/issue16-ladder-toy:bookworm", store, print)
+    pushed = reg.push(image, f"{registry.host}/issue16-ladder-toy:bookworm", on_host(store))
     return f"{registry.host}/issue16-ladder-toy@{pushed.rpartition('@')[2]}"
 
 

@@ -16,6 +16,7 @@ import pytest
 
 import fakebase as fb
 from conftest import _require, docker, docker_available
+from fakebase import on_host
 from servimg.backends import engine, transport
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.resolve import EngineImage, resolve
@@ -119,7 +120,7 @@ def engine_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     assert fb.main(["lock", str(definition), *cache]) == 0
     assert fb.main(["build", str(definition), "--to", f"oci:{root / 'out'}", *cache]) == 0
     store = BlobStore(root / "cache")
-    image = transport.fetch(f"oci:{root / 'out'}", store, print)
+    image = transport.fetch(f"oci:{root / 'out'}", on_host(store))
     name = "i15-resolve/fake:t"
     engine.load(image, store, tag=name)
     yield {"root": root, "image": image, "name": name}
@@ -147,8 +148,8 @@ def test_push_finds_engine_images_by_name_and_short_id(
             assert client.head_manifest("i15/resolve", str(n))[0] == image.digest
     # What `ladder` runs: an engine name stays one; a registry ref becomes the engine image it loads as.
     store = BlobStore(tmp_path / "cache")
-    assert transport.engine_name(engine_image["name"], store, print) == engine_image["name"]
-    pulled = transport.engine_name(f"docker://{registry.host}/i15/resolve:0", store, print)
+    assert transport.engine_name(engine_image["name"], on_host(store)) == engine_image["name"]
+    pulled = transport.engine_name(f"docker://{registry.host}/i15/resolve:0", on_host(store))
     assert pulled == str(image.config_digest) and engine.has_image(image.config_digest)
     # The same name with the registry's transport written out reads the registry's copy.
     assert fb.main(["diff", "--files", f"docker://{registry.host}/i15/resolve:0", short, *cache]) == 0

@@ -105,7 +105,7 @@ def _pushed(root: Path, *, upstream: bool, fixes: tuple[str, ...] = ()) -> dict[
     for out in ("pushed", "again"):
         push = ["push", f"oci:{root / 'built'}", f"oci:{root / out}:t", "--report", str(report)]
         assert fb.main([*push, "--key", str(pair.private), *cache]) == 0
-    image = transport.fetch(f"oci:{root / 'built'}", BlobStore(root / "cache"), print)
+    image = transport.fetch(f"oci:{root / 'built'}", fb.on_host(BlobStore(root / "cache")))
     return {"root": root, "image": image, "pub": pair.public, "cache": cache}
 
 
@@ -350,7 +350,7 @@ def test_pushing_the_same_image_again_states_nothing_twice(
     assert fb.main(["key", "generate", "--out", str(root / "keys"), "--algorithm", "ecdsa-p256"]) == 0
     private, public = root / "keys" / "servimg.key", root / "keys" / "servimg.pub"
     store = BlobStore(root / "cache")
-    image = transport.fetch(f"oci:{root / 'built'}", store, print)
+    image = transport.fetch(f"oci:{root / 'built'}", fb.on_host(store))
     report_file = root / "verify.json"
     report_file.write_text(
         json.dumps({"checks": [{"code": "SOURCE", "status": "PASS", "subject": "s", "message": "m"}]})

@@ -315,7 +315,7 @@ def test_attestation_for_another_digest(
     from servimg.backends.registry import push as push_plain
 
     variant = relabeled(built, **{"io.servimg.test.variant": "another-digest"})
-    push_plain(variant, f"{registry.host}/{REPO_NAME}", built["store"], print, tag="another")
+    push_plain(variant, f"{registry.host}/{REPO_NAME}", on_host(built["store"]), tag="another")
     subject = Descriptor(variant.media_type, variant.digest, len(variant.manifest_bytes))
     with RegistryClient(registry.host) as client:
         for artifact in clean["pushed"].attached:  # the clean image's genuine, signed envelopes

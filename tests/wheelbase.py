@@ -96,7 +96,7 @@ def wheel_base(store: BlobStore, log: Log, *names: str) -> WheelBase:
     ref = f"oci:{layout}:base"
     if not (layout / "index.json").exists():
         _build(store, log, parent, wheels, layout)
-    image = transport.fetch(ref, store, log)
+    image = transport.fetch(ref, on_host(store, log))
     return WheelBase(ref, str(image.digest), names)
 
 
@@ -134,7 +134,7 @@ def _build(store: BlobStore, log: Log, parent: Image, wheels: Sequence[PinnedWhe
             history="install " + " ".join(w.filename for w in wheels) + " (without *.so)",
         )
         staged = Path(work) / "layout"
-        transport.publish(image, Target.parse(f"oci:{staged}:base"), store, log)
+        transport.publish(image, Target.parse(f"oci:{staged}:base"), on_host(store, log))
         layout.parent.mkdir(parents=True, exist_ok=True)
         try:
             staged.rename(layout)

@@ -73,7 +73,7 @@ class ByReference:
     """The base where the definition's `base.ref` says: engine, registry, OCI layout or archive."""
 
     def fetch(self, ref: str, ctx: Context, *, expected: Digest) -> Image:
-        return transport.fetch(ref, ctx.store, ctx.log, expected=expected)
+        return transport.fetch(ref, ctx, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
         return transport.platform_manifest(ref, pinned, Platform.parse(platform))
@@ -93,7 +93,7 @@ class FromRef:
 
     def fetch(self, ref: str, ctx: Context, *, expected: Digest) -> Image:
         ctx.log(f"base {ref}: reading {self.source} (--base-from)")
-        return transport.fetch(self.source, ctx.store, ctx.log, expected=expected)
+        return transport.fetch(self.source, ctx, expected=expected)
 
     def platform_manifest(self, ref: str, pinned: Digest, platform: str) -> Digest:
         found = self.manifests.get(str(pinned))
@@ -234,8 +234,7 @@ class TargetSink:
                 proven.index,
                 {c.platform: c.image for c in proven.images},
                 proven.target,
-                ctx.store,
-                ctx.log,
+                ctx,
                 tag=proven.tag,
                 engine_platform=proven.release.engine_platform,
                 progress=ctx.progress,
@@ -244,8 +243,7 @@ class TargetSink:
         return transport.publish(
             one.image,
             proven.target,
-            ctx.store,
-            ctx.log,
+            ctx,
             tag=proven.tag,
             base_config=one.base_config,
             progress=ctx.progress,

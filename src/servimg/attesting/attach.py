@@ -161,7 +161,7 @@ class PushOptions(TypedDict, total=False):
 def push(image_ref: str, dest: str, ctx: Context, **options: Unpack[PushOptions]) -> Pushed:
     """`servimg push IMAGE REPO[:TAG]` (or `oci:DIR[:TAG]`): the image, its signed provenance and its
     verify result. `report` (a VerifyReport) is used instead of the context's verifier when given."""
-    image = transport.fetch_argument(image_ref, ctx.store, ctx.log, progress=ctx.progress)
+    image = transport.fetch_argument(image_ref, ctx, progress=ctx.progress)
     return push_image(image, Target.parse(dest), ctx, **options)
 
 
@@ -380,7 +380,7 @@ def _push_registry(
     with RegistryClient(ref.registry) as client:
         identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
         gpg = gpg_prepare(publishing.gpg, client, identity, image.digest)
-        registry.write_image(client, ref.repository, image, ctx.store, ctx.log, progress=ctx.progress)
+        registry.write_image(client, ref.repository, image, ctx, progress=ctx.progress)
         subject = subject_descriptor(image)
         attached, signatures = publish_confirmed(
             client, ref.repository, subject, publishing, ref.name, ctx.log
@@ -429,7 +429,7 @@ def _push_layout(
 ) -> Pushed:
     root = Path(target.location)
     chosen = target.tag or tag
-    transport.publish(image, Target.layout(root, chosen), ctx.store, ctx.log, tag=chosen)
+    transport.publish(image, Target.layout(root, chosen), ctx, tag=chosen)
     with transport.referrers(Target.layout(root)) as place:
         attached, signatures = publishing.publish(
             place, subject_descriptor(image), Target.layout(root).text(), ctx.log

@@ -526,7 +526,7 @@ def open_base(
 ) -> NewBase:
     """Read the new base (refusing another digest than `digest`, when given) and find in it, per
     declared package, the one version installed (or the one asked for in `versions`)."""
-    store, log, seams = ctx.store, ctx.log, ctx.seams
+    store, seams = ctx.store, ctx.seams
     unknown = sorted(set(versions) - set(definition.packages))
     if unknown:
         raise RebaseError(
@@ -536,7 +536,7 @@ def open_base(
     spec = BaseSpec(ref=ref, digest=digest or Digest("sha256", "0" * 64), platform=definition.base.platform)
     try:
         if digest is None:
-            image = transport.fetch(ref, store, log)
+            image = transport.fetch(ref, ctx)
         else:
             pinned = digest
             if spec.target.holds(Holds.INDEX):  # the pin may name an index: build on this platform's child

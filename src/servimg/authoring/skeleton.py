@@ -76,7 +76,7 @@ def inspect(ref: str, name: str, repository: str | None, ctx: Context) -> Skelet
     """The skeleton of a definition over the base `ref` (an IMAGE argument, resolved as docker would)."""
     store, log, seams = ctx.store, ctx.log, ctx.seams
     found = transport.resolve(ref, log)
-    base = transport.fetch(found.ref, store, log)
+    base = transport.fetch(found.ref, ctx)
     fs = base_fs(base, store)
     packages = []
     for import_name in SERVING_PACKAGES:

@@ -22,9 +22,8 @@ from servimg.backends.target import ReadOptions, Target, WriteOptions
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
-from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Io
 
 
 def write_archive(
@@ -179,11 +178,11 @@ def write_archive_file(image: Image, dest: Path, store: BlobStore, tag: str | No
 class ArchiveBackend:
     """`docker-archive:FILE`: read like `docker save` output, written whole (with the tag as RepoTag)."""
 
-    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
-        return read_archive(Path(target.location), store)  # every layer is streamed and hashed anyway
+    def read(self, target: Target, io: Io, how: ReadOptions) -> Image:
+        return read_archive(Path(target.location), io.store)  # every layer is streamed and hashed anyway
 
-    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
-        write_archive_file(image, Path(target.location), store, options.get("tag"))
+    def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
+        write_archive_file(image, Path(target.location), io.store, options.get("tag"))
         return f"docker-archive:{target.location}"
 
     def check_reachable(self, target: Target) -> None:

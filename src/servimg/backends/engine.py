@@ -33,9 +33,8 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.lazy import LazyModule
-from servimg.core.progress import Log
 from servimg.oci.image import Image
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Io
 
 # The SDK (requests, urllib3, its API modules: ≈0.2 s) is imported when an engine is first asked: a
 # build that neither reads from nor writes to the engine never pays for it.
@@ -300,15 +299,15 @@ def destination(tag: str | None, config_digest: Digest, how: str) -> str:
 class EngineBackend:
     """`docker-daemon:NAME` / `docker`: read with `docker save`, written by a thin `docker load`."""
 
-    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
+    def read(self, target: Target, io: Io, how: ReadOptions) -> Image:
         # The engine verifies each layer against its diffID itself (`docker load`) and names the image by
         # its config digest; with `rehash` the caller proves the store's copy (integrity.prove_layers).
-        log(f"reading {target.location} from the Docker Engine")
-        return read_engine(target.location, store)
+        io.log(f"reading {target.location} from the Docker Engine")
+        return read_engine(target.location, io.store)
 
-    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+    def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
         tag = options.get("tag")
-        how = load(image, store, tag=tag, base_config=options.get("base_config"))
+        how = load(image, io.store, tag=tag, base_config=options.get("base_config"))
         # After a staged load this load only tags ("present"); say how the image itself came in.
         return destination(tag, image.config_digest, options.get("staged") or how)
 

@@ -43,7 +43,6 @@ from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, StoreError, host_error
 from servimg.core.platform import Platform, texts
-from servimg.core.progress import Log
 from servimg.oci import integrity
 from servimg.oci.image import (
     DOCKER_MANIFEST,
@@ -55,7 +54,7 @@ from servimg.oci.image import (
     Image,
 )
 from servimg.oci.index import ImageIndex
-from servimg.oci.store import BlobStore
+from servimg.oci.store import BlobStore, Io
 
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 DIR_MODE = 0o755
@@ -473,27 +472,27 @@ def _write_file(dest: Path, data: bytes) -> None:
 class LayoutBackend:
     """`oci:DIR[:TAG]`: the tag in the target wins over the build's tag; nothing to reach beforehand."""
 
-    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
+    def read(self, target: Target, io: Io, how: ReadOptions) -> Image:
         return read_layout(
             Path(target.location),
-            store,
+            io.store,
             tag=target.tag,
             digest=how.expected,
             rehash=how.rehash,
             platform=how.platform,
         )
 
-    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+    def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
         chosen = target.tag or options.get("tag")
         try:
-            mended = write_layout(image, Path(target.location), store, tag=chosen)
+            mended = write_layout(image, Path(target.location), io.store, tag=chosen)
         except OSError as exc:  # a full disk, a read-only place: the destination's, named (issue 48)
             raise host_error(
                 exc, f"writing the OCI layout {target.location}", where=target.location
             ) from None
         where = f"oci:{target.location}" + (f":{chosen}" if chosen else "")
         if mended:
-            log(f"{where}: mended {len(mended)} blob(s) whose bytes did not match their names")
+            io.log(f"{where}: mended {len(mended)} blob(s) whose bytes did not match their names")
             return f"{where} (mended {len(mended)} corrupt blob(s): {', '.join(str(d) for d in mended)})"
         return where
 

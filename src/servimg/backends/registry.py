@@ -32,7 +32,7 @@ from servimg.oci.image import (
     Image,
 )
 from servimg.oci.index import ImageIndex
-from servimg.oci.store import BlobStore
+from servimg.oci.store import Io
 
 # ----------------------------------------------------------------------------------------------- images
 
@@ -106,14 +106,14 @@ def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd6
     return index.child(wanted).digest
 
 
-def pull(ref_text: str, store: BlobStore, log: Log, how: ReadOptions | None = None) -> Image:
+def pull(ref_text: str, io: Io, how: ReadOptions | None = None) -> Image:
     """The image `ref_text` (or the pinned `how.expected` digest in its repository), every blob in `store`.
 
     With `how.rehash` every layer is fetched from the registry and hashed even when the store holds it
     (`check --deep`, `verify`: what the registry serves is what is checked, not the local copy)."""
     ref = Reference.parse(ref_text)
     how = how or ReadOptions()
-    expected, progress = how.expected, how.progress
+    store, log, expected, progress = io.store, io.log, how.expected, how.progress
     with RegistryClient(ref.registry) as client:
         image, _ = read_image(
             client, ref.repository, str(expected or ref.reference), expected=expected, platform=how.platform
@@ -141,8 +141,7 @@ def write_image(
     client: RegistryClient,
     repository: str,
     image: Image,
-    store: BlobStore,
-    log: Log,
+    io: Io,
     *,
     mount_from: str | None = None,
     progress: Progress = NULL,
@@ -150,6 +149,7 @@ def write_image(
     """Blobs first (skipped when present; mounted from another repository of this registry that holds
     them, OCI distribution §Mounting a blob; else uploaded), then the manifest by digest with its exact
     bytes. No tag: the caller tags last, once everything the tag promises is there."""
+    store, log = io.store, io.log
     store.put_bytes(image.config_bytes)  # a freshly assembled image's config may exist only as bytes
     sources = MountSources(client, repository, mount_from)
     done: dict[str, int] = {}
@@ -202,8 +202,7 @@ def _opener(path: Path, advance: Advance) -> Callable[[], BinaryIO]:
 def push(
     image: Image,
     ref_text: str,
-    store: BlobStore,
-    log: Log,
+    io: Io,
     *,
     tag: str | None = None,
     mount_from: str | None = None,
@@ -213,9 +212,9 @@ def push(
     ref = Reference.parse(ref_text)
     chosen = ref.tag or tag
     with RegistryClient(ref.registry) as client:
-        write_image(client, ref.repository, image, store, log, mount_from=mount_from, progress=progress)
+        write_image(client, ref.repository, image, io, mount_from=mount_from, progress=progress)
         if chosen:
-            put_tag(client, ref.repository, chosen, image, log)
+            put_tag(client, ref.repository, chosen, image, io.log)
     return f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "") + f"@{image.digest}"
 
 
@@ -244,17 +243,16 @@ def put_tag(client: RegistryClient, repository: str, tag: str, image: Image, log
 class RegistryBackend:
     """`HOST[:PORT]/REPO[:TAG]` through servimg's own distribution client."""
 
-    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
-        return pull(target.location, store, log, how)
+    def read(self, target: Target, io: Io, how: ReadOptions) -> Image:
+        return pull(target.location, io, how)
 
-    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
+    def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
         progress = options.get("progress", NULL)
         mount_from = options.get("mount_from")
         return push(
             image,
             target.location,
-            store,
-            log,
+            io,
             tag=options.get("tag"),
             mount_from=mount_from,
             progress=progress,

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
-from servimg.core.progress import NULL, Log, Progress
+from servimg.core.progress import NULL, Progress
 from servimg.core.reference import Reference
 
 if TYPE_CHECKING:  # annotations only
     from servimg.backends.referrers import Referrers
     from servimg.core.platform import Platform
     from servimg.oci.image import Image
-    from servimg.oci.store import BlobStore
+    from servimg.oci.store import Io
 
 
 def split_layout_ref(text: str) -> tuple[Path, str | None]:
@@ -307,12 +307,14 @@ class Backend(Protocol):
     """Reads and writes images at targets of one kind. Every write publishes its name last (tag after the
     image is complete), so a failure never leaves a tag or a half-written output behind."""
 
-    def read(self, target: Target, store: BlobStore, log: Log, how: ReadOptions) -> Image:
-        """The image at `target` (manifest, config, every layer blob in `store`), read as `how` says."""
+    def read(self, target: Target, io: Io, how: ReadOptions) -> Image:
+        """The image at `target` (manifest, config, every layer blob in the context's store), read as
+        `how` says."""
         ...
 
-    def write(self, image: Image, target: Target, store: BlobStore, log: Log, options: WriteOptions) -> str:
-        """Write `image` (blobs from `store`) to `target`; return a human description of where it went."""
+    def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
+        """Write `image` (blobs from the context's store) to `target`; return a human description of
+        where it went."""
         ...
 
     def check_reachable(self, target: Target) -> None:

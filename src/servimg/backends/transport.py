@@ -38,7 +38,7 @@ from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex
-from servimg.oci.store import BlobStore
+from servimg.oci.store import Io
 
 __all__ = [
     "BACKENDS",
@@ -84,11 +84,11 @@ def is_explicit(text: str) -> bool:
     return text.startswith((resolution.REGISTRY_PREFIX, "docker-daemon:", "oci:", "docker-archive:"))
 
 
-def fetch_argument(text: str, store: BlobStore, log: Log, progress: Progress = NULL) -> Image:
+def fetch_argument(text: str, io: Io, progress: Progress = NULL) -> Image:
     """`fetch` an IMAGE argument after resolving it."""
-    found = resolve(text, log)
+    found = resolve(text, io.log)
     with said_where(found):
-        return fetch(found.ref, store, log, progress=progress)
+        return fetch(found.ref, io, progress=progress)
 
 
 @contextlib.contextmanager
@@ -103,35 +103,34 @@ def said_where(found: Resolved) -> Iterator[None]:
         raise exc.context(found.why) from None
 
 
-def engine_name(text: str, store: BlobStore, log: Log) -> str:
+def engine_name(text: str, io: Io) -> str:
     """An engine name for the IMAGE argument `text` (commands that run containers): the engine's own
     image, or the image fetched from where it resolved and loaded (untagged) into the engine."""
-    found = resolve(text, log)
+    found = resolve(text, io.log)
     if isinstance(found.target, EngineTarget):
         return found.target.location
     with said_where(found):
-        image = fetch(found.ref, store, log)
+        image = fetch(found.ref, io)
     if not engine.has_image(image.config_digest):
-        log(f"loading {image.digest.short} into the Docker Engine (untagged) to run it")
-        engine.load(image, store, tag=None)
+        io.log(f"loading {image.digest.short} into the Docker Engine (untagged) to run it")
+        engine.load(image, io.store, tag=None)
     return str(image.config_digest)
 
 
 def fetch(
     ref: str,
-    store: BlobStore,
-    log: Log,
+    io: Io,
     expected: Digest | None = None,
     progress: Progress = NULL,
     *,
     rehash: bool = False,
     platform: Platform | None = None,
 ) -> Image:
-    """Fetch an image (manifest, config, all layer blobs) into `store` from wherever `ref` points; with
+    """Fetch an image (manifest, config, all layer blobs) into the store from wherever `ref` points; with
     `rehash`, every blob is read from there and hashed even when the store holds it; `platform` picks
     the child of a multi-platform index."""
     target = Target.parse(ref)
-    return backend(target).read(target, store, log, ReadOptions(expected, progress, rehash, platform))
+    return backend(target).read(target, io, ReadOptions(expected, progress, rehash, platform))
 
 
 def read_index(ref: str) -> ImageIndex | None:
@@ -181,8 +180,7 @@ def publish_index(
     index: ImageIndex,
     children: Mapping[Platform, Image],
     target: Target,
-    store: BlobStore,
-    log: Log,
+    io: Io,
     *,
     tag: str | None,
     engine_platform: Platform | None = None,
@@ -197,11 +195,11 @@ def publish_index(
         ref = target.registry_ref
         with RegistryClient(ref.registry) as client:
             for child in ordered:
-                registry.write_image(client, ref.repository, child, store, log, progress=progress)
+                registry.write_image(client, ref.repository, child, io, progress=progress)
         return name_index(index, target, tag=tag)
     if isinstance(target, LayoutTarget):
         chosen = target.tag or tag
-        layout.write_index(index, ordered, Path(target.location), store, tag=chosen)
+        layout.write_index(index, ordered, Path(target.location), io.store, tag=chosen)
         return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
     if isinstance(target, EngineTarget):
         wanted = engine_platform or Platform.host()
@@ -210,7 +208,7 @@ def publish_index(
                 f"the index has no {wanted} image for the Docker Engine (it has {texts(index.platforms)})",
                 hint="choose one of its platforms with --platform",
             )
-        where = publish(children[wanted], target, store, log, tag=tag, progress=progress)
+        where = publish(children[wanted], target, io, tag=tag, progress=progress)
         return (
             f"{where} ({wanted} only: Docker Engine {engine.server_version()} stores single-platform "
             f"images, not the index {index.digest.short}; push to a registry or an OCI layout for all of "
@@ -222,9 +220,9 @@ def publish_index(
     )
 
 
-def publish(image: Image, target: Target, store: BlobStore, log: Log, **options: Unpack[WriteOptions]) -> str:
+def publish(image: Image, target: Target, io: Io, **options: Unpack[WriteOptions]) -> str:
     """Write `image` to `target` (its name last); returns a human description of where it went."""
-    return backend(target).write(image, target, store, log, options)
+    return backend(target).write(image, target, io, options)
 
 
 def referrers(target: Target) -> AbstractContextManager[Referrers]:

@@ -157,7 +157,7 @@ def publish_base(image: Image, tag: str, targets: Sequence[str], ctx: Context) -
         target = Target.parse(text)
         # The engine finds a base by its tag; every other place is named by the target itself.
         named = tag if target.holds(Holds.RUNNABLE) else None
-        published.append(publish(image, target, ctx.store, ctx.log, tag=named))
+        published.append(publish(image, target, ctx, tag=named))
     return published
 
 

@@ -71,7 +71,7 @@ def build_platforms(
     )
     log(f"{name} base index {index.digest.short}: {texts(index.platforms)}")
     published_index = [
-        publish_index(index, children, Target.parse(text), store, log, tag=tag)
+        publish_index(index, children, Target.parse(text), ctx, tag=tag)
         for text in (targets or ())
         if not Target.parse(text).holds(Holds.RUNNABLE)
     ]

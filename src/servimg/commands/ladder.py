@@ -75,7 +75,7 @@ def ladder(p: params.Ladder, ctx: Context) -> Iterator[Outcome]:
         chosen = (
             native_platform(p.image, Platform.optional(p.platform), ctx.log) if p.on == "local" else p.image
         )
-        image = transport.engine_name(chosen, ctx.store, ctx.log) if needs_engine else chosen
+        image = transport.engine_name(chosen, ctx) if needs_engine else chosen
         if path is None:
             out = out or Path("ladder-out") / "bundled"
             path = runner.bundled_ladder(image, out / "ladder")

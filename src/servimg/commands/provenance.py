@@ -214,8 +214,8 @@ def diff(p: params.Diff, ctx: Context) -> Iterator[Outcome]:
     target = f"{p.a} {p.b}"
 
     def files() -> Outcome:
-        a = transport.fetch_argument(p.a, ctx.store, ctx.log)
-        b = transport.fetch_argument(p.b, ctx.store, ctx.log)
+        a = transport.fetch_argument(p.a, ctx)
+        b = transport.fetch_argument(p.b, ctx)
         result = treediff.diff_images(a, b, ctx.store)
         if result.identical:
             return Outcome(target, {"identical": True, "digest": str(result.a)}, result.as_dict())

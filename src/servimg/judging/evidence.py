@@ -163,7 +163,7 @@ def _in_layout(found: Resolved, ctx: Context, repo: str | None) -> Located:
 
 def _in_archive(found: Resolved, ctx: Context, repo: str | None) -> Located:
     # It holds the image but no attestations: read it, so every row can say what is missing.
-    image = transport.fetch(found.ref, ctx.store, ctx.log)
+    image = transport.fetch(found.ref, ctx)
     what = f"{found.target.described}: attestations cannot live there"
     note = row("image", WARN, f"{found.ref}: {image.digest} ({what})")
     return Located(found.ref, found.target, image, notes=(note,))
@@ -253,7 +253,7 @@ def _locate_engine(
     # Nowhere to look for attestations: still read the image itself (its lock, its changed files), so
     # every row can say what is missing and why.
     log(f"local image {image_id.short} has no registry location; reading it from the engine")
-    image = transport.fetch(Target.engine_image(str(image_id)).text(), ctx.store, log)
+    image = transport.fetch(Target.engine_image(str(image_id)).text(), ctx)
     searched = f"; nothing in {repo_hint} has config {image_id}" if repo_hint else ""
     notes.append(
         row(
@@ -372,7 +372,7 @@ def _scan_by_config(repo_text: str, image_id: Digest, log: Log) -> tuple[Image, 
 def _locate_layout(ref: str, target: Target, ctx: Context) -> Located:
     root = Path(target.location)
     # Without a tag the layout backend picks its one image (attestations beside it are no candidates).
-    image = transport.fetch(ref, ctx.store, ctx.log, rehash=True)
+    image = transport.fetch(ref, ctx, rehash=True)
     note = row(
         "image", PASS, f"OCI layout {root}: {image.digest} (blobs re-hashed); config {image.config_digest}"
     )
@@ -643,14 +643,14 @@ def _deep(located: Located, ctx: Context) -> tuple[VerifyReport | None, str | No
     """Pull the whole image and run the probe in it again, by the verifier seam (an image the engine holds:
     in a container of it, as `servimg verify` does). From a registry every blob is fetched from it and
     hashed, whatever the local store holds: what the registry serves is what a `docker pull` gets."""
-    store, log = ctx.store, ctx.log
+    log = ctx.log
     try:
         if located.place.holds(Holds.RUNNABLE):
             log(f"running the probe in the local image {located.config_digest.short}")
             return VerifyReport.from_json(run_probe_in_docker(str(located.config_digest))), None
         if located.registry is not None:  # the registry's image: what a node pulls
             ref = f"{located.name}@{located.digest}"
-            registry.pull(ref, store, log, ReadOptions(expected=located.digest, rehash=True))
+            registry.pull(ref, ctx, ReadOptions(expected=located.digest, rehash=True))
         report = ctx.seams.verifier.report(located.image, ctx, base_config=None, whole_image=True)
         return report, None
     except ServimgError as exc:

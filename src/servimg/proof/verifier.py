@@ -97,5 +97,5 @@ def verify_ref(ref: str, io: Io, *, verifier: Verifier, host: Host, audit: bool 
     # Every blob it relies on is hashed where it is relied on: the source's here (rehash), the store's
     # copy where the probe runs on it (the verifier's).
     with transport.said_where(found):
-        image = transport.fetch(found.ref, io.store, io.log, rehash=True)
+        image = transport.fetch(found.ref, io, rehash=True)
     return verifier.report(image, io, base_config=None, whole_image=True, audit=audit)
