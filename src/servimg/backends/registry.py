@@ -107,7 +107,8 @@ def platform_manifest(ref_text: str, pinned: Digest, platform: str = "linux/amd6
 
 
 def pull(ref_text: str, io: Io, how: ReadOptions | None = None) -> Image:
-    """The image `ref_text` (or the pinned `how.expected` digest in its repository), every blob in `store`.
+    """The image `ref_text` (or the pinned `how.expected` digest in its repository), every blob in the
+    context's store.
 
     With `how.rehash` every layer is fetched from the registry and hashed even when the store holds it
     (`check --deep`, `verify`: what the registry serves is what is checked, not the local copy)."""

@@ -541,11 +541,11 @@ def verify_image_value(
     base_config: Digest | None = None,
     in_container: bool,
 ) -> VerifyReport:
-    """Probe an image value whose blobs are in `store`: `in_container` (the route chosen for this host,
-    `proof.verifier.ProbeRoute`), in a container of it (the image is loaded untagged, thin over its base,
-    and removed again if the probe fails and it was not there before; `docker load` checks every layer it
-    takes against its diffID), otherwise in a chroot of its extracted layers, each layer of the store
-    hashed first against its digest and diffID."""
+    """Probe an image value whose blobs are in the context's store: `in_container` (the route chosen for
+    this host, `proof.verifier.ProbeRoute`), in a container of it (the image is loaded untagged, thin over
+    its base, and removed again if the probe fails and it was not there before; `docker load` checks every
+    layer it takes against its diffID), otherwise in a chroot of its extracted layers, each layer of the
+    store hashed first against its digest and diffID."""
     store, log = io.store, io.log
     if not in_container:
         integrity.prove_layers(image, store)
