@@ -183,7 +183,7 @@ def test_push_and_promote_refuse_a_template_tag_naming_another_lock(
         push_image(
             variant.image,
             Target.parse(f"{registry.host}/{REPO}-push:{wrong}"),
-            Context(images["store"], print, seams=HOST_SEAMS),
+            on_host(images["store"]),
         )
     with RegistryClient(registry.host) as client:
         assert client.head_manifest(f"{REPO}-push", wrong) is None, "nothing was pushed"
@@ -306,7 +306,7 @@ def test_rebuild_after_editing_one_byte_in_the_pushed_overlay_layer_names_the_fi
     push_image(
         edited,
         Target.parse(ref),
-        Context(images["store"], print, seams=HOST_SEAMS),
+        on_host(images["store"]),
         key=keys.load_signing(keyring["key"]),
         report=report,
     )

@@ -137,7 +137,7 @@ def publish(
     return push_image(
         image,
         Target.parse(f"{registry.host}/{REPO_NAME}:{tag}"),
-        Context(built["store"], print, seams=HOST_SEAMS),
+        on_host(built["store"]),
         key=key,
         report=built["report"],
         formats=formats,
@@ -399,7 +399,7 @@ def test_forged_signature(
     key = keys.load_signing(keyring["key"])
     variant = relabeled(built, **{"io.servimg.test.variant": "forged"})
     publish(built, registry, variant, "forged", key)
-    facts = image_facts(variant, Context(built["store"], print, seams=HOST_SEAMS))
+    facts = image_facts(variant, on_host(built["store"]))
     statements = build_statements(
         variant, facts, built["report"], key, built["store"], invocation=Invocation("x")
     )
@@ -464,7 +464,7 @@ def test_unverified_evidence_beside_signed_is_ignored_unless_the_policy_forbids_
     loud = push_image(
         variant,
         Target.parse(dest),
-        Context(built["store"], print, seams=HOST_SEAMS),
+        on_host(built["store"]),
         report=built["report"],
         unsigned=True,
     )
@@ -823,7 +823,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
         push_image(
             image,
             Target.parse(dest),
-            Context(built["store"], print, seams=HOST_SEAMS),
+            on_host(built["store"]),
             key=key,
             report=built["report"],
         )
@@ -834,7 +834,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     first = push_image(
         image,
         Target.parse(dest),
-        Context(built["store"], print, seams=HOST_SEAMS),
+        on_host(built["store"]),
         key=key,
         report=built["report"],
     )
@@ -842,7 +842,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     second = push_image(
         image,
         Target.parse(dest),
-        Context(built["store"], print, seams=HOST_SEAMS),
+        on_host(built["store"]),
         key=key,
         report=built["report"],
     )
@@ -856,7 +856,7 @@ def test_registry_killed_during_push_leaves_no_tag_and_rerun_completes(
     assert sorted(d["artifactType"] for d in listed) == sorted(
         attest.artifact_type(k) for k in ("provenance", "test-result", "sbom")
     ), "one entry per envelope: nothing lost, nothing doubled"
-    ctx = Context(built["store"], print, seams=HOST_SEAMS)
+    ctx = on_host(built["store"])
     found = evidence.collect(
         evidence.locate_ref(dest, ctx, remote=True), ctx, trusted=keys.load_trusted([keyring["pub"]])
     )
