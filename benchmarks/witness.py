@@ -148,7 +148,7 @@ def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]
     python = base_image(recipe, Context(store, lambda m: None, seams=HOST_SEAMS)).labels[
         "io.servimg.test.python"
     ]
-    return str(result.image.config_digest), python
+    return str(result.images[0].image.config_digest), python
 
 
 def measure(image: str, runs: int) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def test_patched_files_carry_the_locked_post_sha256(built: dict[str, Any]) -> No
 
     store = built["store"]
     image = read_layout(built["root"] / "out" / "demo", store)
-    assert image.digest == built["result"].image.digest
+    assert image.digest == built["result"].digest
     fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
     locked = Lock.load(built["root"] / "images" / "demo.lock.json")
     assert locked.overlays, "the demo has overlays"
@@ -115,7 +115,7 @@ print(sorted({n for c in walk(code) if c.co_qualname == "Scheduler.schedule" for
 def test_image_python_loads_the_fresh_checked_hash_pyc(built: dict[str, Any]) -> None:
     result = built["result"]
     main(["build", str(built["root"] / DEMO), "--to", "docker", "--runner", "docker", "--quiet"])
-    image_id = str(result.image.config_digest)
+    image_id = str(result.images[0].image.config_digest)
     locked = Lock.load(built["root"] / "images" / "demo.lock.json")
     scheduler = next(f.path for o in locked.overlays for f in o.files if f.path.endswith("scheduler.py"))
     proc = docker(
@@ -143,7 +143,7 @@ def test_rebuild_elsewhere_with_the_other_runner_gives_the_same_digest(
         BuildPlan.make(root / DEMO, to=f"oci:{tmp_path / 'o'}", runner=runner),
         Context(built["store"], print, seams=HOST_SEAMS),
     )
-    assert again.image.digest == built["result"].image.digest
+    assert again.digest == built["result"].images[0].image.digest
     assert again.layers == built["result"].layers
 
 
@@ -154,7 +154,7 @@ def test_push_then_docker_pull_gives_the_same_image_id(
     repo = f"{registry.host}/servimg/vllm"
     code, out = run_cli("build", str(built["root"] / DEMO), "--to", repo, capsys=capsys)
     assert code == 0, out
-    assert out["digest"] == str(built["result"].image.digest)
+    assert out["digest"] == str(built["result"].digest)
     tag = out["tag"]
     pulled = docker("pull", f"{repo}:{tag}")
     assert pulled.returncode == 0, pulled.stderr
@@ -171,7 +171,7 @@ def test_engine_load_is_thin_when_the_base_is_present(built: dict[str, Any]) -> 
     from servimg.backends import engine
     from servimg.oci.image import Image
 
-    built_image = built["result"].image
+    built_image = built["result"].images[0].image
     config = json.loads(built_image.config_bytes)
     config["config"]["Labels"] = {
         **(config["config"].get("Labels") or {}),
@@ -207,13 +207,13 @@ def test_verify_passes_on_the_built_image_with_both_runners(
 ) -> None:
     from servimg.proof.verify import VerifyReport, run_probe_in_chroot
 
-    code, out = run_cli("verify", str(built["result"].image.config_digest), capsys=capsys)
+    code, out = run_cli("verify", str(built["result"].images[0].image.config_digest), capsys=capsys)
     assert code == 0, out
     assert out["summary"]["FAIL"] == 0 and out["summary"]["PASS"] >= 10
     assert out["summary"]["WARN"] == 0 and out["summary"]["ERROR"] == 0, "the clean demo: zero findings"
     codes = {c["code"] for c in out["checks"]}
     assert {"ORIGIN", "SOURCE_SHA", "STALE_PYC", "SENTINEL", "ABSENT_IN_BASE", "RECORD"} <= codes
-    store, image = built["store"], built["result"].image
+    store, image = built["store"], built["result"].images[0].image
     fs = LayeredFS([store.uncompressed(layer.descriptor.digest, layer.diff_id) for layer in image.layers])
     chroot = VerifyReport.from_json(run_probe_in_chroot(fs, image.env, "/"))
     assert chroot.ok and chroot.counts() == VerifyReport.from_json(out).counts()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fakebase import main, make_base, package_members, tar
+from fakebase import F, main, make_base, on_host, package_members, read_json, tar
 from servimg.backends import transport
+from servimg.backends.archive import read_archive
 from servimg.backends.resolve import Resolved
 from servimg.backends.target import (
     ArchiveTarget,
@@ -19,8 +20,12 @@ from servimg.backends.target import (
     Target,
 )
 from servimg.core.digest import Digest
-from servimg.core.errors import BackendError
+from servimg.core.errors import BackendError, ImageError
+from servimg.core.platform import Platform
 from servimg.core.progress import Log
+from servimg.oci.image import Image
+from servimg.oci.index import ImageIndex, IndexedImages
+from servimg.oci.store import BlobStore
 
 DIGEST = Digest("sha256", "a" * 64)
 
@@ -104,3 +109,64 @@ def test_check_resolves_its_ref_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     code = main(["check", f"oci:{layout}", "--cache", str(tmp_path / "cache")])
     assert code == 1, "no attestation in the layout: the check fails, having judged the image"
     assert calls == [f"oci:{layout}"]
+
+
+def _two_platform_images(tmp_path: Path) -> tuple[BlobStore, dict[Platform, Image]]:
+    """Two one-layer images (amd64, arm64) with their blobs in one store."""
+    store = BlobStore(tmp_path / "store")
+    images = {}
+    for arch in ("amd64", "arm64"):
+        base = make_base(
+            tmp_path / arch, [tar([F("etc/arch", arch.encode())])], config_extra={"architecture": arch}
+        )
+        for descriptor in base.image.layer_descriptors:
+            store.put_bytes(base.blob(descriptor.digest).read_bytes())
+        store.put_bytes(base.image.config_bytes)
+        images[Platform.parse(f"linux/{arch}")] = base.image
+    return store, images
+
+
+def test_what_a_tag_names_is_published_by_one_call(tmp_path: Path) -> None:
+    """`transport.publish` takes one image or an index with its children (`Backend.write_index`): a layout
+    gets every child and then the index under the tag; an archive, a place of one image, the one child the
+    options name, and says so (issue 49: one recursion, as go-containerregistry's `remote.Push`)."""
+    store, images = _two_platform_images(tmp_path)
+    indexed = IndexedImages(ImageIndex.of(images), images)
+    arm64 = Platform.parse("linux/arm64")
+    io = on_host(store)
+
+    where = transport.publish(indexed, Target.parse(f"oci:{tmp_path / 'l'}:multi"), io, tag="ignored")
+    assert where == f"oci:{tmp_path / 'l'}:multi@{indexed.digest}"
+    [entry] = read_json(tmp_path / "l" / "index.json")["manifests"]
+    assert entry["digest"] == str(indexed.digest), "the index is named; its children are reached through it"
+    for child in indexed.ordered:
+        assert (tmp_path / "l" / "blobs" / "sha256" / child.digest.hex).is_file()
+
+    archive = tmp_path / "one.tar"
+    said = transport.publish(
+        indexed, Target.parse(f"docker-archive:{archive}"), io, tag="t:1", platform=arm64
+    )
+    assert "linux/arm64 only" in said and "a docker-archive holds one image" in said, said
+    assert read_archive(archive, BlobStore(tmp_path / "s2")).config_digest == images[arm64].config_digest
+
+    only_arm = IndexedImages(ImageIndex.of({arm64: images[arm64]}), {arm64: images[arm64]})
+    with pytest.raises(BackendError, match="has no linux/amd64 image for a docker-archive"):
+        transport.publish(
+            only_arm, Target.parse(f"docker-archive:{archive}"), io, platform=Platform.parse("linux/amd64")
+        )
+
+    single = transport.publish(images[arm64], Target.parse(f"oci:{tmp_path / 's'}:one"), io)
+    assert single == f"oci:{tmp_path / 's'}:one"
+
+
+def test_an_index_with_another_images_children_is_refused(tmp_path: Path) -> None:
+    _, images = _two_platform_images(tmp_path)
+    amd64, arm64 = Platform.parse("linux/amd64"), Platform.parse("linux/arm64")
+    with pytest.raises(ImageError, match="not the index") as refused:
+        IndexedImages(ImageIndex.of(images), {amd64: images[arm64]})
+    assert list(refused.value.problems) == ["linux/amd64: another image", "linux/arm64: missing"]
+
+
+def test_every_backend_writes_an_index() -> None:
+    for name, backend in transport.BACKENDS.items():
+        assert callable(getattr(backend, "write_index", None)), name

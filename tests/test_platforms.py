@@ -344,7 +344,7 @@ def test_a_ladder_under_emulation_is_refused(capfd: pytest.CaptureFixture[str]) 
 @pytest.mark.docker
 @pytest.mark.registry
 @pytest.mark.root
-def test_the_engine_gets_one_platform_and_says_so_and_a_layout_holds_the_index(
+def test_the_engine_and_an_archive_get_one_platform_and_say_so_and_a_layout_holds_the_index(
     two_platform_repo: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     _require(docker_available(), "needs a running Docker Engine")
@@ -382,9 +382,20 @@ def test_the_engine_gets_one_platform_and_says_so_and_a_layout_holds_the_index(
     )
     for child in children.entries:
         assert (layout / "blobs" / "sha256" / child.descriptor.digest.hex).is_file()
-    code, [refused] = _json(capfd, "build", str(definition), "--to", f"docker-archive:{tmp_path / 'a.tar'}")
-    assert code != 0 and "holds one image, not a multi-platform index" in json.dumps(refused), refused
-    assert not (tmp_path / "a.tar").exists()
+    # An archive, like the engine, takes the one child --platform names and says so (Backend.write_index).
+    archive = tmp_path / "a.tar"
+    code, [one] = _json(
+        capfd, "build", str(definition), "--to", f"docker-archive:{archive}", "--platform", "linux/arm64"
+    )
+    assert code == 0 and one["digest"] == built["digest"], one
+    assert (
+        "linux/arm64 only" in one["destination"] and "a docker-archive holds one image" in one["destination"]
+    )
+    from servimg.backends.archive import read_archive
+    from servimg.oci.store import BlobStore
+
+    held = read_archive(archive, BlobStore(tmp_path / "archive-store"))
+    assert str(held.config_digest) == engine["platforms"]["linux/arm64"]["config_digest"]
 
 
 def test_platform_on_a_single_platform_build_is_refused(capfd: pytest.CaptureFixture[str]) -> None:

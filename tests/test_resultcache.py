@@ -60,7 +60,7 @@ def _repo(tmp_path: Path) -> tuple[Path, BlobStore, CountingRunners, Seams]:
 def _build(definition: Path, store: BlobStore, seams: Seams, out: Path) -> Digest:
     return pipeline.build(
         BuildPlan.make(definition, to=f"oci:{out}"), Context(store, print, seams=seams)
-    ).image.digest
+    ).digest
 
 
 def _entries(store: BlobStore, kind: str) -> list[Path]:
@@ -140,10 +140,10 @@ def test_the_compile_key_names_every_input() -> None:
 
 def _built(tmp_path: Path) -> tuple[Image, BlobStore]:
     definition, store, _, seams = _repo(tmp_path)
-    image = pipeline.build(
+    built = pipeline.build(
         BuildPlan.make(definition, to=f"oci:{tmp_path / 'a'}"), Context(store, print, seams=seams)
-    ).image
-    return image, store
+    )
+    return built.images[0].image, store
 
 
 def _passing(image: Image) -> VerifyReport:

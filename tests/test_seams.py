@@ -99,7 +99,7 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
 
     class Recording(defaults.StoreOnly):
         def publish(self, proven: ProvenRelease, staged: Staged | None, ctx: Context) -> str:
-            seen.append((proven.image.image, proven.target.kind, proven.tag))
+            seen.append((proven.images[0].image, proven.target.kind, proven.tag))
             return "recorded"
 
     definition, base = _repo(tmp_path)
@@ -112,14 +112,14 @@ def test_the_sink_is_a_seam_and_build_returns_the_image_value(tmp_path: Path) ->
         Context(store, lambda _: None, seams=dataclasses.replace(given, sink=Recording())),
     )
     assert result.destination == "recorded" and not out.exists()
-    assert seen == [(result.image, "oci", result.tag)]
+    assert seen == [(result.images[0].image, "oci", result.tag)]
     kept = build(
         BuildPlan.make(definition, to=f"oci:{out}"),
         Context(store, lambda _: None, seams=dataclasses.replace(given, sink=defaults.StoreOnly())),
     )
-    assert kept.image == result.image and not out.exists()
-    assert store.has(kept.image.config_digest) and all(
-        store.has(d.digest) for d in kept.image.layer_descriptors
+    assert kept.images[0].image == result.images[0].image and not out.exists()
+    assert store.has(kept.images[0].image.config_digest) and all(
+        store.has(d.digest) for d in kept.images[0].image.layer_descriptors
     )
 
 
@@ -166,10 +166,10 @@ def test_a_sink_publishes_only_a_proven_release(tmp_path: Path) -> None:
     plan = BuildPlan.make(definition, to=f"oci:{tmp_path / 'never'}")
     built = build(plan, Context(store, seams=given))
     assert calls == ["stage", "publish staged"] and built.destination == "published"
-    assert built.image is not None and all(c.report is not None for c in built.images)
+    assert built.images[0].image is not None and all(c.report is not None for c in built.images)
 
     calls.clear()
-    with pytest.raises(VerifyFailed, match="nothing was tagged"):
+    with pytest.raises(VerifyFailed, match="nothing was published"):
         build(plan, Context(store, seams=dataclasses.replace(given, verifier=Failing())))
     assert calls == ["stage", "discard"], "a failed proof publishes nothing and undoes what was staged"
 
@@ -261,7 +261,7 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
         )
 
     refusing = _WaitsThenRules(ok=False)
-    with pytest.raises(VerifyFailed, match="failed verification; nothing was tagged") as refused:
+    with pytest.raises(VerifyFailed, match="failed verification; nothing was published") as refused:
         to_docker(refusing)
     assert not refused.value.report.ok, "the refusal carries the report that refused"
     assert refusing.saw_it_loaded, "the load ran while the image was verified"
@@ -270,7 +270,7 @@ def test_the_engine_loads_while_verifying_and_a_failed_build_leaves_nothing(tmp_
     accepting = _WaitsThenRules(ok=True)
     try:
         result = to_docker(accepting)
-        image_id = result.image.config_digest
+        image_id = result.images[0].image.config_digest
         assert accepting.saw_it_loaded and result.destination.endswith("(full load)"), result.destination
         assert engine.image_id(result.destination.split()[2]) == image_id, "tagged after verification"
     finally:

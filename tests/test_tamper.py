@@ -109,9 +109,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[str, Any]) -
         BuildPlan.make(root / DEMO, to=f"oci:{root / 'out' / 'demo'}", runner="docker"),
         Context(store, print, seams=HOST_SEAMS),
     )
-    report = verify_image_value(result.image, on_host(store), in_container=HOST_SEAMS.host.engine)
+    report = verify_image_value(result.images[0].image, on_host(store), in_container=HOST_SEAMS.host.engine)
     assert report.ok
-    yield {"root": root, "image": result.image, "store": store, "report": report, "tag": result.tag}
+    yield {"root": root, "image": result.images[0].image, "store": store, "report": report, "tag": result.tag}
     shutil.rmtree(root / "out", ignore_errors=True)
 
 

@@ -146,7 +146,7 @@ def build_tiny(
         definition_path=path,
         definition=definition,
         lock=Lock.load(root / "images" / "tiny.lock.json"),
-        image=result.image,
+        image=result.images[0].image,
         base=base,
         python=base.labels["io.servimg.test.python"],
         tag=f"{definition.repository}:{result.tag}",

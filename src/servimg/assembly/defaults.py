@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Unpack
 from servimg.assembly.release import ProvenRelease, Release, keep_in_store
 from servimg.assembly.seams import Compiled, Seams, Staged
 from servimg.backends import engine, transport
-from servimg.backends.target import Holds, Target
+from servimg.backends.target import Holds, Target, WriteOptions
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError
 from servimg.core.platform import Host, Platform
@@ -214,9 +214,9 @@ class TargetSink:
         transport.check_reachable(target)
 
     def stage(self, release: Release, ctx: Context) -> Staging | None:
-        if not (self.load_early and release.index is None and release.target.holds(Holds.RUNNABLE)):
+        if not (self.load_early and release.target.holds(Holds.RUNNABLE)):
             return None
-        one = release.image
+        one = release.runnable()
         image = one.image
         held = engine.has_image(image.config_digest)
 
@@ -227,28 +227,21 @@ class TargetSink:
         return Staging(lambda: engine.load(image, ctx.store, tag=None, base_config=one.base_config), undo)
 
     def publish(self, proven: ProvenRelease, staged: Staged | None, ctx: Context) -> str:
-        if proven.index is not None:
-            for child in proven.images:
-                ctx.store.put_bytes(child.image.config_bytes)
-            return transport.publish_index(
-                proven.index,
-                {c.platform: c.image for c in proven.images},
-                proven.target,
-                ctx,
-                tag=proven.tag,
-                engine_platform=proven.release.engine_platform,
-                progress=ctx.progress,
-            )
-        one = proven.image
-        return transport.publish(
-            one.image,
-            proven.target,
-            ctx,
+        """What the tag names, its name last: the one image, or every child and then the index (the
+        engine and an archive take the one child the release names, `Release.runnable`)."""
+        release = proven.release
+        for child in proven.images:
+            ctx.store.put_bytes(child.image.config_bytes)
+        options = WriteOptions(
             tag=proven.tag,
-            base_config=one.base_config,
+            platform=release.platform,
             progress=ctx.progress,
             staged=staged.result() if staged is not None else None,
         )
+        if release.target.holds(Holds.RUNNABLE):
+            one = release.runnable()
+            options["platform"], options["base_config"] = one.platform, one.base_config
+        return transport.publish(release.named, proven.target, ctx, **options)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from servimg.assembly.seams import Compiler, choose_sandboxes
 from servimg.backends.target import Holds
 from servimg.core import canonical
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.errors import BuildError, DefinitionError, LockError, OverlayError, ServimgError
+from servimg.core.errors import DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.platform import Platform
 from servimg.core.progress import Log
 from servimg.definitions import naming
@@ -101,6 +101,7 @@ class BuildResult:
 
     images: tuple[PlatformImage, ...]
     index: ImageIndex | None
+    digest: Digest  # what the tag names: the one image's manifest, or the index's
     tag: str
     lock_digest: Digest
     destination: str
@@ -108,23 +109,13 @@ class BuildResult:
     layers: tuple[Descriptor, ...]  # each image's overlay layer, in `images` order
     bytecode: BytecodeComparison | None = None  # several platforms: did their interpreters agree?
 
-    @property
-    def image(self) -> Image:
-        """The one image of a single-platform build."""
-        if self.index is not None:
-            raise BuildError("a multi-platform build made an index, not one image", hint="use .index")
-        return self.images[0].image
-
-    @property
-    def digest(self) -> Digest:
-        return self.index.digest if self.index is not None else self.image.digest
-
     def as_dict(self) -> dict[str, object]:
         common = {"tag": self.tag, "lock_digest": str(self.lock_digest), "destination": self.destination}
         if self.index is None:
+            (one,) = self.images
             return {
-                "digest": str(self.image.digest),
-                "config_digest": str(self.image.config_digest),
+                "digest": str(one.image.digest),
+                "config_digest": str(one.image.config_digest),
                 **common,
                 "changed_files": self.changed_files,
                 "layer": self.layers[0].to_json(),
@@ -380,8 +371,6 @@ def resolve_all(
 ) -> dict[Platform, Resolution]:
     """Every platform the definition builds, resolved as its own single-platform definition (one entry for
     a single-platform definition). Every emulator is checked before the first platform starts."""
-    if not definition.multi_platform:
-        return {definition.platforms[0]: resolve(definition_path, ctx, runner, definition=definition)}
     for platform in definition.platforms:
         emulation.require(platform, f"resolving {definition.name}")
     resolutions = {}
@@ -443,7 +432,7 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
     else:
         staged = sink.stage(release, ctx)
         try:
-            proven = ProvenRelease(release, _prove(plan, images, resolutions, ctx))
+            proven = ProvenRelease(release, _prove(images, resolutions, ctx))
         except BaseException:
             if staged is not None:
                 staged.discard()
@@ -453,6 +442,7 @@ def build(plan: BuildPlan, ctx: Context) -> BuildResult:
     return BuildResult(
         built_images,
         index,
+        release.named.digest,
         plan.tag,
         plan.lock.digest,
         destination,
@@ -476,21 +466,18 @@ def _assembled(
     try:
         image, layer = assemble(resolution, plan.lock_for(platform), ctx, labels)
     except ServimgError as exc:
-        raise (exc.context(f"platform {platform}") if plan.multi_platform else exc) from None
-    if plan.multi_platform:
-        ctx.log(f"{platform}: {image.digest}")
+        raise exc.context(f"platform {platform}") from None
+    ctx.log(f"{platform}: {image.digest}")
     return PlatformImage(platform, image, None, resolution.base.config_digest), layer
 
 
 def _prove(
-    plan: BuildPlan,
     images: tuple[PlatformImage, ...],
     resolutions: Mapping[Platform, Resolution],
     ctx: Context,
 ) -> tuple[PlatformImage, ...]:
     """The whole probe over each image's own filesystem, now (nothing cached or merged): each image with
     its passing report, or VerifyFailed."""
-    consequence = "nothing was published" if plan.multi_platform else "nothing was tagged"
     proven = []
     for child in images:
         try:
@@ -499,11 +486,11 @@ def _prove(
                 child.image,
                 ctx,
                 base_config=child.base_config,
-                consequence=consequence,
+                consequence="nothing was published",
                 probe=resolutions[child.platform].probe,
             )
         except ServimgError as exc:
-            raise (exc.context(f"platform {child.platform}") if plan.multi_platform else exc) from None
+            raise exc.context(f"platform {child.platform}") from None
         proven.append(replace(child, report=report))
     return tuple(proven)
 

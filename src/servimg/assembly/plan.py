@@ -4,8 +4,9 @@
 target once into a typed value (a registry target carries its parsed reference), derives the tag once and
 names the platforms, one or several. `pipeline.build(plan, ctx)` then does the work; nothing below it
 reads either file again or re-parses the target. Every refusal the plan can make it makes here, before a
-base is read: a tag of another lock, an archive for an index, a `--platform` the definition does not
-build, a lock of the wrong shape.
+base is read: a tag of another lock, a `--platform` the definition does not build, a lock of the wrong
+shape. An index goes whole to a place that holds one; the engine and an archive take the one child
+`--platform` names, else the host's (`Backend.write_index`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from servimg.backends.target import Holds, Target
+from servimg.backends.target import Target
 from servimg.core.errors import BuildError, UsageError
 from servimg.core.platform import Host, Platform
 from servimg.definitions import naming
@@ -34,7 +35,7 @@ class BuildPlan:
     full_tag: str  # as the destination names it (the engine and an archive want `repository:tag`)
     runner: str = "auto"
     verify: bool = True
-    engine_platform: Platform | None = None  # which child of an index the Docker Engine gets
+    engine_platform: Platform | None = None  # which child of an index the engine or an archive gets
     # The definition as it was locked, when remembered (definitions.remembered): a drift then names the
     # definition's fields that moved, not only its sha256.
     locked_definition: Mapping[str, object] | None = None
@@ -42,10 +43,6 @@ class BuildPlan:
     @property
     def platforms(self) -> tuple[Platform, ...]:
         return self.definition.platforms
-
-    @property
-    def multi_platform(self) -> bool:
-        return self.definition.multi_platform
 
     def lock_for(self, platform: Platform) -> Lock:
         """`platform`'s part of the lock, whichever shape it has."""
@@ -73,13 +70,6 @@ class BuildPlan:
         lock = Locks.read(definition, definition_path)
         target = Target.parse(to) if to else default_target(definition_path, host)
         engine_platform = _engine_platform(definition, definition_path, platform)
-        # An index goes whole to a place that holds one; the engine runs one child of it (its platform's).
-        if definition.multi_platform and not (target.holds(Holds.INDEX) or target.holds(Holds.RUNNABLE)):
-            raise BuildError(
-                "a docker-archive holds one image, not a multi-platform index",
-                hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG]), or "
-                "--to docker for this host's platform",
-            )
         naming.refuse_tag_of_another_lock(definition, lock, [tag, target.named_tag])
         chosen = tag or naming.derive_tag(definition, lock)
         return cls(
@@ -108,8 +98,8 @@ def default_target(definition_path: Path, host: Host | None) -> Target:
 def _engine_platform(
     definition: ImageDefinition, definition_path: Path, platform: str | None
 ) -> Platform | None:
-    """`--platform`: which child of a multi-platform build the Docker Engine gets; for a single-platform
-    definition only its own platform is accepted."""
+    """`--platform`: which child of a multi-platform build the engine or an archive gets; a definition's
+    own platforms only."""
     if platform is None:
         return None
     chosen = Platform.parse(platform)
@@ -119,4 +109,4 @@ def _engine_platform(
             f"{', '.join(str(p) for p in definition.platforms)} only",
             hint="leave --platform out, or list platforms under base.platforms (docs/platforms.md)",
         )
-    return chosen if definition.multi_platform else None
+    return chosen

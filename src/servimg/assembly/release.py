@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from servimg.backends.target import Target
 from servimg.core.digest import Digest
-from servimg.core.errors import BuildError
-from servimg.core.platform import Platform
+from servimg.core.errors import BackendError, BuildError
+from servimg.core.platform import Platform, texts
 from servimg.oci.image import Image
-from servimg.oci.index import ImageIndex
+from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.oci.store import BlobStore
 from servimg.proof.verify import VerifyReport
 
@@ -39,14 +39,27 @@ class Release:
     index: ImageIndex | None  # over `images` when the definition builds several platforms
     target: Target
     tag: str  # as the destination names it (`BuildPlan.full_tag`)
-    engine_platform: Platform | None = None  # which child the Docker Engine gets (it stores no index)
+    platform: Platform | None = None  # which child a place of one image gets (`--platform`; else the host's)
 
     @property
-    def image(self) -> PlatformImage:
-        """The one image of a single-platform release."""
-        if self.index is not None or len(self.images) != 1:
-            raise ValueError("a multi-platform release has no single image")
-        return self.images[0]
+    def named(self) -> Image | IndexedImages:
+        """What the tag names: the one image, or the index with every image it lists."""
+        if self.index is None:
+            return self.images[0].image
+        return IndexedImages(self.index, {c.platform: c.image for c in self.images})
+
+    def runnable(self) -> PlatformImage:
+        """The image a place of one image (the Docker Engine) gets: `platform`'s (else this host's), or
+        the only image, whatever its platform (a one-platform build of another, run under emulation)."""
+        wanted = self.platform or Platform.host()
+        for child in self.images:
+            if child.platform == wanted or len(self.images) == 1:
+                return child
+        raise BackendError(
+            f"the index has no {wanted} image for the Docker Engine (it has "
+            f"{texts(c.platform for c in self.images)})",
+            hint="choose one of its platforms with --platform",
+        )
 
 
 @dataclass(frozen=True)
@@ -84,12 +97,6 @@ class ProvenRelease:
     def tag(self) -> str:
         return self.release.tag
 
-    @property
-    def image(self) -> PlatformImage:
-        """The one proven image of a single-platform release (`Release.image` refuses the others)."""
-        one = self.release.image
-        return next(c for c in self.images if c.image.digest == one.image.digest)
-
 
 def keep_in_store(release: Release, store: BlobStore) -> str:
     """The release's images left as values in the blob store (their layers are there already, their configs
@@ -97,5 +104,4 @@ def keep_in_store(release: Release, store: BlobStore) -> str:
     digests), and the `StoreOnly` sink."""
     for child in release.images:
         store.put_bytes(child.image.config_bytes)
-    digest = release.index.digest if release.index is not None else release.image.image.digest
-    return f"the blob store ({digest}; not published)"
+    return f"the blob store ({release.named.digest}; not published)"

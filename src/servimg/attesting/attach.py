@@ -477,7 +477,8 @@ class AttestingSink:
         """One proven image with its attestations, or every child with its own and then the index with
         its provenance naming the children, the tag last."""
         if proven.index is None:
-            return self._push(proven.image, proven.target, ctx, tag=proven.tag)
+            (one,) = proven.images
+            return self._push(one, proven.target, ctx, tag=proven.tag)
         return self._push_index(proven.index, proven.images, proven.target, ctx, tag=proven.tag)
 
     def _push(self, child: PlatformImage, target: Target, ctx: Context, *, tag: str | None) -> str:
@@ -548,7 +549,7 @@ def build_and_push(
     plan = BuildPlan.make(
         definition_path, to=to, tag=tag, runner=runner, cache_root=ctx.store.root, host=ctx.seams.host
     )
-    if plan.multi_platform and gpg is not None:
+    if plan.definition.multi_platform and gpg is not None:
         raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
     command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
     sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)

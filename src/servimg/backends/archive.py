@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from servimg.backends.referrers import Referrers, ReferrersError
-from servimg.backends.target import ReadOptions, Target, WriteOptions
+from servimg.backends.target import ReadOptions, Target, WriteOptions, one_child, only_child_said
 from servimg.core import canonical
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
+from servimg.oci.index import IndexedImages
 from servimg.oci.store import BlobStore, Io
 
 
@@ -184,6 +185,11 @@ class ArchiveBackend:
     def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
         write_archive_file(image, Path(target.location), io.store, options.get("tag"))
         return f"docker-archive:{target.location}"
+
+    def write_index(self, indexed: IndexedImages, target: Target, io: Io, options: WriteOptions) -> str:
+        platform, child = one_child(indexed, options, "a docker-archive")
+        where = self.write(child, target, io, options)
+        return only_child_said(where, platform, indexed, "a docker-archive holds one image")
 
     def check_reachable(self, target: Target) -> None:
         return None

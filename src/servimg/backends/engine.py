@@ -27,13 +27,14 @@ from servimg.backends.archive import read_archive, write_archive
 from servimg.backends.enginesocket import Answer, socket_image_id
 from servimg.backends.referrers import Referrers, ReferrersError
 from servimg.backends.resolve import EngineImage
-from servimg.backends.target import ReadOptions, Target, WriteOptions
+from servimg.backends.target import ReadOptions, Target, WriteOptions, one_child, only_child_said
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.lazy import LazyModule
 from servimg.oci.image import Image
+from servimg.oci.index import IndexedImages
 from servimg.oci.store import BlobStore, Io
 
 # The SDK (requests, urllib3, its API modules: ≈0.2 s) is imported when an engine is first asked: a
@@ -310,6 +311,12 @@ class EngineBackend:
         how = load(image, io.store, tag=tag, base_config=options.get("base_config"))
         # After a staged load this load only tags ("present"); say how the image itself came in.
         return destination(tag, image.config_digest, options.get("staged") or how)
+
+    def write_index(self, indexed: IndexedImages, target: Target, io: Io, options: WriteOptions) -> str:
+        platform, child = one_child(indexed, options, "the Docker Engine")
+        where = self.write(child, target, io, options)
+        why = f"Docker Engine {server_version()} stores single-platform images"
+        return only_child_said(where, platform, indexed, why)
 
     def check_reachable(self, target: Target) -> None:
         answer = enginesocket.request("GET", "/_ping")

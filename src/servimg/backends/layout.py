@@ -53,7 +53,7 @@ from servimg.oci.image import (
     Descriptor,
     Image,
 )
-from servimg.oci.index import ImageIndex
+from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.oci.store import BlobStore, Io
 
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
@@ -276,7 +276,7 @@ def write_layout(
         (tmp / "oci-layout").write_bytes(LAYOUT_FILE)
         os.chmod(tmp / "oci-layout", integrity.BLOB_MODE)
         empty = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
-        mended = _add_to_layout(image, tmp, store, tag, index=empty, link=store_owned)
+        mended = _add_to_layout(image, tmp, store, tag, index_json=empty, link=store_owned)
         try:
             os.replace(tmp, root)
         except OSError:
@@ -309,7 +309,7 @@ def _add_to_layout(
     root: Path,
     store: BlobStore,
     tag: str | None,
-    index: dict[str, object] | None = None,
+    index_json: dict[str, object] | None = None,  # the layout's index.json as read; else read here
     *,
     link: bool = False,
 ) -> tuple[Digest, ...]:
@@ -327,7 +327,7 @@ def _add_to_layout(
         for digest, data in ((image.config_digest, image.config_bytes), (image.digest, image.manifest_bytes))
         if _write_blob(blobs / digest.hex, digest, data)
     ]
-    index = index if index is not None else _read_index(root)
+    listing = _read_index(root) if index_json is None else index_json
     entry = Descriptor(
         OCI_MANIFEST if image.media_type == OCI_MANIFEST else image.media_type,
         image.digest,
@@ -336,11 +336,11 @@ def _add_to_layout(
     ).to_json()
     kept = [
         m
-        for m in jv.objs(index["manifests"], "index.manifests")
+        for m in jv.objs(listing["manifests"], "index.manifests")
         if not (tag and jv.member(m, "annotations", REF_NAME) == tag) and m != entry
     ]
-    index["manifests"] = sorted([*kept, entry], key=canonical.dumps)
-    _write_file(root / "index.json", canonical.dumps(index))
+    listing["manifests"] = sorted([*kept, entry], key=canonical.dumps)
+    _write_file(root / "index.json", canonical.dumps(listing))
     return tuple(mended)
 
 
@@ -495,6 +495,11 @@ class LayoutBackend:
             io.log(f"{where}: mended {len(mended)} blob(s) whose bytes did not match their names")
             return f"{where} (mended {len(mended)} corrupt blob(s): {', '.join(str(d) for d in mended)})"
         return where
+
+    def write_index(self, indexed: IndexedImages, target: Target, io: Io, options: WriteOptions) -> str:
+        chosen = target.tag or options.get("tag")
+        write_index(indexed.index, indexed.ordered, Path(target.location), io.store, tag=chosen)
+        return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{indexed.digest}"
 
     def check_reachable(self, target: Target) -> None:
         return None

@@ -31,7 +31,7 @@ from servimg.oci.image import (
     Descriptor,
     Image,
 )
-from servimg.oci.index import ImageIndex
+from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.oci.store import Io
 
 # ----------------------------------------------------------------------------------------------- images
@@ -241,6 +241,14 @@ def put_tag(client: RegistryClient, repository: str, tag: str, image: Image, log
         client.put_manifest(repository, tag, image.manifest_bytes, image.media_type)
 
 
+def put_index(client: RegistryClient, ref: Reference, index: ImageIndex, tag: str | None) -> str:
+    """The index's manifest by digest, then `tag`: its children are in `ref`'s repository already."""
+    for reference in (str(index.digest), *([tag] if tag else [])):
+        client.put_manifest(ref.repository, reference, index.index_bytes, index.media_type)
+    where = f"{ref.registry}/{ref.repository}" + (f":{tag}" if tag else "")
+    return f"{where}@{index.digest}"
+
+
 class RegistryBackend:
     """`HOST[:PORT]/REPO[:TAG]` through servimg's own distribution client."""
 
@@ -258,6 +266,13 @@ class RegistryBackend:
             mount_from=mount_from,
             progress=progress,
         )
+
+    def write_index(self, indexed: IndexedImages, target: Target, io: Io, options: WriteOptions) -> str:
+        ref = target.registry_ref
+        with RegistryClient(ref.registry) as client:
+            for child in indexed.ordered:
+                write_image(client, ref.repository, child, io, progress=options.get("progress", NULL))
+            return put_index(client, ref, indexed.index, ref.tag or options.get("tag"))
 
     def check_reachable(self, target: Target) -> None:
         with RegistryClient(target.registry_ref.registry) as client:

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
+from servimg.core.platform import Platform, texts
 from servimg.core.progress import NULL, Progress
 from servimg.core.reference import Reference
 
 if TYPE_CHECKING:  # annotations only
     from servimg.backends.referrers import Referrers
-    from servimg.core.platform import Platform
     from servimg.oci.image import Image
+    from servimg.oci.index import IndexedImages
     from servimg.oci.store import Io
 
 
@@ -280,13 +281,15 @@ class WriteOptions(TypedDict, total=False):
     target names its own; base_config: the base's image ID (the engine loads thin over it); mount_from: a
     repository on the same registry to cross-mount blobs from; progress: transfer progress; staged: how
     the engine's load went when it ran while the image was proven
-    (`assembly.defaults.TargetSink`, its `stage`)."""
+    (`assembly.defaults.TargetSink`, its `stage`); platform: which child of an index a place of one image
+    (the engine, an archive) gets (default: this host's)."""
 
     tag: str | None
     base_config: Digest | None
     mount_from: str | None
     progress: Progress
     staged: str | None
+    platform: Platform | None
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,26 @@ class ReadOptions:
     platform: Platform | None = None
 
 
+def one_child(indexed: IndexedImages, options: WriteOptions, place: str) -> tuple[Platform, Image]:
+    """The child of `indexed` that a place of one image (`place`: the engine, an archive) gets: the
+    platform `options` name, else this host's; BackendError naming the index's platforms when it has none."""
+    wanted = options.get("platform") or Platform.host()
+    if wanted not in indexed.children:
+        raise BackendError(
+            f"the index has no {wanted} image for {place} (it has {texts(indexed.index.platforms)})",
+            hint="choose one of its platforms with --platform",
+        )
+    return wanted, indexed.children[wanted]
+
+
+def only_child_said(where: str, platform: Platform, indexed: IndexedImages, why: str) -> str:
+    """Where a place of one image put the index's child, saying that the index itself is not there."""
+    return (
+        f"{where} ({platform} only: {why}, not the index {indexed.digest.short}; push to a registry or an "
+        f"OCI layout for all of {texts(indexed.index.platforms)})"
+    )
+
+
 class Backend(Protocol):
     """Reads and writes images at targets of one kind. Every write publishes its name last (tag after the
     image is complete), so a failure never leaves a tag or a half-written output behind."""
@@ -315,6 +338,11 @@ class Backend(Protocol):
     def write(self, image: Image, target: Target, io: Io, options: WriteOptions) -> str:
         """Write `image` (blobs from the context's store) to `target`; return a human description of
         where it went."""
+        ...
+
+    def write_index(self, indexed: IndexedImages, target: Target, io: Io, options: WriteOptions) -> str:
+        """Write every child of `indexed`, then its name; a place of one image (the engine, an archive)
+        writes the one child `options` names and says so in the description it returns."""
         ...
 
     def check_reachable(self, target: Target) -> None:

@@ -13,7 +13,7 @@ which logs where it went. A definition's base ref and a `--to` sink are taken as
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Unpack
@@ -34,10 +34,10 @@ from servimg.backends.target import (
 )
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
-from servimg.core.platform import Platform, texts
+from servimg.core.platform import Platform
 from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.image import Image
-from servimg.oci.index import ImageIndex
+from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.oci.store import Io
 
 __all__ = [
@@ -52,7 +52,6 @@ __all__ = [
     "is_explicit",
     "name_index",
     "publish",
-    "publish_index",
     "read_index",
     "referrers",
     "resolve",
@@ -160,12 +159,8 @@ def name_index(index: ImageIndex, target: Target, *, tag: str | None) -> str:
     the index's provenance is attached, tagged after."""
     if isinstance(target, RegistryTarget):
         ref = target.registry_ref
-        chosen = ref.tag or tag
         with RegistryClient(ref.registry) as client:
-            for reference in (str(index.digest), *([chosen] if chosen else [])):
-                client.put_manifest(ref.repository, reference, index.index_bytes, index.media_type)
-        where = f"{ref.registry}/{ref.repository}" + (f":{chosen}" if chosen else "")
-        return f"{where}@{index.digest}"
+            return registry.put_index(client, ref, index, ref.tag or tag)
     if isinstance(target, LayoutTarget):
         chosen = target.tag or tag
         layout.add_index(index, Path(target.location), tag=chosen)
@@ -176,53 +171,13 @@ def name_index(index: ImageIndex, target: Target, *, tag: str | None) -> str:
     )
 
 
-def publish_index(
-    index: ImageIndex,
-    children: Mapping[Platform, Image],
-    target: Target,
-    io: Io,
-    *,
-    tag: str | None,
-    engine_platform: Platform | None = None,
-    progress: Progress = NULL,
-) -> str:
-    """Write a multi-platform index and its children to `target`, its name last: a registry gets every
-    child and the index by digest, then the tag; a layout the index under its tag. Docker Engine 20.10
-    stores single-platform images only: it gets the child for `engine_platform` (default: this host's),
-    and the returned description says the index was not stored there."""
-    ordered = [children[p] for p in index.platforms]
-    if isinstance(target, RegistryTarget):
-        ref = target.registry_ref
-        with RegistryClient(ref.registry) as client:
-            for child in ordered:
-                registry.write_image(client, ref.repository, child, io, progress=progress)
-        return name_index(index, target, tag=tag)
-    if isinstance(target, LayoutTarget):
-        chosen = target.tag or tag
-        layout.write_index(index, ordered, Path(target.location), io.store, tag=chosen)
-        return f"oci:{target.location}" + (f":{chosen}" if chosen else "") + f"@{index.digest}"
-    if isinstance(target, EngineTarget):
-        wanted = engine_platform or Platform.host()
-        if wanted not in children:
-            raise BackendError(
-                f"the index has no {wanted} image for the Docker Engine (it has {texts(index.platforms)})",
-                hint="choose one of its platforms with --platform",
-            )
-        where = publish(children[wanted], target, io, tag=tag, progress=progress)
-        return (
-            f"{where} ({wanted} only: Docker Engine {engine.server_version()} stores single-platform "
-            f"images, not the index {index.digest.short}; push to a registry or an OCI layout for all of "
-            f"{texts(index.platforms)})"
-        )
-    raise BackendError(
-        f"{target.described} holds one image, not a multi-platform index",
-        hint="write the index to a registry (HOST/REPO[:TAG]) or an OCI layout (oci:DIR[:TAG])",
-    )
-
-
-def publish(image: Image, target: Target, io: Io, **options: Unpack[WriteOptions]) -> str:
-    """Write `image` to `target` (its name last); returns a human description of where it went."""
-    return backend(target).write(image, target, io, options)
+def publish(named: Image | IndexedImages, target: Target, io: Io, **options: Unpack[WriteOptions]) -> str:
+    """Write what a tag names to `target`, its name last: one image, or an index's children and then the
+    index (`Backend.write_index`; the engine and an archive take the one child `platform` names). Returns
+    a human description of where it went."""
+    if isinstance(named, IndexedImages):
+        return backend(target).write_index(named, target, io, options)
+    return backend(target).write(named, target, io, options)
 
 
 def referrers(target: Target) -> AbstractContextManager[Referrers]:

@@ -16,12 +16,12 @@ from pathlib import Path
 from servimg.assembly.context import Context
 from servimg.backends import layout
 from servimg.backends.target import Holds, Target
-from servimg.backends.transport import publish_index
+from servimg.backends.transport import publish
 from servimg.bases.assemble import base_image, publish_base
 from servimg.bases.catalog import pinned_recipe
 from servimg.core.platform import Platform, texts
 from servimg.oci.image import Image
-from servimg.oci.index import ImageIndex
+from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.patching import emulation
 
 
@@ -71,7 +71,7 @@ def build_platforms(
     )
     log(f"{name} base index {index.digest.short}: {texts(index.platforms)}")
     published_index = [
-        publish_index(index, children, Target.parse(text), ctx, tag=tag)
+        publish(IndexedImages(index, children), Target.parse(text), ctx, tag=tag)
         for text in (targets or ())
         if not Target.parse(text).holds(Holds.RUNNABLE)
     ]

@@ -222,11 +222,13 @@ class ImageDefinition(canonical.Canonical):
         return bool(self.base.platforms)
 
     def for_platform(self, platform: Platform) -> ImageDefinition:
-        """The single-platform definition one platform of a multi-platform definition builds (its lock is
-        that platform's part of the lock)."""
+        """The single-platform definition one platform of this definition builds (its lock is that
+        platform's part of the lock): a single-platform definition is its own."""
         for entry in self.base.platforms:
             if entry.platform == str(platform):
                 return dataclasses.replace(self, base=self.base.for_platform(entry))
+        if self.platforms == (platform,):
+            return self
         raise DefinitionError(
             f"{self.name} does not build {platform}",
             hint=f"choose one of: {', '.join(str(p) for p in self.platforms)}",

@@ -148,7 +148,8 @@ def rebuild(
         seconds = time.monotonic() - started
     except ServimgError as exc:
         return Rebuilt(image.digest, problem="; ".join([exc.message, *exc.problems[:4]]))
-    rebuilt = result.image
+    (built,) = result.images  # a provenance names one platform's lock: the rebuild made one image
+    rebuilt = built.image
     done = Rebuilt(image.digest, rebuilt.digest, seconds, str(source), lock.digest)
     if done.match:
         return done

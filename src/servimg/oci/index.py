@@ -122,3 +122,37 @@ class ImageIndex:
 
 def is_index(media_type: str) -> bool:
     return media_type in INDEX_TYPES
+
+
+@dataclass(frozen=True)
+class IndexedImages:
+    """An index with the images it lists: what publishing an index writes (every child, then the index's
+    name), as go-containerregistry's `remote.WriteIndex` does. Refused unless every child the index lists
+    is here, by platform and digest."""
+
+    index: ImageIndex
+    children: Mapping[Platform, Image]
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{entry.platform}: {'missing' if entry.platform not in self.children else 'another image'}"
+            for entry in self.index.entries
+            if self.children.get(entry.platform) is None
+            or self.children[entry.platform].digest != entry.descriptor.digest
+        ]
+        if problems:
+            raise ImageError(f"the images are not the index {self.index.digest.short}'s", problems=problems)
+
+    @property
+    def digest(self) -> Digest:
+        return self.index.digest
+
+    @property
+    def ordered(self) -> tuple[Image, ...]:
+        """The children in the index's order."""
+        return tuple(self.children[p] for p in self.index.platforms)
+
+    def child(self, platform: Platform) -> Image:
+        """`platform`'s image, or UsageError naming the platforms the index has."""
+        self.index.child(platform)
+        return self.children[platform]
