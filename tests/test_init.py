@@ -52,7 +52,9 @@ def _dist(name: str, version: str) -> list[Entry]:
 def official_like(tmp_path_factory: pytest.TempPathFactory, store: Any) -> str:
     """The test base (Debian's python3.11) + one layer: vllm 0.33.0 and lmcache 0.5.6 in
     /usr/local/lib/python3.11/dist-packages, as the official image installs them; an OCI layout."""
-    base = catalog.build_base(catalog.pinned_recipe("test-bookworm"), on_host(store), targets=["docker"])
+    base = catalog.build_base(
+        catalog.pinned_recipe("test-bookworm"), on_host(store), targets=[Target.engine()]
+    )
     image = engine.read_engine(str(base["config_digest"]), store)
     parents = [Entry(p, Kind.DIR, 0o755) for p in ("usr/local/lib", "usr/local/lib/python3.11", SITE)]
     entries = [*parents, *_dist("vllm", "0.33.0"), *_dist("lmcache", "0.5.6")]

@@ -41,6 +41,7 @@ from servimg.backends import transport
 from servimg.backends.layout import LayoutReferrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
+from servimg.backends.target import Target
 from servimg.bases import catalog as bases
 from servimg.core.digest import Digest
 from servimg.formats import cosign, referrers
@@ -291,7 +292,7 @@ def tiny_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _require(docker_available(), "needs a running Docker Engine")
     root = tmp_path_factory.mktemp("tiny15")
     store = BlobStore()
-    base = bases.build_base(bases.pinned_recipe("test-trixie"), fb.on_host(store), targets=["docker"])
+    base = bases.build_base(bases.pinned_recipe("test-trixie"), fb.on_host(store), targets=[Target.engine()])
     definition = prepare_repo(root / "repo", base)
     cache = ("--cache", str(store.root))
     assert fb.main(["lock", str(definition), "--runner", "docker", *cache], seams=fb.HOST_SEAMS) == 0

@@ -25,6 +25,7 @@ import yaml
 
 from conftest import REPO, _require, docker_available
 from fakebase import on_host
+from servimg.backends.target import Target
 from servimg.ladder import receipt
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.loading import load
@@ -224,7 +225,9 @@ def toy_image(store: Any, registry: Any, slurm_cluster: None) -> str:
     from servimg.backends import registry as reg
     from servimg.bases import catalog
 
-    base = catalog.build_base(catalog.pinned_recipe("test-bookworm"), on_host(store), targets=["docker"])
+    base = catalog.build_base(
+        catalog.pinned_recipe("test-bookworm"), on_host(store), targets=[Target.engine()]
+    )
     image = engine.read_engine(str(base["config_digest"]), store)
     pushed = reg.push(image, f"{registry.host}/issue16-ladder-toy:bookworm", on_host(store))
     return f"{registry.host}/issue16-ladder-toy@{pushed.rpartition('@')[2]}"

@@ -22,6 +22,7 @@ import yaml
 
 from conftest import REPO, _require, docker_available
 from fakebase import on_host
+from servimg.backends.target import Target
 from servimg.bases import debpins
 from servimg.cli import main
 from servimg.core.digest import Digest
@@ -204,7 +205,10 @@ def two_platform_base(registry: Any) -> dict[str, Any]:
     from servimg.oci.store import BlobStore
 
     return build_platforms(
-        "test-bookworm", (AMD64, ARM64), on_host(BlobStore()), targets=[f"{registry.host}/servimg/test-base"]
+        "test-bookworm",
+        (AMD64, ARM64),
+        on_host(BlobStore()),
+        targets=[Target.parse(f"{registry.host}/servimg/test-base")],
     )
 
 

@@ -47,9 +47,10 @@ def seed_base(store: Any) -> Iterator[dict[str, Any]]:
     the module: the CI disk holds the demo's images beside it only for that long."""
     _require(os.geteuid() == 0 and shutil.which("mmdebstrap") is not None, "needs root and mmdebstrap")
     _require(docker_available(), "needs a running Docker Engine")
+    from servimg.backends.target import Target
     from servimg.bases.catalog import build_base
 
-    built = build_base("seed", on_host(store), targets=["docker"])
+    built = build_base("seed", on_host(store), targets=[Target.engine()])
     yield built
     subprocess.run(["docker", "rmi", built["tag"]], capture_output=True)
 

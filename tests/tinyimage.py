@@ -30,6 +30,7 @@ from servimg.assembly.context import Context
 from servimg.assembly.pipeline import build, lock
 from servimg.assembly.plan import BuildPlan
 from servimg.backends import engine
+from servimg.backends.target import Target
 from servimg.bases import catalog as bases
 from servimg.bases.assemble import base_image
 from servimg.definitions.definition import ImageDefinition
@@ -133,7 +134,7 @@ def build_tiny(
 ) -> Tiny:
     """Test base (cached) → lock → build to the engine (the build runs the probe and refuses a failure)."""
     recipe = bases.pinned_recipe(f"test-{suite}")
-    base_info = bases.build_base(recipe, on_host(store, log), targets=["docker"])
+    base_info = bases.build_base(recipe, on_host(store, log), targets=[Target.engine()])
     path = prepare_repo(root, base_info, edit)
     lock(path, Context(store, log, seams=HOST_SEAMS), "docker")
     result = build(BuildPlan.make(path, to="docker", runner="docker"), Context(store, log, seams=HOST_SEAMS))

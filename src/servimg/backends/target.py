@@ -87,6 +87,11 @@ class Target:
         return RegistryTarget(text)
 
     @classmethod
+    def engine(cls) -> Target:
+        """The Docker Engine as a sink (`docker`): the image is named by the tag the writer gives."""
+        return EngineTarget("")
+
+    @classmethod
     def engine_image(cls, name: str) -> Target:
         """An image in the Docker Engine, by tag or ID (`docker-daemon:NAME`)."""
         return EngineTarget(name)

@@ -144,17 +144,16 @@ def cached_base(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def default_targets(host: Host) -> list[str]:
+def default_targets(host: Host) -> list[Target]:
     """Where a base goes when the command names no `--to`: the engine when one runs, else nowhere (it
     stays in the cache's OCI layout)."""
-    return ["docker"] if host.engine else []
+    return [Target.engine()] if host.engine else []
 
 
-def publish_base(image: Image, tag: str, targets: Sequence[str], ctx: Context) -> list[str]:
+def publish_base(image: Image, tag: str, targets: Sequence[Target], ctx: Context) -> list[str]:
     """Publish a base to each target, tagged in the engine."""
     published = []
-    for text in targets:
-        target = Target.parse(text)
+    for target in targets:
         # The engine finds a base by its tag; every other place is named by the target itself.
         named = tag if target.holds(Holds.RUNNABLE) else None
         published.append(publish(image, target, ctx, tag=named))

@@ -144,7 +144,7 @@ def build_base(
     base: str | Recipe,
     ctx: Context,
     *,
-    targets: Sequence[str],
+    targets: Sequence[Target],
     workdir: Path | None = None,
     clock: debian.Clock | None = None,
 ) -> dict[str, object]:
@@ -284,7 +284,7 @@ def relock_dependents(
     todo = [d for d in dependents(repo, recipe, store) if d.resolve() not in {s.resolve() for s in skip}]
     refs = {d: base_ref(_ref_of(d), recipe, store) for d in todo}
     if any(Target.parse(ref).holds(Holds.RUNNABLE) for ref in refs.values()):
-        publish_base(image, recipe.tag(), ["docker"], ctx)
+        publish_base(image, recipe.tag(), [Target.engine()], ctx)
     for definition, ref in refs.items():
         files.update(_relock(repo, definition, ref, image.digest, work, ctx, versions or {}))
     return files

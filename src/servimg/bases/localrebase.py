@@ -161,7 +161,7 @@ def rebase_packages(
         image, files = catalog.rebuilt_base(new, ctx, work, repo / "verify" / "bases", suffix)
         ref = catalog.base_ref(definition.base.ref, new, store)
         if Target.parse(ref).holds(Holds.RUNNABLE):
-            publish_base(image, new.tag(), ["docker"], ctx)
+            publish_base(image, new.tag(), [Target.engine()], ctx)
         judged, proposal = rebasing.propose(dataclasses.replace(request, base=ref, digest=image.digest), ctx)
         # Proposals left beside by an earlier rebase are no definitions of the repository yet.
         proposals = [d for d in catalog.dependents(repo, recipe, store) if f"{BESIDE}." in d.name]

@@ -36,7 +36,7 @@ def build_platforms(
     platforms: Sequence[Platform],
     ctx: Context,
     *,
-    targets: Sequence[str],
+    targets: Sequence[Target],
     workdir: Path | None = None,
 ) -> dict[str, object]:
     """Build (or reuse) base `name` for each platform, check each pinned digest, and publish the children
@@ -47,7 +47,7 @@ def build_platforms(
         emulation.require(platform, f"building the {name} base")
     children: dict[Platform, Image] = {}
     built: dict[str, object] = {}
-    in_engine = [t for t in targets if Target.parse(t).holds(Holds.RUNNABLE)]
+    in_engine = [t for t in targets if t.holds(Holds.RUNNABLE)]
     recipes = {platform: pinned_recipe(name, platform) for platform in platforms}
     for platform, recipe in recipes.items():
         log(f"{name} base for {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
@@ -71,9 +71,9 @@ def build_platforms(
     )
     log(f"{name} base index {index.digest.short}: {texts(index.platforms)}")
     published_index = [
-        publish(IndexedImages(index, children), Target.parse(text), ctx, tag=tag)
-        for text in (targets or ())
-        if not Target.parse(text).holds(Holds.RUNNABLE)
+        publish(IndexedImages(index, children), target, ctx, tag=tag)
+        for target in targets
+        if not target.holds(Holds.RUNNABLE)
     ]
     return {
         "base": name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from servimg.backends.target import Target
 from servimg.bases import catalog as bases
 from servimg.bases import platforms
 from servimg.bases.assemble import default_targets
@@ -19,7 +20,8 @@ def base(p: params.Base, ctx: Context) -> Iterator[Outcome]:
 
     def run() -> Outcome:
         chosen = Platform.parse_list(p.platforms) if p.platforms else ()
-        targets = p.to if p.to is not None else default_targets(ctx.seams.host)
+        # The places are parsed here, once, at the command's edge; the bases room takes them as values.
+        targets = [Target.parse(t) for t in p.to] if p.to is not None else default_targets(ctx.seams.host)
         if p.repin:
             repinned = [
                 bases.repin(p.name, ctx, workdir=p.workdir, platform=platform)
