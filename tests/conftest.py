@@ -13,13 +13,16 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from fakebase import HOST_SEAMS, on_host
 from servimg.assembly.context import Context
 from servimg.assembly.plan import BuildPlan
+
+if TYPE_CHECKING:  # annotations only: the pipeline is imported where a build runs
+    from servimg.assembly.pipeline import BuildResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -199,7 +202,7 @@ def cpu_ladder_repo(tmp_path_factory: pytest.TempPathFactory, demo_base: dict[st
     return root
 
 
-def build_image(repo: Path, name: str, store: Any) -> Any:
+def build_image(repo: Path, name: str, store: Any) -> BuildResult:
     from servimg.assembly.pipeline import build, lock
 
     lock(repo / "images" / f"{name}.yaml", Context(store, print, seams=HOST_SEAMS), "docker")
@@ -210,7 +213,7 @@ def build_image(repo: Path, name: str, store: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def cpu_clean(cpu_ladder_repo: Path, store: Any) -> Any:
+def cpu_clean(cpu_ladder_repo: Path, store: Any) -> BuildResult:
     return build_image(cpu_ladder_repo, "cpu-clean", store)
 
 

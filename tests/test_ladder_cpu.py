@@ -78,7 +78,7 @@ def test_the_image_carries_its_ladder_and_the_lock_pins_it(clean: Any, repo: Pat
 
     locked = Lock.load(repo / "images" / "cpu-clean.lock.json")
     assert locked.ladder is not None and locked.ladder.path == CPU_LADDER
-    path = bundled_ladder(str(clean.image.config_digest), tmp_path / "bundled")
+    path = bundled_ladder(str(clean.images[0].image.config_digest), tmp_path / "bundled")
     assert sha256_hex(path.read_bytes()) == locked.ladder.sha256
     assert sha256_hex((path.parent / "cpu-copy.json").read_bytes()) == locked.ladder.probes_sha256
 
@@ -98,7 +98,7 @@ def test_planted_prefix_corruption_fails_with_forward_flips_on_cached_arms(
     )
     out = tmp_path / "planted"
     code, _ = ladder_cli(
-        str(planted.image.config_digest), "--ladder", str(path), "--out", str(out), capsys=capsys
+        str(planted.images[0].image.config_digest), "--ladder", str(path), "--out", str(out), capsys=capsys
     )
     doc = receipt_of(out)
     assert code == 1 and doc["verdict"] == "FAIL"
@@ -136,7 +136,7 @@ def test_an_arm_that_never_hits_the_cache_is_not_exercised(
     )
     out = tmp_path / "unexercised"
     code, _ = ladder_cli(
-        str(clean.image.config_digest), "--ladder", str(path), "--out", str(out), capsys=capsys
+        str(clean.images[0].image.config_digest), "--ladder", str(path), "--out", str(out), capsys=capsys
     )
     doc = receipt_of(out)
     assert code == 1 and doc["verdict"] == "NOT_EXERCISED", doc["verdict_reasons"]

@@ -61,7 +61,15 @@ def family_ladder(repo: Path, name: str, family: str) -> Path:
 
 def run_ladder(image: Any, ladder: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     code = main(
-        ["ladder", str(image.image.config_digest), "--ladder", str(ladder), "--out", str(out), "--json"]
+        [
+            "ladder",
+            str(image.images[0].image.config_digest),
+            "--ladder",
+            str(ladder),
+            "--out",
+            str(out),
+            "--json",
+        ]
     )
     capsys.readouterr()
     doc: dict[str, Any] = json.loads((out / "receipt.json").read_text())

@@ -500,7 +500,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_the_jobs_run_inside_the_real_image_under_its_own_python(cpu_clean: Any, tmp_path: Path) -> None:
     """The pod's code path in the CPU vLLM image (its /opt/venv python imports servimg from the results
     volume, its witness hook is active): the toy engine stands in for vLLM, so the run takes seconds."""
-    image_id = str(cpu_clean.image.config_digest)
+    image_id = str(cpu_clean.images[0].image.config_digest)
     doc = yaml.safe_load((TOY / "toy.yaml").read_text())
     doc["name"] = "toy-in-image"
     doc["server"]["command"] = ["/opt/venv/bin/python", "/toy/in_image.py"]
