@@ -30,7 +30,7 @@ from servimg.core.errors import DefinitionError, LockError, UsageError
 from servimg.core.platform import Platform
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock, check_drift
-from servimg.definitions.platformlock import PlatformLocks
+from servimg.definitions.platformlock import Locks, PlatformLocks, load_any
 from servimg.oci.image import OCI_INDEX, Image
 from servimg.oci.index import ImageIndex
 from servimg.patching import emulation
@@ -135,8 +135,14 @@ def test_a_single_platform_definition_keeps_its_digest() -> None:
     assert Lock.load(REPO / "images" / "demo.lock.json").definition_sha256 == demo.digest.hex
 
 
-def test_the_example_lock_pins_every_platform_and_drift_names_it() -> None:
-    locked = PlatformLocks.load(REPO / "images" / "tiny-multiarch.lock.json")
+def multi_platform_lock(path: Path) -> PlatformLocks:
+    locked = load_any(path)
+    assert isinstance(locked, PlatformLocks), path
+    return locked
+
+
+def test_the_example_lock_pins_every_platform_and_drift_names_it(tmp_path: Path) -> None:
+    locked = multi_platform_lock(REPO / "images" / "tiny-multiarch.lock.json")
     definition = ImageDefinition.load(EXAMPLE)
     assert locked.definition_sha256 == definition.digest.hex
     assert sorted(locked.platforms) == ["linux/amd64", "linux/arm64"]
@@ -153,8 +159,13 @@ def test_the_example_lock_pins_every_platform_and_drift_names_it() -> None:
     with pytest.raises(LockError, match="platform\\(s\\) linux/arm64") as exc:
         check_drift(locked, moved, EXAMPLE)
     assert any(p.startswith("linux/arm64.source_date_epoch") for p in exc.value.problems)
-    with pytest.raises(LockError, match="single-platform lock"):
-        PlatformLocks.load(REPO / "images" / "demo.lock.json")
+    # A lock of the other shape is refused, naming both (a definition that gained or lost base.platforms).
+    (tmp_path / "images").mkdir()
+    shutil.copy(EXAMPLE, tmp_path / "images" / "x.yaml")
+    shutil.copy(REPO / "images" / "demo.lock.json", tmp_path / "images" / "x.lock.json")
+    with pytest.raises(LockError, match=r"locks one platform \(base\.platform\), .* builds several") as shape:
+        Locks.read(definition, tmp_path / "images" / "x.yaml")
+    assert "servimg lock" in (shape.value.hint or "")
 
 
 def test_pins_carry_their_architecture_and_amd64_keys_do_not_move() -> None:
@@ -312,7 +323,7 @@ def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
 
 
 def two_platform_base_is_pinned(repo: Path) -> bool:
-    locked = PlatformLocks.load(repo / "images" / "tiny-multiarch.lock.json")
+    locked = multi_platform_lock(repo / "images" / "tiny-multiarch.lock.json")
     pinned = json.loads((REPO / "images" / "tiny-multiarch.lock.json").read_text())
     # The same base children as the committed lock: the test registry holds what the pins make.
     return all(
@@ -431,7 +442,7 @@ def test_a_multi_platform_base_in_an_oci_layout(
     doc["base"]["ref"], doc["base"]["digest"] = two_platform_base["oci_ref"], two_platform_base["digest"]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert main(["lock", str(path), "-q"]) == 0
-    locked = PlatformLocks.load(tmp_path / "images" / "tiny-multiarch.lock.json")
+    locked = multi_platform_lock(tmp_path / "images" / "tiny-multiarch.lock.json")
     for platform, child in two_platform_base["platforms"].items():
         assert str(locked.platforms[platform].base.manifest_digest) == child["digest"]
     code, [built] = _json(capfd, "build", str(path), "--to", f"oci:{tmp_path / 'out'}")

@@ -7,6 +7,8 @@ same repository, so every command reads a child exactly as it reads any image. W
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from servimg.backends import transport
 from servimg.backends.resolve import Resolved
 from servimg.backends.target import Holds
@@ -25,29 +27,37 @@ def index_at(found: Resolved) -> ImageIndex | None:
         return transport.read_index(found.ref)
 
 
-def each_platform(ref: str, platform: Platform | None, log: Log) -> list[tuple[str, str]]:
-    """(target label, ref) for each image the argument stands for: an index's children (or the one
-    `platform` chooses), else the argument itself."""
+@dataclass(frozen=True)
+class Chosen:
+    """One image an argument stands for: its label in the output, a ref that names exactly it, and its
+    platform when it is a child of an index (None: the argument names one image)."""
+
+    label: str
+    ref: str
+    platform: Platform | None = None
+
+
+def each_platform(ref: str, platform: Platform | None, log: Log) -> list[Chosen]:
+    """Each image the argument stands for: an index's children (or the one `platform` chooses), else the
+    argument itself."""
     found = transport.resolve(ref, log)
     index = index_at(found)
     if index is None:
-        return [(ref, ref)]
-    entries = [e for e in index.entries if platform is None or e.platform == platform]
-    if not entries and platform is not None:
-        index.child(platform)  # raises, naming the platforms the index has
-    return [(f"{ref} [{e.platform}]", child_ref(found.ref, e.descriptor.digest)) for e in entries]
+        return [Chosen(ref, ref)]
+    return [
+        Chosen(f"{ref} [{e.platform}]", child_ref(found.ref, e.descriptor.digest), e.platform)
+        for e in index.chosen(platform)
+    ]
 
 
 def one_platform(ref: str, platform: Platform | None, log: Log, *, what: str) -> str:
     """The one image the argument stands for: an index needs `platform` (else UsageError naming its
     platforms)."""
-    found = transport.resolve(ref, log)
-    index = index_at(found)
-    if index is None:
-        return ref
-    if platform is None:
+    chosen = each_platform(ref, platform, log)
+    children = [c.platform for c in chosen if c.platform is not None]
+    if platform is None and (children or not chosen):  # an index (perhaps of no image we can run)
         raise UsageError(
-            f"{ref} is a multi-platform index of {texts(index.platforms)}: {what} takes one platform",
+            f"{ref} is a multi-platform index of {texts(children)}: {what} takes one platform",
             hint="choose one with --platform",
         )
-    return child_ref(found.ref, index.child(platform).digest)
+    return chosen[0].ref

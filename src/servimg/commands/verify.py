@@ -23,9 +23,9 @@ def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
         except ServimgError as exc:
             yield Outcome(given, error=exc)
             continue
-        for label, image in images:
+        for chosen in images:
 
-            def run(label: str = label, image: str = image) -> Outcome:
+            def run(label: str = chosen.label, image: str = chosen.ref) -> Outcome:
                 report = verify_ref(
                     image, ctx, verifier=ctx.seams.verifier, host=ctx.seams.host, audit=p.audit
                 )
@@ -34,4 +34,4 @@ def verify(p: params.Verify, ctx: Context) -> Iterator[Outcome]:
                     label, {"summary": tally(report.counts())}, report.as_dict(), report, error=error
                 )
 
-            yield attempt(label, run)
+            yield attempt(chosen.label, run)

@@ -27,7 +27,6 @@ from servimg.definitions.lock import (
     PackageLock,
     check_drift,
     lock_path_for,
-    lock_to_definition,
     read_lock_json,
 )
 
@@ -78,16 +77,6 @@ class PlatformLocks(canonical.Canonical):
             ),
         )
 
-    @classmethod
-    def load(cls, path: Path) -> PlatformLocks:
-        found = load_any(path)
-        if not isinstance(found, PlatformLocks):
-            raise LockError(
-                f"{path} is a single-platform lock, but the definition lists base.platforms",
-                hint=f"run `servimg lock {lock_to_definition(path)}`",
-            )
-        return found
-
     def pretty_bytes(self) -> bytes:
         return canonical.dumps_pretty(self.to_json())
 
@@ -134,6 +123,10 @@ def load_any(path: Path) -> Lock | PlatformLocks:
     return Lock.from_json(data, str(path))
 
 
+# What a lock file pins, by whether it is a multi-platform lock (the refusal names both shapes).
+_SHAPE = {False: "one platform (base.platform)", True: "several platforms (base.platforms)"}
+
+
 @dataclass(frozen=True)
 class Locks:
     """A definition's lock in the one shape a build takes: N >= 1 platforms, each asked for its `Lock`
@@ -158,10 +151,9 @@ class Locks:
         many) or it is of another lock version."""
         path = lock_path_for(definition_path)
         locks = cls(load_any(path))
-        if (locks.index is not None) != definition.multi_platform:
-            has, wants = ("one", "several") if definition.multi_platform else ("several platforms", "one")
+        if (many := locks.index is not None) != definition.multi_platform:
             raise LockError(
-                f"{path} locks {has} platform(s), {definition_path} builds {wants}",
+                f"{path} locks {_SHAPE[many]}, {definition_path} builds {_SHAPE[not many]}",
                 hint=f"run `servimg lock {definition_path}` to lock it as it is now",
             )
         if locks.written.lock_version != LOCK_VERSION:

@@ -97,10 +97,7 @@ def check_index(
         policy = dataclasses.replace(policy, lock=None)
         findings.append(_lock_file_row(locked, lock))
     trust = Trust.of(policy, one)
-    chosen = [e for e in index.entries if only is None or e.platform == only]
-    if not chosen and only is not None:
-        index.child(only)  # raises, naming the platforms it has
-    for entry in chosen:
+    for entry in index.chosen(only):
         prefix = f"[{entry.platform}]"
         try:
             report, evidence = check(

@@ -109,6 +109,13 @@ class ImageIndex:
     def descriptor(self) -> Descriptor:
         return Descriptor(self.media_type, self.digest, len(self.index_bytes))
 
+    def chosen(self, platform: Platform | None) -> tuple[IndexEntry, ...]:
+        """Every entry, or `platform`'s (UsageError naming the platforms it has when it lists none)."""
+        if platform is None:
+            return self.entries
+        self.child(platform)
+        return tuple(e for e in self.entries if e.platform == platform)
+
     def child(self, platform: Platform) -> Descriptor:
         """The manifest the index lists for `platform`, or UsageError naming the ones it has."""
         for entry in self.entries:
