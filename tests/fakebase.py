@@ -32,8 +32,8 @@ from servimg.assembly.defaults import ByReference, TargetSink, default_seams, pr
 from servimg.assembly.release import ProvenRelease, Release
 from servimg.assembly.seams import Seams, Staged
 from servimg.backends.target import Target
+from servimg.core.context import Log
 from servimg.core.digest import Digest
-from servimg.core.progress import Log
 from servimg.oci.image import OCI_LAYER, OCI_LAYER_GZIP, Descriptor, Image, Layer
 from servimg.oci.store import BlobStore, Tap
 from servimg.patching.bytecode import WORK_IN_IMAGE, InterpreterFacts, read_result

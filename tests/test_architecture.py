@@ -20,9 +20,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args, get_origin
 
 from servimg import __version__ as servimg_version
 from servimg import cli
+from servimg.assembly import context as assembly_context
+from servimg.assembly import seams
+from servimg.core import context as core_context
+from servimg.oci import store
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -592,8 +597,8 @@ STORE_AND_LOG_APART = {"ladder/tinymodel.py:ensure_model"}
 
 
 def test_below_the_cli_code_takes_the_context_not_store_and_log() -> None:
-    """Issue 49: a command's Context is passed whole (below `assembly/` as `oci.store.Io`, which it
-    satisfies), never unpacked into `store` and `log` parameters again."""
+    """Issue 49: a command's Context is passed whole (below `assembly/` as `oci.store.Io`, the same
+    class), never unpacked into `store` and `log` parameters again."""
     package = SRC / "servimg"
     found = set()
     for path in sorted(package.rglob("*.py")):
@@ -603,6 +608,17 @@ def test_below_the_cli_code_takes_the_context_not_store_and_log() -> None:
                 if {"store", "log"} <= names:
                     found.add(f"{path.relative_to(package).as_posix()}:{node.name}")
     assert found == STORE_AND_LOG_APART
+
+
+def test_the_context_is_one_class_in_core() -> None:
+    """Issue 49: `Context` lives in `core/`, generic over the store and the seams (both above `core`); the
+    build's (`assembly.context.Context`) and the one the rooms below `assembly/` take (`oci.store.Io`) are
+    that one class with those types bound, so a command's Context is passed to every room as it is."""
+    assert core_context.Context.__module__ == "servimg.core.context"
+    assert get_origin(assembly_context.Context) is core_context.Context
+    assert get_origin(store.Io) is core_context.Context
+    assert get_args(assembly_context.Context) == (store.BlobStore, seams.Seams)
+    assert get_args(store.Io) == (store.BlobStore, object)
 
 
 CACHE_MODULES = ("servimg.patching.resultcache", "servimg.cache.results", "servimg.patching.basefacts")

@@ -19,10 +19,10 @@ from servimg.backends.target import (
     RegistryTarget,
     Target,
 )
+from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ImageError
 from servimg.core.platform import Platform
-from servimg.core.progress import Log
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.oci.store import BlobStore

@@ -31,8 +31,8 @@ from servimg.bases.assemble import base_image
 from servimg.bases.demo import DEMO, fetch_wheels, parse_pins
 from servimg.bases.recipe import SOURCE_DATE_EPOCH, PinnedWheel, Recipe
 from servimg.core import canonical
+from servimg.core.context import Log
 from servimg.core.digest import sha256_hex
-from servimg.core.progress import Log
 from servimg.oci.image import Descriptor, Image, Layer
 from servimg.oci.layer import Entry, Kind, write_layer
 from servimg.oci.store import BlobStore

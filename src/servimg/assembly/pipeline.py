@@ -29,10 +29,10 @@ from servimg.assembly.release import PlatformImage, ProvenRelease, Release, keep
 from servimg.assembly.seams import Compiler, choose_sandboxes
 from servimg.backends.target import Holds
 from servimg.core import canonical
+from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import DefinitionError, LockError, OverlayError, ServimgError
 from servimg.core.platform import Platform
-from servimg.core.progress import Log
 from servimg.definitions import naming
 from servimg.definitions.definition import ImageDefinition, OverlaySpec, repo_root_for
 from servimg.definitions.lock import (

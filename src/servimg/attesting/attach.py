@@ -30,9 +30,9 @@ from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import Holds, LayoutTarget, RegistryTarget, Target
+from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
-from servimg.core.progress import Log
 from servimg.formats import cosign, referrers
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope, publish
 from servimg.judging import indexcheck

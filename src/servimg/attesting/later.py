@@ -22,8 +22,8 @@ from servimg.attesting.attach import (
 )
 from servimg.backends import registry, transport
 from servimg.backends.target import Target
+from servimg.core.context import Log
 from servimg.core.digest import Digest
-from servimg.core.progress import Log
 from servimg.core.reference import is_valid_tag
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope
 from servimg.judging import rebuild as rebuilds

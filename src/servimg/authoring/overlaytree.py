@@ -31,9 +31,9 @@ from servimg.authoring.defedit import definition_text, scratch_definition
 from servimg.core import fixid
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
+from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BytecodeError, OverlayError
-from servimg.core.progress import Log
 from servimg.definitions.definition import (
     PLACEHOLDER_DESCRIPTION,
     ImageDefinition,

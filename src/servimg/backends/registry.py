@@ -21,10 +21,10 @@ from servimg.backends.referrers import Referrers
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.registryreferrers import RegistryReferrers
 from servimg.backends.target import ReadOptions, Target, WriteOptions
+from servimg.core.context import NULL, Advance, CountingReader, Log, Progress
 from servimg.core.digest import Digest
 from servimg.core.errors import RegistryError
 from servimg.core.platform import Platform, texts
-from servimg.core.progress import NULL, Advance, CountingReader, Log, Progress
 from servimg.core.reference import Reference, is_valid_repository
 from servimg.oci.image import (
     INDEX_TYPES,

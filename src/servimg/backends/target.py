@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
+from servimg.core.context import NULL, Progress
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.platform import Platform, texts
-from servimg.core.progress import NULL, Progress
 from servimg.core.reference import Reference
 
 if TYPE_CHECKING:  # annotations only

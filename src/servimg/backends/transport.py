@@ -32,10 +32,10 @@ from servimg.backends.target import (
     Target,
     WriteOptions,
 )
+from servimg.core.context import NULL, Log, Progress
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.platform import Platform
-from servimg.core.progress import NULL, Log, Progress
 from servimg.oci.image import Image
 from servimg.oci.index import ImageIndex, IndexedImages
 from servimg.oci.store import Io

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from servimg.bases.debpins import ArchiveMovedError, DebianError, DebianPins, DebPin
+from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.progress import Log
 
 _DOWNLOAD_WORKERS = 4
 

@@ -61,8 +61,8 @@ from servimg.bases.debpins import (
     DebianPins,
     DebPin,
 )
+from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
-from servimg.core.progress import Log
 
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 UMASK = 0o022

@@ -47,9 +47,9 @@ from pathlib import Path
 from servimg.bases import debian, debpins, wheelpins
 from servimg.bases.debian import Clock, SystemClock
 from servimg.bases.recipe import Kind, PinnedWheel, Recipe, SourceWheel, WheelSource
+from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BaseBuildError, BytecodeError, ServimgError
-from servimg.core.progress import Log
 
 IMAGE_PYTHON = "3.11"
 VENV = "/opt/venv"

@@ -29,9 +29,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from servimg.bases.recipe import PinnedWheel, WheelSource
+from servimg.core.context import Log
 from servimg.core.distname import canonical_name
 from servimg.core.errors import BaseBuildError
-from servimg.core.progress import Log
 
 _RESOLVED = re.compile(r"^# Resolved from: (?P<reqs>.+?)(?P<nodeps> \(--no-deps: only these\))?; left out: ")
 _REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")

@@ -11,9 +11,9 @@ from servimg.attesting import later
 from servimg.backends import transport
 from servimg.commands.platformref import one_platform
 from servimg.commands.signed import signing_key
+from servimg.core.context import Log
 from servimg.core.errors import LadderError, UsageError
 from servimg.core.platform import Platform
-from servimg.core.progress import Log
 from servimg.invocation import params
 from servimg.invocation.context import Context
 from servimg.invocation.outcome import Outcome, attempt

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from servimg.backends import transport
 from servimg.backends.resolve import Resolved
 from servimg.backends.target import Holds
+from servimg.core.context import Log
 from servimg.core.errors import UsageError
 from servimg.core.platform import Platform, texts
-from servimg.core.progress import Log
 from servimg.judging.indexcheck import child_ref
 from servimg.oci.index import ImageIndex
 

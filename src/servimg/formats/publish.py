@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from servimg.backends.referrers import Artifact, Referrers, TagChange, TagUpdate
+from servimg.core.context import Log
 from servimg.core.digest import Digest
-from servimg.core.progress import Log
 from servimg.formats import cosign, referrers
 from servimg.oci.image import Descriptor
 from servimg.signing import dsse

@@ -16,8 +16,8 @@ from servimg.cache import hold as cachehold
 from servimg.cache import layout as cachelayout
 from servimg.cache import state as cachestate
 from servimg.cache.location import default_cache_dir
+from servimg.core.context import Log
 from servimg.core.errors import host_error
-from servimg.core.progress import Log
 from servimg.invocation import context
 from servimg.invocation.outcome import Outcome
 from servimg.render import Reporter

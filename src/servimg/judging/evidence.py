@@ -33,11 +33,11 @@ from servimg.backends.target import (
     Target,
 )
 from servimg.core import jsonview as jv
+from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.errors import BackendError, ServimgError
 from servimg.core.findings import FAIL, PASS, WARN, Finding, Status
 from servimg.core.parallel import map_ordered
-from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.definitions.lock import Lock
 from servimg.formats import cosign, cosignread, referrers

@@ -40,9 +40,9 @@ from servimg.backends import engine
 from servimg.core import canonical
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
+from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BackendError, LadderError, LadderRunError, ServimgError
-from servimg.core.progress import Log
 from servimg.ladder import receipt, vllm
 from servimg.ladder.definition import ArmSpec, LadderDefinition
 from servimg.ladder.evaluation import (

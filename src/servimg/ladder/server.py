@@ -22,9 +22,9 @@ import requests
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
 from servimg.core import jsonview as jv
+from servimg.core.context import Log
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import LadderRunError, ServimgError
-from servimg.core.progress import Log
 from servimg.inimage import cpu_permissions
 from servimg.ladder.definition import ArmSpec, substitute
 from servimg.ladder.loading import LoadedLadder

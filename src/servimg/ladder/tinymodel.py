@@ -28,9 +28,9 @@ from typing import Literal, Protocol
 from servimg.backends import engine
 from servimg.backends.engine import ContainerSpec, Mount
 from servimg.core import canonical
+from servimg.core.context import Log
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import BackendError, ModelError
-from servimg.core.progress import Log
 from servimg.inimage import tinymodel_gen as gen
 from servimg.oci.store import BlobStore
 

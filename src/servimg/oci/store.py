@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO, Protocol
+from typing import IO, BinaryIO, TypeAlias
 
 from servimg.cache.layout import CacheLayout
 from servimg.cache.location import default_cache_dir
+from servimg.core.context import Context
 from servimg.core.digest import Digest
 from servimg.core.errors import LayerError, StoreError, host_error
-from servimg.core.progress import Log
 from servimg.oci import integrity
 from servimg.oci.layer import open_uncompressed
 
@@ -265,13 +265,6 @@ def _mismatch(expected: Digest, got: Digest) -> StoreError:
     )
 
 
-class Io(Protocol):
-    """What the rooms below `assembly/` (the proof, the seams' protocols) need of a command's
-    `assembly.context.Context`, which satisfies it: the blob store an image's blobs are in, and the log.
-    They take the Context as this, so no caller unpacks it into `store, log` again."""
-
-    @property
-    def store(self) -> BlobStore: ...
-
-    @property
-    def log(self) -> Log: ...
+# What the rooms below `assembly/` (the proof, the seams' protocols, the backends) take: the command's one
+# Context (`core.context`) with its blob store, whatever its seams. The build's Context is one.
+Io: TypeAlias = Context[BlobStore, object]

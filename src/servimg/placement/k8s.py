@@ -31,8 +31,8 @@ import yaml
 
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
+from servimg.core.context import Log
 from servimg.core.errors import LadderError, LadderRunError, ServimgError
-from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder.definition import substitute
 from servimg.ladder.loading import LoadedLadder, load

@@ -37,9 +37,9 @@ from typing import Protocol
 from servimg.backends import engine
 from servimg.core import jsonview as jv
 from servimg.core.atomic import atomic_write
+from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.errors import LadderRunError, ServimgError
-from servimg.core.progress import Log
 from servimg.ladder.evaluation import ArmOutcome, Output, RequestOutcome, judge
 from servimg.ladder.loading import LoadedLadder, load
 from servimg.ladder.plan import Chain

@@ -30,9 +30,9 @@ from servimg.backends import engine
 from servimg.backends.registry import read_image
 from servimg.backends.registryclient import RegistryClient
 from servimg.core import jsonview as jv
+from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.errors import LadderRunError, ServimgError
-from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.ladder.loading import LoadedLadder
 from servimg.ladder.plan import Chain, chains

@@ -29,9 +29,9 @@ from servimg.backends import layout, registry
 from servimg.backends.registryclient import RegistryClient
 from servimg.backends.target import Holds, LayoutTarget, RegistryTarget, Target
 from servimg.core import jsonview as jv
+from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.parallel import READS_IN_FLIGHT, map_ordered
-from servimg.core.progress import Log
 from servimg.core.reference import Reference
 from servimg.judging.check import accepted
 from servimg.judging.evidence import CheckError, Found, Located, attestations_only
