@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+import fakebase
 from conftest import REPO, _require, docker_available
 from fakebase import on_host
 from servimg.backends.target import Target
@@ -133,6 +134,17 @@ def test_a_single_platform_definition_keeps_its_digest() -> None:
     demo = ImageDefinition.load(REPO / "images" / "demo.yaml")
     assert "platforms" not in json.loads(demo.canonical_bytes())["base"]
     assert Lock.load(REPO / "images" / "demo.lock.json").definition_sha256 == demo.digest.hex
+
+
+def test_every_lock_names_the_platforms_it_pins(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """N >= 1 (issue 49): `servimg lock` reports the platforms it pinned for one platform as for several,
+    and the lock file of one platform keeps its format (no `platforms` key: no digest moves)."""
+    base = fakebase.make_base(tmp_path / "base", [fakebase.tar(fakebase.package_members())])
+    definition = fakebase.make_repo(tmp_path / "repo", base)
+    assert fakebase.main(["lock", str(definition), "--cache", str(tmp_path / "cache"), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert said["status"] == "OK" and said["platforms"] == ["linux/amd64"], said
+    assert "platforms" not in json.loads(definition.with_name("tiny.lock.json").read_text())
 
 
 def multi_platform_lock(path: Path) -> PlatformLocks:

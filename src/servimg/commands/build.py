@@ -11,7 +11,6 @@ from servimg.assembly import pipeline
 from servimg.assembly.plan import BuildPlan
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import lock_path_for
-from servimg.definitions.platformlock import PlatformLocks
 from servimg.definitions.remembered import remember
 from servimg.invocation import params
 from servimg.invocation.context import Context
@@ -29,9 +28,9 @@ def lock(p: params.Lock, ctx: Context) -> Iterator[Outcome]:
                 "lock": str(lock_path_for(path)),
                 "lock_digest": str(locked.digest),
                 "changed": changed,
+                # N >= 1 (issue 49): every lock names the platforms it pins, one or several.
+                "platforms": sorted(str(p) for p in definition.platforms),
             }
-            if isinstance(locked, PlatformLocks):
-                fields["platforms"] = sorted(locked.platforms)
             return Outcome(str(path), fields)
 
         yield attempt(str(path), run)
