@@ -569,7 +569,8 @@ def _variables(loaded: LoadedLadder, config: RunConfig, log: Log) -> tuple[dict[
     if generate is not None and "model_dir" in ladder.vars and "model_dir" not in variables:
         if config.image is None:
             raise LadderRunError("the tiny model is generated inside the image: pass --var model_dir=DIR")
-        model_dir = ensure_model(GENERATED[generate], config.image, config.store or BlobStore(), log)
+        models = (config.store or BlobStore()).layout.models
+        model_dir = ensure_model(GENERATED[generate], config.image, models, log)
         variables["model_dir"] = str(model_dir)
     elif "model_dir" in variables:
         model_dir = Path(variables["model_dir"])

@@ -32,7 +32,6 @@ from servimg.core.context import Log
 from servimg.core.digest import sha256_hex
 from servimg.core.errors import BackendError, ModelError
 from servimg.inimage import tinymodel_gen as gen
-from servimg.oci.store import BlobStore
 
 TINY_FORMAT = 1
 GENERATOR = Path(gen.__file__)
@@ -203,18 +202,19 @@ def decode(recipe: TinyModelRecipe, token_ids: Sequence[int]) -> str:
 def ensure_model(
     recipe: Recipe,
     image: str,
-    store: BlobStore,
+    models: Path,
     log: Log,
     *,
     timeout_s: float = 900,
 ) -> Path:
-    """The model directory for `recipe` generated in `image` (engine ref), from the cache when present."""
+    """The model directory for `recipe` generated in `image` (engine ref), kept under `models` (the cache's
+    models section, `cache.layout`) and taken from there when present."""
     try:
         config_digest = str(engine.inspect(image)["Id"])
     except BackendError as exc:
         raise ModelError(exc.message, hint=exc.hint) from exc
     key = recipe.cache_key(config_digest)
-    final = store.layout.models / f"{recipe.name}-{key[:16]}"
+    final = models / f"{recipe.name}-{key[:16]}"
     if (final / "servimg-model.json").is_file():
         log(f"tiny model: cached at {final}")
         return final
