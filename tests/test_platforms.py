@@ -5,7 +5,9 @@ lock of all platforms, pins per architecture, the emulation check). The end-to-e
 test base for both platforms (arm64 under qemu), pushes the index to a real registry, builds and signs a
 two-platform image on it twice (one index digest), pulls each platform with Docker Engine
 (`docker pull --platform`: servimg's config digest), verifies both children, checks the index, and then
-replaces one child with an image of another lock: `check` FAILs in a row that names the platform.
+replaces one child with an image of another lock: `check` FAILs in a row that names the platform. The
+first build's tag is GPG-signed too (`--gpg-key`): skopeo under the exported `signedBy` policy copies it
+and refuses the second, unsigned one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +26,12 @@ import yaml
 import fakebase
 from conftest import REPO, _require, docker_available
 from fakebase import on_host
+from servimg.attesting.attach import AttestingSink, GpgPlan
 from servimg.backends.target import Target
 from servimg.bases import debpins
 from servimg.cli import main
 from servimg.core.digest import Digest
-from servimg.core.errors import DefinitionError, LockError, UsageError
+from servimg.core.errors import BuildError, DefinitionError, LockError, UsageError
 from servimg.core.platform import Platform
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock, check_drift
@@ -35,6 +39,8 @@ from servimg.definitions.platformlock import Locks, PlatformLocks, load_any
 from servimg.oci.image import OCI_INDEX, Image
 from servimg.oci.index import ImageIndex
 from servimg.patching import emulation
+from servimg.signing.gpgsign import GpgSigner
+from test_cosign_interop import gpg, gpg_key, skopeo_copy
 
 AMD64, ARM64 = Platform("linux", "amd64"), Platform("linux", "arm64")
 EXAMPLE = REPO / "images" / "tiny-multiarch.yaml"
@@ -257,7 +263,11 @@ def two_platform_repo(
 @pytest.mark.registry
 @pytest.mark.root
 def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
-    two_platform_repo: Path, registry: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    two_platform_repo: Path,
+    registry: Any,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _require(docker_available(), "needs a running Docker Engine")
     assert two_platform_base_is_pinned(two_platform_repo)
@@ -266,12 +276,20 @@ def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
     assert main(["key", "generate", "--out", str(key), "-q"]) == 0
     repo = f"{registry.host}/servimg/tiny-multiarch"
     sign = ["--sign", str(key / "servimg.key"), "--formats", "oci"]
-    code, [first] = _json(capfd, "build", str(definition), "--to", repo, *sign)
+    gpg_signed = _gpg_signing(tmp_path, registry.host, monkeypatch)
+    code, [first] = _json(capfd, "build", str(definition), "--to", repo, *sign, *gpg_signed.flags)
     assert code == 0, first
     code, [second] = _json(capfd, "build", str(definition), "--to", f"{repo}-again", *sign)
     assert code == 0 and second["digest"] == first["digest"]  # two builds, one index digest
     assert first["bytecode"]["files"] >= 1 and first["bytecode"]["identical"], first["bytecode"]
     tag = f"{repo}:{first['tag']}"
+
+    # containers/image judges a `signedBy` policy on the manifest the tag names, here the index: the
+    # GPG-signed one is copied, the same index pushed without --gpg-key is refused.
+    done = skopeo_copy({}, gpg_signed.policy, tag, tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = skopeo_copy({}, gpg_signed.policy, f"{repo}-again:{first['tag']}", tmp_path)
+    assert done.returncode != 0 and "A signature was required, but no signature exists" in done.stderr
 
     # Docker Engine pulls each platform of the index: the config servimg built for that platform.
     for platform, child in first["platforms"].items():
@@ -332,6 +350,28 @@ def test_two_platform_build_pulls_verifies_checks_and_names_a_replaced_child(
     assert not any("linux/amd64" in r["what"] for r in bad), bad
     assert any(r["what"] == "index provenance" for r in bad), bad
     assert any(r["what"] == "[linux/arm64] lock" for r in bad), bad  # not the lock file's arm64 part
+
+
+@dataclass(frozen=True)
+class GpgSigning:
+    """The `--gpg-key`/`--lookaside` flags that sign with a new GPG key, and the containers policy
+    `servimg policy export` writes for it."""
+
+    flags: tuple[str, ...]
+    policy: Path
+
+
+def _gpg_signing(tmp_path: Path, host: str, monkeypatch: pytest.MonkeyPatch) -> GpgSigning:
+    """A GPG key in a keyring of its own ($GNUPGHOME for the rest of the test), signing to a lookaside."""
+    _require(shutil.which("gpg") is not None, "needs gnupg (scripts/setup.sh installs it)")
+    home, lookaside, policy = tmp_path / "gnupg", tmp_path / "lookaside", tmp_path / "containers"
+    fpr = gpg_key(home, "servimg-index")
+    monkeypatch.setenv("GNUPGHOME", str(home))
+    (tmp_path / "index.asc").write_bytes(gpg(home, "--export", "--armor", fpr))
+    trusts = ["--key", str(tmp_path / "index.asc"), "--registry", host]
+    argv = ["policy", "export", "--runtime", "containers", "--signatures", "gpg", *trusts]
+    assert main([*argv, "--lookaside", f"file://{lookaside}", "--out", str(policy), "-q"]) == 0
+    return GpgSigning(("--gpg-key", fpr, "--lookaside", str(lookaside)), policy)
 
 
 def two_platform_base_is_pinned(repo: Path) -> bool:
@@ -423,6 +463,15 @@ def test_the_engine_and_an_archive_get_one_platform_and_say_so_and_a_layout_hold
 
     held = read_archive(archive, BlobStore(tmp_path / "archive-store"))
     assert str(held.config_digest) == engine["platforms"]["linux/arm64"]["config_digest"]
+
+
+def test_a_gpg_signed_build_goes_to_a_registry_only(tmp_path: Path) -> None:
+    """A one-image and an index build alike: GPG simple signatures live in a registry (or its lookaside),
+    so --gpg-key to an OCI layout is refused before anything is built."""
+    sink = AttestingSink(None, ("servimg", "build"), gpg=GpgPlan(GpgSigner("servimg-index")))
+    with pytest.raises(BuildError, match="--gpg-key: GPG simple signatures are for images in a registry"):
+        sink.check(Target.layout(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_platform_on_a_single_platform_build_is_refused(capfd: pytest.CaptureFixture[str]) -> None:

@@ -468,6 +468,12 @@ class AttestingSink:
                 f"--sign needs a registry or an OCI layout target, not {target.described}",
                 hint="attestations live beside the image: --to HOST/REPO[:TAG] or --to oci:DIR[:TAG]",
             )
+        if self.gpg is not None and not target.holds(Holds.SIMPLE_SIGNATURES):
+            raise BuildError(
+                f"--gpg-key: GPG simple signatures are for images in a registry, not {target.described} "
+                "(containers/image keeps none for an OCI layout)",
+                hint="build --to HOST/REPO[:TAG] with --gpg-key, or leave --gpg-key out",
+            )
         transport.check_reachable(target)
 
     def stage(self, release: Release, ctx: Context) -> Staged | None:
@@ -478,10 +484,12 @@ class AttestingSink:
         its provenance naming the children, the tag last."""
         if proven.index is None:
             (one,) = proven.images
-            return self._push(one, proven.target, ctx, tag=proven.tag)
+            return self._push(one, proven.target, ctx, tag=proven.tag, gpg=self.gpg)
         return self._push_index(proven.index, proven.images, proven.target, ctx, tag=proven.tag)
 
-    def _push(self, child: PlatformImage, target: Target, ctx: Context, *, tag: str | None) -> str:
+    def _push(
+        self, child: PlatformImage, target: Target, ctx: Context, *, tag: str | None, gpg: GpgPlan | None
+    ) -> str:
         image, report = child.image, child.report
         if report is None:
             raise BuildError("a signed build publishes only verified images", hint="build with verify")
@@ -497,7 +505,7 @@ class AttestingSink:
             invocation=invocation,
             tag=tag,
             formats=self.formats,
-            gpg=self.gpg,
+            gpg=gpg,
         )
         self.attached.extend(pushed.attached)
         return pushed.destination
@@ -506,10 +514,14 @@ class AttestingSink:
         self, index: ImageIndex, children: Sequence[PlatformImage], target: Target, ctx: Context, *, tag: str
     ) -> str:
         """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
-        its own provenance naming the children, and the tag last (each written once)."""
+        its own provenance naming the children, the GPG signatures (`--gpg-key`), and the tag last (each
+        written once)."""
+        signatures = self._gpg_prepare_index(
+            index, children, target, tag
+        )  # a key that cannot sign stops here
         untagged = target.untagged()
         for child in children:
-            self._push(child, untagged, ctx, tag=None)
+            self._push(child, untagged, ctx, tag=None, gpg=None)
         transport.name_index(index, untagged, tag=None)
         invocation = Invocation(f"urn:uuid:{uuid.uuid4()}", self.started, provenance.now(), self.command)
         name = index_name(children, ctx)
@@ -521,7 +533,29 @@ class AttestingSink:
                 place, index.descriptor, name, ctx.log
             )
         self.attached.extend(published)
+        if signatures:
+            ref = target.registry_ref
+            with RegistryClient(ref.registry) as client:
+                for signature in signatures:
+                    gpg_write(signature, client, ref.repository, ctx.log)
         return transport.name_index(index, target, tag=tag)
+
+    def _gpg_prepare_index(
+        self, index: ImageIndex, children: Sequence[PlatformImage], target: Target, tag: str
+    ) -> tuple[_GpgSignature, ...]:
+        """The GPG simple signatures of the index and of every child, each naming the tag the index is
+        pushed as. containers/image judges a `signedBy` policy on the index a pulled tag names and again
+        on the child it copies, each against that tag (`copy.Image`; skopeo `copy --all --sign-by` signs
+        both so); a child pulled by digest accepts any identity in its repository."""
+        if self.gpg is None:
+            return ()
+        ref = target.registry_ref  # a registry: `check` refused any other place with --gpg-key
+        chosen = ref.tag or tag
+        identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{index.digest}"
+        digests = (index.digest, *(c.image.digest for c in children))
+        with RegistryClient(ref.registry) as client:
+            prepared = (gpg_prepare(self.gpg, client, identity, digest) for digest in digests)
+            return tuple(p for p in prepared if p is not None)
 
 
 def index_name(children: Sequence[PlatformImage], ctx: Context) -> str:
@@ -549,8 +583,6 @@ def build_and_push(
     plan = BuildPlan.make(
         definition_path, to=to, tag=tag, runner=runner, cache_root=ctx.store.root, host=ctx.seams.host
     )
-    if plan.definition.multi_platform and gpg is not None:
-        raise BuildError("--gpg-key signs one image's tag; a multi-platform build publishes an index")
     command = ("servimg", "build", definition_path.name, "--to", to, "--sign")
     sink = AttestingSink(key, command, builder, formats=formats, gpg=gpg)
     result = build(plan, dataclasses.replace(ctx, seams=dataclasses.replace(ctx.seams, sink=sink)))
