@@ -451,27 +451,31 @@ def _add_overlay(
 ) -> None:
     """Add the overlay to the definition's text (its comments and order kept) and check it parses."""
     text = definition.read_text()
+    # The entry is indented as the list's entries are: `  - id:` by hand, `- id:` as PyYAML writes it
+    # (an entry indented otherwise would read as part of the last entry's last key).
+    dash = re.search(r"^overlays:[^\n]*\n(?:[ \t]*(?:#[^\n]*)?\n)*( *)- ", text, re.MULTILINE)
+    pad = dash[1] if dash is not None else "  "
     entry = [
-        f"  - id: {overlay_id}",
-        f"    package: {package}",
-        f"    patch: {patch}",
-        f"    sha256: {sha}",
-        f"    description: {_yaml_scalar(description)}",
+        f"- id: {overlay_id}",
+        f"  package: {package}",
+        f"  patch: {patch}",
+        f"  sha256: {sha}",
+        f"  description: {_yaml_scalar(description)}",
     ]
     if upstream:
-        entry.append(f"    upstream: [{', '.join(_yaml_scalar(u) for u in upstream)}]")
+        entry.append(f"  upstream: [{', '.join(_yaml_scalar(u) for u in upstream)}]")
     if fixes:
-        entry.append(f"    fixes: [{', '.join(_yaml_scalar(f) for f in fixes)}]")
+        entry.append(f"  fixes: [{', '.join(_yaml_scalar(f) for f in fixes)}]")
     if sentinels:
-        entry.append("    sentinels:")
+        entry.append("  sentinels:")
         for s in sentinels:
             entry += [
-                f"      - module: {s.module}",
-                f"        qualname: {s.qualname}",
-                f"        name: {s.name}",
-                "        absent_in_base: true",
+                f"    - module: {s.module}",
+                f"      qualname: {s.qualname}",
+                f"      name: {s.name}",
+                "      absent_in_base: true",
             ]
-    block = "\n".join(entry) + "\n"
+    block = "".join(f"{pad}{line}\n" for line in entry)
     if re.search(r"^overlays: *\[\] *$", text, re.MULTILINE):
         text = re.sub(
             r"^overlays: *\[\] *$", "overlays:\n" + block.rstrip("\n"), text, count=1, flags=re.MULTILINE
