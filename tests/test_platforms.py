@@ -25,19 +25,22 @@ import yaml
 
 import fakebase
 from conftest import REPO, _require, docker_available
-from fakebase import on_host
+from fakebase import HOST_SEAMS, on_host
+from servimg.assembly.context import Context
 from servimg.attesting.attach import AttestingSink, GpgPlan
+from servimg.authoring.rebase import RebaseRequest, rebase
 from servimg.backends.target import Target
 from servimg.bases import debpins
 from servimg.cli import main
 from servimg.core.digest import Digest
-from servimg.core.errors import BuildError, DefinitionError, LockError, UsageError
+from servimg.core.errors import BuildError, DefinitionError, LockError, RebaseError, UsageError
 from servimg.core.platform import Platform
 from servimg.definitions.definition import ImageDefinition
 from servimg.definitions.lock import Lock, check_drift
 from servimg.definitions.platformlock import Locks, PlatformLocks, load_any
 from servimg.oci.image import OCI_INDEX, Image
 from servimg.oci.index import ImageIndex
+from servimg.oci.store import BlobStore
 from servimg.patching import emulation
 from servimg.signing.gpgsign import GpgSigner
 from test_cosign_interop import gpg, gpg_key, skopeo_copy
@@ -487,6 +490,90 @@ def test_platform_on_a_single_platform_build_is_refused(capfd: pytest.CaptureFix
     )
     out = capfd.readouterr()
     assert code != 0 and "builds linux/amd64 only" in out.out + out.err
+
+
+def test_a_rebase_refuses_platforms_that_pin_their_own_base(tmp_path: Path) -> None:
+    """A rebase moves base.ref and base.digest: a platform with its own pin would stay behind, so it is
+    refused before anything is read (docker-daemon:b is never asked) and nothing is written."""
+    images = tmp_path / "images"
+    images.mkdir()
+    path = images / "own.yaml"
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["base"]["platforms"] = [
+        "linux/amd64",
+        {"platform": "linux/arm64", "ref": "docker-daemon:b", "digest": "sha256:" + "b" * 64},
+    ]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    ctx = Context(BlobStore(tmp_path / "cache"), print, seams=HOST_SEAMS)
+    with pytest.raises(RebaseError, match="linux/arm64 pin"):
+        rebase(RebaseRequest(path, "docker-daemon:new", write=True), ctx)
+    assert sorted(p.name for p in images.iterdir()) == ["own.yaml"]
+
+
+def test_a_multi_platform_rebase_onto_one_image_is_refused(tmp_path: Path) -> None:
+    """A multi-platform definition pins one index over every platform: one image as the new base, by
+    its name or by its digest, is refused and nothing is written."""
+    images = tmp_path / "images"
+    images.mkdir()
+    path = images / "tiny-multiarch.yaml"
+    shutil.copy(EXAMPLE, path)
+    one = fakebase.make_base(tmp_path / "one", [fakebase.tar(fakebase.package_members())])
+    ctx = Context(BlobStore(tmp_path / "cache"), print, seams=HOST_SEAMS)
+    for digest in (None, one.image.digest):
+        with pytest.raises(RebaseError, match=r"is one image; .* builds several platforms from one index"):
+            rebase(RebaseRequest(path, one.ref, digest, write=True), ctx)
+    assert sorted(p.name for p in images.iterdir()) == ["tiny-multiarch.yaml"]
+
+
+def test_one_platform_of_a_definition_is_the_hosts_else_the_first() -> None:
+    definition = ImageDefinition.load(EXAMPLE)
+    assert definition.one_platform().platforms == (Platform.host(),)  # amd64 and arm64 hosts alike
+    assert definition.one_platform(ARM64).base.platform == "linux/arm64"
+    single = ImageDefinition.load(REPO / "images" / "demo.yaml")
+    assert single.one_platform() == single  # its one platform, whatever the host
+    with pytest.raises(DefinitionError, match="does not build linux/arm64"):
+        single.one_platform(ARM64)
+
+
+@pytest.mark.registry
+@pytest.mark.root
+def test_an_overlay_is_authored_on_one_platform_and_locked_on_every_one_and_a_rebase_carries_it(
+    two_platform_repo: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`overlay edit --platform linux/arm64` unpacks the arm64 child's files; `overlay save` diffs against
+    the same and locks every platform (arm64's interpreter under qemu checks the sentinel is absent from
+    its base); `rebase` onto the same index (its digest read from the ref) carries the whole stack and
+    rewrites the same lock and definition, byte for byte."""
+    repo = tmp_path / "repo"
+    for part in ("images", "overlays"):
+        shutil.copytree(two_platform_repo / part, repo / part)
+    definition, tree = repo / "images" / "tiny-multiarch.yaml", tmp_path / "edit"
+    code, [edited] = _json(
+        capfd, "overlay", "edit", str(definition), "tinypkg", "--dir", str(tree), "--with-stack",
+        "--platform", "linux/arm64",
+    )  # fmt: skip
+    assert code == 0 and edited["platform"] == "linux/arm64" and edited["stack"] == "tinypkg-admit-gate"
+    assert "_servimg_admit" in (tree / "tinypkg" / "core.py").read_text()  # the stack is applied
+    util = tree / "tinypkg" / "util.py"
+    floored = "    return min(max(n, SERVIMG_FLOOR), limit)\n\n\nSERVIMG_FLOOR = 0\n"
+    util.write_text(util.read_text().replace("    return min(n, limit)\n", floored))
+    code, [saved] = _json(
+        capfd, "overlay", "save", str(definition), "tinypkg", "--dir", str(tree), "--id", "tinypkg-floor",
+        "--description", "clamp never admits a negative amount (a test)",
+    )  # fmt: skip
+    assert code == 0 and saved["sentinels"] == "tinypkg.util:clamp:SERVIMG_FLOOR", saved
+    lock_file = repo / "images" / "tiny-multiarch.lock.json"
+    locked = json.loads(lock_file.read_text())
+    for platform in ("linux/amd64", "linux/arm64"):
+        floor = locked["platforms"][platform]["overlays"][-1]
+        assert floor["id"] == "tinypkg-floor", floor
+        assert floor["sentinels_absent_in_base"] == ["tinypkg.util:clamp:name=SERVIMG_FLOOR"], floor
+
+    pinned = {p: p.read_bytes() for p in (definition, lock_file)}
+    base_ref = ImageDefinition.load(definition).base.ref
+    code, [rebased] = _json(capfd, "rebase", str(definition), "--base", base_ref, "--write")
+    assert code == 0 and rebased["counts"]["APPLIES"] == 2, rebased
+    assert {p: p.read_bytes() for p in pinned} == pinned  # same index, same stack: the same bytes
 
 
 @pytest.mark.registry

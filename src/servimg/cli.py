@@ -142,7 +142,7 @@ COMMANDS: tuple[Command, ...] = (
         "write a package's installed files from the locked base into --dir, to edit",
         flags.overlay_flags(save=False),
         Bound(
-            lambda a: params.OverlayEdit(a.definition, a.package, a.dir, a.with_stack),
+            lambda a: params.OverlayEdit(a.definition, a.package, a.dir, a.with_stack, a.platform),
             "servimg.commands.overlay:edit",
         ),
     ),

@@ -139,18 +139,14 @@ def resolve(
     runner: str = "auto",
     *,
     definition: ImageDefinition | None = None,
+    platform: Platform | None = None,
 ) -> Resolution:
-    """Stage 1: definition + base (from the context's `seams.base_source`) → the resolution, with its
-    lock. `definition`: the caller's read of it (one platform of a multi-platform definition, from
-    `resolve_all`); else it is read."""
-    definition = definition or ImageDefinition.load(definition_path)
+    """Stage 1 for one platform: definition + base (from the context's `seams.base_source`) → the
+    resolution, with that platform's lock. `definition`: the caller's read of it (else it is read);
+    `platform`: which of its platforms (`ImageDefinition.one_platform`: else this host's, else the
+    first). `resolve_all` resolves every one."""
+    definition = (definition or ImageDefinition.load(definition_path)).one_platform(platform)
     store, seams = ctx.store, ctx.seams
-    if definition.multi_platform:
-        raise DefinitionError(
-            f"{definition_path} lists base.platforms: `servimg lock` and `servimg build` take it (one image "
-            "per platform, one index); this command takes a single-platform definition",
-            hint="run it on a copy of the definition with one `base.platform` (docs/platforms.md)",
-        )
     base, index = _fetch_base(definition, ctx)
     fs = base_fs(base, store)
     packages = tuple(
@@ -378,7 +374,7 @@ def resolve_all(
         ctx.log(f"{definition.name}: {platform}" + (" (under qemu emulation)" if platform.emulated else ""))
         try:
             resolutions[platform] = resolve(
-                definition_path, ctx, runner, definition=definition.for_platform(platform)
+                definition_path, ctx, runner, definition=definition, platform=platform
             )
         except ServimgError as exc:
             raise exc.context(f"platform {platform}") from None
@@ -388,6 +384,14 @@ def resolve_all(
 def lock_of(definition: ImageDefinition, resolutions: Mapping[Platform, Resolution]) -> Locks:
     """The lock the resolutions make: one platform's, or one over every platform's."""
     return Locks.made(definition, {platform: r.lock for platform, r in resolutions.items()})
+
+
+def locks_for(
+    definition_path: Path, ctx: Context, runner: str = "auto", *, definition: ImageDefinition | None = None
+) -> Locks:
+    """The lock every platform's resolution makes, written nowhere (`lock` writes it)."""
+    definition = definition or ImageDefinition.load(definition_path)
+    return lock_of(definition, resolve_all(definition, definition_path, ctx, runner))
 
 
 def lock(
@@ -401,7 +405,7 @@ def lock(
     platform fails to resolve."""
     definition = definition or ImageDefinition.load(definition_path)
     definition.refuse_placeholders(str(definition_path))
-    locked = lock_of(definition, resolve_all(definition, definition_path, ctx, runner)).written
+    locked = locks_for(definition_path, ctx, runner, definition=definition).written
     path = lock_path_for(definition_path)
     previous = path.read_bytes() if path.exists() else None
     locked.write(path)

@@ -34,6 +34,7 @@ from servimg.core.atomic import atomic_write
 from servimg.core.context import Log
 from servimg.core.digest import Digest, sha256_hex
 from servimg.core.errors import BytecodeError, OverlayError
+from servimg.core.platform import Platform
 from servimg.definitions.definition import (
     PLACEHOLDER_DESCRIPTION,
     ImageDefinition,
@@ -58,6 +59,7 @@ class Edited:
     site: str
     files: int
     stack: tuple[str, ...]
+    platform: Platform  # whose base the files came from (one of a multi-platform definition's)
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,15 @@ def edit(
     ctx: Context,
     *,
     with_stack: bool = False,
+    platform: Platform | None = None,
 ) -> Edited:
+    """The package's files from `platform`'s base (`ImageDefinition.one_platform`: else this host's, or
+    the definition's first), into `directory`. The overlay is a source patch, the same for every
+    platform; `save` diffs against the same platform's files and `lock` applies it to each."""
     if directory.exists() and any(directory.iterdir()):
         raise OverlayError(f"{directory} is not empty; nothing was written", hint="name a new directory")
-    resolution = resolve(definition, ctx)
+    resolution = resolve(definition, ctx, platform=platform)
+    (chosen,) = resolution.definition.platforms
     site = _site(resolution, package)
     stack = tuple(o.id for o in resolution.lock.overlays if o.package == package) if with_stack else ()
     stacked = {c.path: c.content for c in resolution.changes} if with_stack else {}
@@ -104,9 +111,10 @@ def edit(
         str(resolution.lock.base.manifest_digest),
         tuple(stack),
         files,
+        str(chosen),
     )
     _write_manifest(directory, manifest)
-    return Edited(directory, package, "/" + site, len(files), stack)
+    return Edited(directory, package, "/" + site, len(files), stack, chosen)
 
 
 def save(
@@ -152,7 +160,7 @@ def save(
             hint=f"choose another --id, or take the old overlay out first: servimg overlay drop {definition} "
             f"{overlay_id}",
         )
-    resolution = resolve(definition, ctx)
+    resolution = resolve(definition, ctx, platform=Platform.optional(manifest.platform))
     site = _site(resolution, package)
     stacked = {c.path: c.content for c in resolution.changes}
     old = {rel: _before(resolution, stacked, f"{site}/{rel}", manifest) for rel in changed}
@@ -294,7 +302,8 @@ def drop(definition_path: Path, overlay_id: str, ctx: Context) -> Dropped:
 @dataclass(frozen=True)
 class EditManifest:
     """What `edit` unpacked (`.servimg-edit.json`): the definition and base it came from, the overlays
-    already applied to the tree (`stack`), and each file's sha256 as unpacked (or as last saved)."""
+    already applied to the tree (`stack`), each file's sha256 as unpacked (or as last saved), and the
+    platform whose base it is (absent from a manifest written before platforms: the definition's own)."""
 
     definition: str
     package: str
@@ -302,6 +311,7 @@ class EditManifest:
     base: str
     stack: tuple[str, ...]
     files: dict[str, str]
+    platform: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -311,6 +321,7 @@ class EditManifest:
             "base": self.base,
             "stack": list(self.stack),
             "files": dict(self.files),
+            "platform": self.platform,
         }
 
     @classmethod
@@ -324,6 +335,7 @@ class EditManifest:
             jv.text(d.get("base"), "base"),
             tuple(jv.texts(d.get("stack") or [], "stack")),
             {rel: jv.text(sha, f"files.{rel}") for rel, sha in files.items()},
+            jv.text(d["platform"], "platform") if d.get("platform") is not None else None,
         )
 
 

@@ -19,8 +19,11 @@ Each overlay, in declared order, gets one verdict with its evidence (docs/rebase
 
 Overlays stack: each is judged on the new base plus the earlier overlays that carry over; sentinels are
 judged on the new base alone (what `servimg lock` checks). The proposed definition and lock are computed
-in full (the lock by the same `resolve` a build runs) before anything is written, and only when the stack
-carries over cleanly: every overlay applies, or is absorbed and dropped (`drop_absorbed`).
+in full (the lock by the same `resolve` a build runs, for every platform the definition builds) before
+anything is written, and only when the stack carries over cleanly: every overlay applies, or is absorbed
+and dropped (`drop_absorbed`). A multi-platform definition is judged on this host's platform's child of
+the new index (else its first platform's); the lock then resolves each platform and refuses one where
+the stack does not apply.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from servimg.definitions.definition import (
     Sentinel,
     repo_root_for,
 )
-from servimg.definitions.lock import Lock, lock_path_for
+from servimg.definitions.lock import lock_path_for
 from servimg.oci.filesystem import LayeredFS
 from servimg.oci.image import Image
 from servimg.patching.overlay import AppliedFile, Reader, apply_file, apply_patch, exact_matches, place_hunks
@@ -590,13 +593,61 @@ def proposed_definition(
     dropped = {v.id for v in verdicts if v.dropped}
     return dataclasses.replace(
         old,
-        base=BaseSpec(ref=new.ref, digest=new.digest, platform=old.base.platform),
+        base=dataclasses.replace(old.base, ref=new.ref, digest=new.digest),
         packages={
             name: PackageSpec(distribution=spec.distribution, version=new.versions[name])
             for name, spec in old.packages.items()
         },
         overlays=tuple(o for o in old.overlays if o.id not in dropped),
     )
+
+
+def _open_new_base(old: ImageDefinition, request: RebaseRequest, ctx: Context) -> NewBase:
+    """The new base the stack is judged on. A multi-platform definition pins one index over every
+    platform (the one `--base` names now, or `--digest`), never one image; its stack is judged on one
+    platform's child (this host's, when the definition builds it), and the proposed lock then resolves
+    every platform, as `servimg lock` does."""
+    if not old.multi_platform:
+        return open_base(old, request.base, request.digest, request.versions, ctx)
+    _refuse_platforms_with_their_own_base(old, request.definition)
+    digest = request.digest or _index_digest(request.base, request.definition)
+    new = open_base(old.one_platform(), request.base, digest, request.versions, ctx)
+    if new.image.digest == digest:
+        raise _one_image(request.base, request.definition)
+    return new
+
+
+def _index_digest(ref: str, path: Path) -> Digest:
+    """The digest of the multi-platform index `ref` names now."""
+    try:
+        index = transport.read_index(ref)
+    except ServimgError as exc:
+        raise exc.context(f"reading the new base {ref}") from None
+    if index is None:
+        raise _one_image(ref, path)
+    return index.digest
+
+
+def _one_image(ref: str, path: Path) -> RebaseError:
+    return RebaseError(
+        f"the new base {ref} is one image; {path} builds several platforms from one index; nothing was "
+        "written",
+        hint="rebase onto a multi-platform index (`servimg base NAME --platform linux/amd64,linux/arm64 "
+        "--to HOST/REPO` builds one): --base HOST/REPO:TAG [--digest sha256:…]",
+    )
+
+
+def _refuse_platforms_with_their_own_base(definition: ImageDefinition, path: Path) -> None:
+    """A rebase moves `base.ref` and `base.digest`: a platform that pins a base of its own
+    (`base.platforms[].ref`/`digest`) would stay where it was, so it is refused before anything is read."""
+    own = [e.platform for e in definition.base.platforms if e.ref is not None or e.digest is not None]
+    if own:
+        raise RebaseError(
+            f"{path}: {', '.join(own)} pin(s) a base of their own; a rebase moves base.ref and base.digest "
+            "only; nothing was read or written",
+            hint="rebase onto one multi-platform index (docs/platforms.md): list the platforms without "
+            "their own ref and digest, or edit each one's pin by hand and run `servimg lock`",
+        )
 
 
 def proposed_paths(definition_path: Path, in_place: bool) -> tuple[Path, Path]:
@@ -617,7 +668,7 @@ def propose(request: RebaseRequest, ctx: Context) -> tuple[RebaseResult, dict[Pa
     carry); nothing is written here."""
     path = request.definition
     old = ImageDefinition.load(path)
-    new = open_base(old, request.base, request.digest, request.versions, ctx)
+    new = _open_new_base(old, request, ctx)
     verdicts = judge_stack(old, repo_root_for(path), new, drop_absorbed=request.drop_absorbed)
     packages = {n: (old.packages[n].version, v) for n, v in new.versions.items()}
     result = RebaseResult(path, new.ref, new.digest, packages, verdicts)
@@ -627,7 +678,7 @@ def propose(request: RebaseRequest, ctx: Context) -> tuple[RebaseResult, dict[Pa
     text = definition_text(path.read_text(encoding="utf-8"), old, proposed)
     with scratch_definition(path, text, "rebase") as scratch:
         try:
-            lock: Lock = pipeline.resolve(scratch, ctx, request.runner).lock
+            lock = pipeline.locks_for(scratch, ctx, request.runner).written
         except ServimgError as exc:
             raise exc.context("locking the rebased definition") from None
     definition_out, lock_out = proposed_paths(path, request.write)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from servimg.authoring import overlaytree as authoring
+from servimg.core.platform import Platform
 from servimg.invocation import params
 from servimg.invocation.context import Context
 from servimg.invocation.outcome import Outcome, attempt
@@ -15,11 +16,19 @@ def edit(p: params.OverlayEdit, ctx: Context) -> Iterator[Outcome]:
     """Write the package's installed files (the base's bytes, or after its overlays) into --dir."""
 
     def run() -> Outcome:
-        done = authoring.edit(p.definition, p.package, p.dir, ctx, with_stack=p.with_stack)
+        done = authoring.edit(
+            p.definition,
+            p.package,
+            p.dir,
+            ctx,
+            with_stack=p.with_stack,
+            platform=Platform.optional(p.platform),
+        )
         return Outcome(
             str(done.directory),
             {
                 "package": f"{done.package} ({done.site})",
+                "platform": str(done.platform),
                 "files": done.files,
                 "stack": ", ".join(done.stack) or "none (the base's bytes)",
                 "next": f"edit files there, then: servimg overlay save {p.definition} {p.package} --dir "

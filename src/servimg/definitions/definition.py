@@ -234,6 +234,15 @@ class ImageDefinition(canonical.Canonical):
             hint=f"choose one of: {', '.join(str(p) for p in self.platforms)}",
         )
 
+    def one_platform(self, platform: Platform | None = None) -> ImageDefinition:
+        """The single-platform definition a command that works on one image takes (`servimg overlay
+        edit|save`, `rebase`'s judging): `platform`'s, else this host's when the definition builds it
+        (its own interpreter runs natively), else its first platform's."""
+        if platform is None:
+            host = Platform.host()
+            platform = host if host in self.platforms else self.platforms[0]
+        return self.for_platform(platform)
+
     @classmethod
     def parse(cls, text: str | bytes, *, origin: str = "<definition>") -> ImageDefinition:
         """Parse YAML text; raise one DefinitionError listing every problem with its YAML path."""

@@ -320,6 +320,11 @@ def overlay_flags(save: bool) -> Callable[[argparse.ArgumentParser], None]:
             p.add_argument(
                 "--with-stack", action="store_true", help="as the definition's overlays leave them"
             )
+            platform_flag(
+                p,
+                "a multi-platform definition: whose files (default: this host's when it builds it, else "
+                "its first; save uses the same, and lock proves the overlay on every platform)",
+            )
 
     return flags
 

@@ -48,6 +48,7 @@ class OverlayEdit:
     package: str
     dir: Path
     with_stack: bool = False  # the files as the definition's overlays leave them
+    platform: str | None = None  # a multi-platform definition: whose files (else this host's, or its first)
 
 
 @dataclass(frozen=True)
