@@ -525,6 +525,21 @@ def test_a_multi_platform_rebase_onto_one_image_is_refused(tmp_path: Path) -> No
     assert sorted(p.name for p in images.iterdir()) == ["tiny-multiarch.yaml"]
 
 
+def test_a_base_of_another_platform_is_refused_at_lock(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The base must be an image for the platform it is resolved for: an arm64 image under a definition
+    that builds linux/amd64 is refused, naming both, and no lock is written."""
+    arm = fakebase.make_base(
+        tmp_path / "arm", [fakebase.tar(fakebase.package_members())], config_extra={"architecture": "arm64"}
+    )
+    definition = fakebase.make_repo(tmp_path / "repo", arm)
+    assert fakebase.main(["lock", str(definition), "--cache", str(tmp_path / "cache")]) != 0
+    out = capfd.readouterr()
+    assert "is a linux/arm64 image; tiny resolves it for linux/amd64" in out.out + out.err
+    assert not (definition.parent / "tiny.lock.json").exists()
+
+
 def test_one_platform_of_a_definition_is_the_hosts_else_the_first() -> None:
     definition = ImageDefinition.load(EXAMPLE)
     assert definition.one_platform().platforms == (Platform.host(),)  # amd64 and arm64 hosts alike

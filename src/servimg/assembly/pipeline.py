@@ -263,7 +263,23 @@ def _fetch_base(definition: ImageDefinition, ctx: Context) -> tuple[Image, Diges
             hint="the base changed under its name; pin the new digest in base.digest deliberately "
             "(then `servimg lock`), or restore the pinned base",
         )
+    _refuse_another_platform(definition, base)
     return base, index
+
+
+def _refuse_another_platform(definition: ImageDefinition, base: Image) -> None:
+    """The base must be an image for the platform it is resolved for: a multi-platform definition whose
+    pin names one image (or a platform's own base of another architecture) would otherwise lock and
+    label one architecture's files as another's. A config that names no architecture is not judged."""
+    (wanted,) = definition.platforms
+    found = Platform.of_config(base.config)
+    if found.architecture and found != wanted:
+        raise DefinitionError(
+            f"base {definition.base.ref} ({base.digest.short}) is a {found} image; {definition.name} "
+            f"resolves it for {wanted}",
+            hint=f"pin a base built for {wanted} (a multi-platform index names one per platform), or set "
+            f"base.platform to {found}",
+        )
 
 
 def _source_date_epoch(definition: ImageDefinition, base: Image) -> int:
