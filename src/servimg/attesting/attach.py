@@ -33,6 +33,7 @@ from servimg.backends.target import Holds, LayoutTarget, RegistryTarget, Target
 from servimg.core.context import Log
 from servimg.core.digest import Digest
 from servimg.core.errors import BuildError, ServimgError
+from servimg.core.reference import Reference
 from servimg.formats import cosign, referrers
 from servimg.formats.publish import DEFAULT_FORMATS, Attached, Envelope, publish
 from servimg.judging import indexcheck
@@ -267,10 +268,12 @@ class _GpgSignature:
 
 
 def gpg_prepare(
-    plan: GpgPlan | None, client: RegistryClient, reference: str, digest: Digest
-) -> _GpgSignature | None:
+    plan: GpgPlan | None, client: RegistryClient, reference: str, *digests: Digest
+) -> tuple[_GpgSignature, ...]:
+    """A signature of each manifest in `digests` under `reference`, made before anything is pushed (the
+    registry asked once whether it keeps them itself)."""
     if plan is None:
-        return None
+        return ()
     to_registry = client.supports_signatures()
     if plan.lookaside is None and not to_registry:
         raise AttachError(
@@ -279,28 +282,35 @@ def gpg_prepare(
             hint="pass --lookaside DIR (serve it over HTTP and name it in registries.d: "
             "`servimg policy export --runtime containers`)",
         )
-    data = plan.signer.sign(gpgsign.atomic_payload(reference, digest))
-    return _GpgSignature(plan, reference, digest, data, to_registry)
+    return tuple(
+        _GpgSignature(plan, reference, d, plan.signer.sign(gpgsign.atomic_payload(reference, d)), to_registry)
+        for d in digests
+    )
 
 
 def gpg_write(
-    prepared: _GpgSignature | None, client: RegistryClient, repository: str, log: Log
+    prepared: Sequence[_GpgSignature], client: RegistryClient, repository: str, log: Log
 ) -> tuple[gpgsign.GpgSigned, ...]:
-    if prepared is None:
-        return ()
     out = []
-    lookaside = prepared.plan.lookaside
-    if lookaside is not None:
-        there = lookaside.signatures(repository, prepared.digest)
-        found = gpgsign.existing(prepared.plan.signer, there, prepared.reference, prepared.digest)
-        path = found or lookaside.add(repository, prepared.digest, prepared.data)
-        log(f"gpg signature of {prepared.reference}: {path}" + (" (already there)" if found else ""))
-        out.append(gpgsign.GpgSigned(prepared.reference, str(path), found is not None))
-    if prepared.to_registry:
-        name = f"{prepared.digest}@{uuid.uuid4().hex}"
-        client.put_signature(repository, prepared.digest, name, prepared.data)
-        out.append(gpgsign.GpgSigned(prepared.reference, f"registry:{name}", False))
+    for signature in prepared:
+        lookaside = signature.plan.lookaside
+        if lookaside is not None:
+            there = lookaside.signatures(repository, signature.digest)
+            found = gpgsign.existing(signature.plan.signer, there, signature.reference, signature.digest)
+            path = found or lookaside.add(repository, signature.digest, signature.data)
+            log(f"gpg signature of {signature.reference}: {path}" + (" (already there)" if found else ""))
+            out.append(gpgsign.GpgSigned(signature.reference, str(path), found is not None))
+        if signature.to_registry:
+            name = f"{signature.digest}@{uuid.uuid4().hex}"
+            client.put_signature(repository, signature.digest, name, signature.data)
+            out.append(gpgsign.GpgSigned(signature.reference, f"registry:{name}", False))
     return tuple(out)
+
+
+def _signed_identity(ref: Reference, tag: str | None, digest: Digest) -> str:
+    """The docker reference a GPG signature names: the tag pushed (containers/image's default
+    `matchRepoDigestOrExact` wants exactly the pulled reference), else the digest."""
+    return f"{ref.name}:{tag}" if tag else f"{ref.name}@{digest}"
 
 
 def _not_yet_stated(
@@ -378,8 +388,7 @@ def _push_registry(
         raise AttachError(f"{target.text()}: push to a repository (and tag), not a digest")
     chosen = ref.tag or tag
     with RegistryClient(ref.registry) as client:
-        identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{image.digest}"
-        gpg = gpg_prepare(publishing.gpg, client, identity, image.digest)
+        gpg = gpg_prepare(publishing.gpg, client, _signed_identity(ref, chosen, image.digest), image.digest)
         registry.write_image(client, ref.repository, image, ctx, progress=ctx.progress)
         subject = subject_descriptor(image)
         attached, signatures = publish_confirmed(
@@ -516,9 +525,8 @@ class AttestingSink:
         """Every child with its own provenance, verify result and SBOM (by digest, no tag), then the index,
         its own provenance naming the children, the GPG signatures (`--gpg-key`), and the tag last (each
         written once)."""
-        signatures = self._gpg_prepare_index(
-            index, children, target, tag
-        )  # a key that cannot sign stops here
+        # Signed first: a key that cannot sign stops it before anything is pushed.
+        signatures = self._gpg_prepare_index(index, children, target, tag)
         untagged = target.untagged()
         for child in children:
             self._push(child, untagged, ctx, tag=None, gpg=None)
@@ -536,8 +544,7 @@ class AttestingSink:
         if signatures:
             ref = target.registry_ref
             with RegistryClient(ref.registry) as client:
-                for signature in signatures:
-                    gpg_write(signature, client, ref.repository, ctx.log)
+                gpg_write(signatures, client, ref.repository, ctx.log)
         return transport.name_index(index, target, tag=tag)
 
     def _gpg_prepare_index(
@@ -550,12 +557,10 @@ class AttestingSink:
         if self.gpg is None:
             return ()
         ref = target.registry_ref  # a registry: `check` refused any other place with --gpg-key
-        chosen = ref.tag or tag
-        identity = f"{ref.name}:{chosen}" if chosen else f"{ref.name}@{index.digest}"
+        identity = _signed_identity(ref, ref.tag or tag, index.digest)
         digests = (index.digest, *(c.image.digest for c in children))
         with RegistryClient(ref.registry) as client:
-            prepared = (gpg_prepare(self.gpg, client, identity, digest) for digest in digests)
-            return tuple(p for p in prepared if p is not None)
+            return gpg_prepare(self.gpg, client, identity, *digests)
 
 
 def index_name(children: Sequence[PlatformImage], ctx: Context) -> str:
