@@ -335,7 +335,7 @@ class EditManifest:
             jv.text(d.get("base"), "base"),
             tuple(jv.texts(d.get("stack") or [], "stack")),
             {rel: jv.text(sha, f"files.{rel}") for rel, sha in files.items()},
-            jv.text(d["platform"], "platform") if d.get("platform") is not None else None,
+            jv.optional_text(d.get("platform"), "platform"),
         )
 
 
